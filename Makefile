@@ -1,0 +1,89 @@
+# egress-proxies: the two commands a new user needs are `make run` and
+# `make test`; the rest keeps the contracts, generated code and style honest.
+
+SHELL  := /bin/bash
+MODULE := github.com/egress-proxies/egress-proxies
+SERVICES := orchestrator lease health provisioner-proxmox provisioner-kvm provisioner-gcp
+
+# Tools are built from the versions pinned in tools/ and cached outside the
+# checkout, keyed by those pins, so fresh clones (CI) reuse them.
+TOOLS_KEY := $(shell cat tools/go.mod tools/go.sum tools/helm/go.mod tools/helm/go.sum 2>/dev/null | sha256sum | cut -c1-12)
+TOOLS_BIN ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/egress-proxies/tools-$(TOOLS_KEY)
+export PATH := $(TOOLS_BIN):$(PATH)
+BUF := $(TOOLS_BIN)/buf
+HELM := $(TOOLS_BIN)/helm
+
+# The breaking-change check compares proto/ against this image unless told
+# otherwise (for example BREAKING_AGAINST='.git#branch=main').
+API_BASELINE := proto/api-baseline.json
+BREAKING_AGAINST ?= $(API_BASELINE)
+
+GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
+
+.PHONY: all tools third-party generate check-generated lint breaking api-baseline build test run helm-lint clean
+
+all: lint build test
+
+## tools: build buf, the protoc plugins and helm at their pinned versions
+tools: $(TOOLS_BIN)/.stamp
+$(TOOLS_BIN)/.stamp: tools/go.mod tools/go.sum tools/helm/go.mod tools/helm/go.sum
+	@mkdir -p $(TOOLS_BIN)
+	cd tools && GOWORK=off go build -o $(TOOLS_BIN)/ \
+		github.com/bufbuild/buf/cmd/buf \
+		google.golang.org/protobuf/cmd/protoc-gen-go \
+		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2
+	cd tools/helm && GOWORK=off go build -o $(TOOLS_BIN)/ helm.sh/helm/v3/cmd/helm
+	@touch $@
+
+## third-party: copy google/api and openapiv2 option protos from pinned Go modules
+third-party: third_party/.stamp
+third_party/.stamp: scripts/third-party-protos.sh tools/go.mod
+	scripts/third-party-protos.sh
+	@touch $@
+
+## generate: regenerate Go code and the OpenAPI document from proto/
+generate: tools third-party
+	rm -rf pkg/api/egress pkg/api/openapi
+	$(BUF) generate
+
+## check-generated: fail when committed generated code differs from a fresh generation
+check-generated: generate
+	@if [ -n "$$(git status --porcelain -- pkg/api)" ]; then \
+		echo "generated code is stale; run 'make generate' and commit:"; \
+		git status --porcelain -- pkg/api; git --no-pager diff --stat -- pkg/api; exit 1; \
+	fi
+
+## lint: gofmt, go vet, buf lint, buf format, helm lint
+lint: tools third-party
+	@out=$$(gofmt -l pkg services); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
+	go vet $(MODULE)/...
+	$(BUF) lint
+	$(BUF) format --diff --exit-code proto
+	$(HELM) lint deploy/helm/egress-proxies --set database.url=postgres://db/egress
+	$(HELM) template smoke deploy/helm/egress-proxies --set database.url=postgres://db/egress >/dev/null
+
+## breaking: fail when proto/ breaks wire or JSON compatibility with the baseline
+breaking: tools third-party
+	$(BUF) breaking proto --against '$(BREAKING_AGAINST)'
+
+## api-baseline: accept the current contracts as the new compatibility baseline
+api-baseline: tools third-party
+	$(BUF) build proto --exclude-source-info -o $(API_BASELINE)
+
+## build: every service binary into bin/
+build:
+	@mkdir -p bin
+	for s in $(SERVICES); do go build -o bin/$$s ./services/$$s || exit 1; done
+
+## test: unit and integration tests with the race detector (needs PostgreSQL)
+test:
+	go test $(GO_TEST_FLAGS) $(MODULE)/...
+
+## run: build and start the suite on this machine; Ctrl-C stops it
+run: build
+	scripts/run-local.sh $(SERVICES)
+
+clean:
+	rm -rf bin third_party

@@ -1,0 +1,207 @@
+// Package errclass is the suite's error taxonomy: every provisioner failure is
+// NotFound, Permanent, Transient or QuotaExceeded. A backend classifies an
+// error once, where it happens, with New or Wrap; the class then travels
+// unchanged as a gRPC status with a google.rpc.ErrorInfo (ToStatus /
+// FromStatus) and as a NATS CommandError (ToCommandError /
+// FromCommandError), and the orchestrator's reconcile rules read it with Of.
+package errclass
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Class is an error class, the proto enum itself so that no second list can
+// drift from the contract.
+type Class = provisionerv1.ErrorReason
+
+// The classes.
+const (
+	NotFound      = provisionerv1.ErrorReason_ERROR_REASON_NOT_FOUND
+	Permanent     = provisionerv1.ErrorReason_ERROR_REASON_PERMANENT
+	Transient     = provisionerv1.ErrorReason_ERROR_REASON_TRANSIENT
+	QuotaExceeded = provisionerv1.ErrorReason_ERROR_REASON_QUOTA_EXCEEDED
+)
+
+// Domain is the google.rpc.ErrorInfo domain of classified errors.
+const Domain = "provisioner.egress-proxies.dev"
+
+// Error is a classified error. Message is what clients see; it must never
+// contain a secret. Err, when set, is the cause, kept for errors.Is/As and
+// for logs on the side that classified it: it does not cross the wire.
+type Error struct {
+	Class    Class
+	Message  string
+	Metadata map[string]string
+	Err      error
+}
+
+func (e *Error) Error() string { return e.Message }
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// New returns a classified error with a formatted message.
+func New(class Class, format string, args ...any) *Error {
+	return &Error{Class: class, Message: fmt.Sprintf(format, args...)}
+}
+
+// Wrap classifies err, using its text as the message. It returns nil for a
+// nil err.
+func Wrap(class Class, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &Error{Class: class, Message: err.Error(), Err: err}
+}
+
+// WithMetadata returns a copy of e carrying the given key/value pairs too.
+func (e *Error) WithMetadata(kv ...string) *Error {
+	out := *e
+	out.Metadata = maps.Clone(e.Metadata)
+	if out.Metadata == nil {
+		out.Metadata = make(map[string]string, len(kv)/2)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		out.Metadata[kv[i]] = kv[i+1]
+	}
+	return &out
+}
+
+// Of returns err's class. nil has none (ERROR_REASON_UNSPECIFIED). An error
+// nobody classified is Transient, deliberately: retrying an unknown failure
+// is safer than latching a proxy as Failed on a guess.
+func Of(err error) Class {
+	if err == nil {
+		return provisionerv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+	}
+	var e *Error
+	if errors.As(err, &e) && e.Class != provisionerv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+		return e.Class
+	}
+	return Transient
+}
+
+// Is reports whether err has class c.
+func Is(err error, c Class) bool { return err != nil && Of(err) == c }
+
+// codeFor maps a class onto the gRPC code a generic client expects.
+func codeFor(c Class) codes.Code {
+	switch c {
+	case NotFound:
+		return codes.NotFound
+	case Permanent:
+		return codes.FailedPrecondition
+	case QuotaExceeded:
+		return codes.ResourceExhausted
+	default:
+		return codes.Unavailable
+	}
+}
+
+// ToStatus converts err to a gRPC status: the class's code and an ErrorInfo
+// whose reason is the class name. Context cancellation and deadline keep
+// their own codes (and no ErrorInfo), so a caller that gave up is not told
+// the backend failed.
+func ToStatus(err error) *status.Status {
+	if err == nil {
+		return status.New(codes.OK, "")
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.New(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.New(codes.DeadlineExceeded, err.Error())
+	}
+	class := Of(err)
+	msg := err.Error()
+	var md map[string]string
+	var e *Error
+	if errors.As(err, &e) {
+		md = e.Metadata
+	}
+	st := status.New(codeFor(class), msg)
+	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{
+		Reason:   class.String(),
+		Domain:   Domain,
+		Metadata: md,
+	})
+	if derr != nil {
+		return st
+	}
+	return withInfo
+}
+
+// FromStatus turns a gRPC error back into a classified error. A status with
+// our ErrorInfo keeps its class; Canceled and DeadlineExceeded become the
+// context errors; anything else is classified from its code (NotFound,
+// ResourceExhausted, FailedPrecondition/InvalidArgument as Permanent, the
+// rest Transient).
+func FromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return Wrap(Transient, err)
+	}
+	switch st.Code() {
+	case codes.Canceled:
+		return fmt.Errorf("%s: %w", st.Message(), context.Canceled)
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("%s: %w", st.Message(), context.DeadlineExceeded)
+	}
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if !ok || info.GetDomain() != Domain {
+			continue
+		}
+		if v, ok := provisionerv1.ErrorReason_value[info.GetReason()]; ok && v != 0 {
+			return &Error{Class: Class(v), Message: st.Message(), Metadata: info.GetMetadata()}
+		}
+	}
+	var class Class
+	switch st.Code() {
+	case codes.NotFound:
+		class = NotFound
+	case codes.ResourceExhausted:
+		class = QuotaExceeded
+	case codes.FailedPrecondition, codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
+		class = Permanent
+	default:
+		class = Transient
+	}
+	return &Error{Class: class, Message: st.Message()}
+}
+
+// ToCommandError converts err for a NATS CommandResult.
+func ToCommandError(err error) *busv1.CommandError {
+	if err == nil {
+		return nil
+	}
+	ce := &busv1.CommandError{Reason: Of(err), Message: err.Error()}
+	var e *Error
+	if errors.As(err, &e) {
+		ce.Metadata = maps.Clone(e.Metadata)
+	}
+	return ce
+}
+
+// FromCommandError turns a CommandError back into a classified error.
+func FromCommandError(ce *busv1.CommandError) error {
+	if ce == nil {
+		return nil
+	}
+	class := ce.GetReason()
+	if class == provisionerv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+		class = Transient
+	}
+	return &Error{Class: class, Message: ce.GetMessage(), Metadata: maps.Clone(ce.GetMetadata())}
+}

@@ -1,0 +1,128 @@
+package errclass
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestOf(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		err  error
+		want Class
+	}{
+		{"nil has no class", nil, 0},
+		{"unclassified is transient", errors.New("boom"), Transient},
+		{"classified", New(Permanent, "no such template"), Permanent},
+		{"wrapped in fmt", fmt.Errorf("create: %w", New(NotFound, "gone")), NotFound},
+		{"joined takes the first classified", errors.Join(errors.New("x"), New(QuotaExceeded, "quota")), QuotaExceeded},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := Of(tc.err); got != tc.want {
+				t.Errorf("Of() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStatusRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, class := range []Class{NotFound, Permanent, Transient, QuotaExceeded} {
+		t.Run(class.String(), func(t *testing.T) {
+			t.Parallel()
+			orig := New(class, "vm 101: %s", class).WithMetadata("vmid", "101")
+			st := ToStatus(fmt.Errorf("outer: %w", orig))
+			if st.Code() != codeFor(class) {
+				t.Errorf("code = %v, want %v", st.Code(), codeFor(class))
+			}
+			var info *errdetails.ErrorInfo
+			for _, d := range st.Details() {
+				if i, ok := d.(*errdetails.ErrorInfo); ok {
+					info = i
+				}
+			}
+			if info == nil || info.GetReason() != class.String() || info.GetDomain() != Domain {
+				t.Fatalf("ErrorInfo = %v, want reason %s in %s", info, class, Domain)
+			}
+			back := FromStatus(st.Err())
+			if Of(back) != class {
+				t.Errorf("class after round trip = %v, want %v", Of(back), class)
+			}
+			var e *Error
+			if !errors.As(back, &e) || e.Metadata["vmid"] != "101" {
+				t.Errorf("metadata lost: %#v", back)
+			}
+			if back.Error() != "outer: vm 101: "+class.String() {
+				t.Errorf("message = %q", back.Error())
+			}
+		})
+	}
+}
+
+func TestToStatusContext(t *testing.T) {
+	t.Parallel()
+	if c := ToStatus(fmt.Errorf("wait: %w", context.Canceled)).Code(); c != codes.Canceled {
+		t.Errorf("canceled → %v", c)
+	}
+	if c := ToStatus(context.DeadlineExceeded).Code(); c != codes.DeadlineExceeded {
+		t.Errorf("deadline → %v", c)
+	}
+	if !errors.Is(FromStatus(status.Error(codes.DeadlineExceeded, "slow")), context.DeadlineExceeded) {
+		t.Error("DeadlineExceeded status did not become context.DeadlineExceeded")
+	}
+}
+
+func TestFromStatusWithoutErrorInfo(t *testing.T) {
+	t.Parallel()
+	cases := map[codes.Code]Class{
+		codes.NotFound:           NotFound,
+		codes.ResourceExhausted:  QuotaExceeded,
+		codes.FailedPrecondition: Permanent,
+		codes.PermissionDenied:   Permanent,
+		codes.Unavailable:        Transient,
+		codes.Internal:           Transient,
+	}
+	for code, want := range cases {
+		if got := Of(FromStatus(status.Error(code, "x"))); got != want {
+			t.Errorf("%v → %v, want %v", code, got, want)
+		}
+	}
+	if Of(FromStatus(errors.New("not a status"))) != Transient {
+		t.Error("a non-status error must be transient")
+	}
+}
+
+func TestCommandErrorRoundTrip(t *testing.T) {
+	t.Parallel()
+	orig := New(Permanent, "template 9001 is not a template").WithMetadata("template", "9001")
+	ce := ToCommandError(orig)
+	wire, err := proto.Marshal(ce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decoded := new(busv1.CommandError)
+	if err := proto.Unmarshal(wire, decoded); err != nil {
+		t.Fatal(err)
+	}
+	back := FromCommandError(decoded)
+	if Of(back) != Permanent || back.Error() != orig.Error() {
+		t.Errorf("round trip = %v (%v)", back, Of(back))
+	}
+	if ToCommandError(nil) != nil || FromCommandError(nil) != nil {
+		t.Error("nil must stay nil")
+	}
+	if got := ToCommandError(errors.New("unclassified")).GetReason(); got != Transient {
+		t.Errorf("unclassified reason = %v, want Transient", got)
+	}
+}

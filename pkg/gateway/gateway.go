@@ -1,0 +1,33 @@
+// Package gateway holds the suite's one grpc-gateway configuration, so every
+// service's REST API encodes JSON the same way: lowerCamelCase field names,
+// every field present in responses, enums by name, and unknown fields in a
+// request body rejected rather than silently dropped.
+package gateway
+
+import (
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// Marshaler is the JSON encoding of the REST API.
+func Marshaler() runtime.Marshaler {
+	return &runtime.HTTPBodyMarshaler{
+		Marshaler: &runtime.JSONPb{
+			MarshalOptions: protojson.MarshalOptions{
+				EmitUnpopulated: true,
+			},
+			UnmarshalOptions: protojson.UnmarshalOptions{
+				DiscardUnknown: false,
+			},
+		},
+	}
+}
+
+// NewServeMux returns a gateway mux using Marshaler for every content type,
+// with any extra options (error handlers, header matchers) applied after.
+func NewServeMux(opts ...runtime.ServeMuxOption) *runtime.ServeMux {
+	base := []runtime.ServeMuxOption{
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, Marshaler()),
+	}
+	return runtime.NewServeMux(append(base, opts...)...)
+}

@@ -1,0 +1,75 @@
+// Package postgres is the suite's PostgreSQL plumbing: pools and embedded
+// migrations. Each service owns one schema and migrates only that.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx" for goose
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// Connect opens a pool and checks that the server answers.
+func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", cfg.ConnConfig.Host, err)
+	}
+	return pool, nil
+}
+
+// Migrate applies the SQL migrations in fsys (goose format) to schema,
+// creating the schema if needed and recording applied versions in
+// <schema>.goose_db_version. A session advisory lock keyed on the schema
+// lets replicas that start together apply each migration once.
+func Migrate(ctx context.Context, dsn, schema string, fsys fs.FS, log *slog.Logger) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("creating schema %s: %w", schema, err)
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("egress-migrate/" + schema))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64() >> 1)))
+	if err != nil {
+		return err
+	}
+	store, err := database.NewStore(goose.DialectPostgres, schema+".goose_db_version")
+	if err != nil {
+		return err
+	}
+	p, err := goose.NewProvider("", db, fsys, goose.WithStore(store), goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("migrations of %s: %w", schema, err)
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("migrating %s: %w", schema, err)
+	}
+	if log != nil {
+		for _, r := range results {
+			log.Info("migration applied", "schema", schema, "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+		}
+	}
+	return nil
+}

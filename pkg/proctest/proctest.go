@@ -1,0 +1,222 @@
+// Package proctest builds the suite's binaries and runs them as real
+// processes in tests: the way they run in production, over real sockets,
+// reading their JSON logs to know when they are up and where they listen.
+package proctest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildMu sync.Mutex
+	built   = map[string]string{}
+)
+
+// Build compiles the main package at pkgDir (relative to the test's working
+// directory) once per test process, with the race detector when the test
+// binary has it, and returns the binary's path.
+func Build(t testing.TB, pkgDir string) string {
+	t.Helper()
+	abs, err := filepath.Abs(pkgDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if bin, ok := built[abs]; ok {
+		return bin
+	}
+	dir, err := os.MkdirTemp("", "proctest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, filepath.Base(abs))
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, ".")...)
+	cmd.Dir = abs
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("proctest: go build %s: %v\n%s", pkgDir, err, out)
+	}
+	built[abs] = bin
+	return bin
+}
+
+// Process is a running binary whose stderr is collected as JSON log lines.
+type Process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+
+	mu     sync.Mutex
+	lines  []map[string]any
+	raw    bytes.Buffer
+	notify chan struct{}
+}
+
+// Start runs bin with args (and extra KEY=VALUE env) and kills it, if still
+// running, when the test ends.
+func Start(t testing.TB, bin string, args []string, env ...string) *Process {
+	t.Helper()
+	p := &Process{done: make(chan struct{}), notify: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stdout = &lockedWriter{p: p}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("proctest: starting %s: %v", bin, err)
+	}
+	go p.collect(stderr)
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), p.Output())
+		}
+	})
+	return p
+}
+
+type lockedWriter struct{ p *Process }
+
+func (w *lockedWriter) Write(b []byte) (int, error) {
+	w.p.mu.Lock()
+	defer w.p.mu.Unlock()
+	return w.p.raw.Write(b)
+}
+
+func (p *Process) collect(r interface{ Read([]byte) (int, error) }) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var m map[string]any
+		p.mu.Lock()
+		p.raw.Write(line)
+		p.raw.WriteByte('\n')
+		if json.Unmarshal(line, &m) == nil {
+			p.lines = append(p.lines, m)
+		}
+		close(p.notify)
+		p.notify = make(chan struct{})
+		p.mu.Unlock()
+	}
+	p.err = p.cmd.Wait()
+	close(p.done)
+	p.mu.Lock()
+	close(p.notify)
+	p.notify = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// Output is everything the process wrote so far.
+func (p *Process) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.raw.String()
+}
+
+// Logs returns the JSON log lines so far.
+func (p *Process) Logs() []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]map[string]any(nil), p.lines...)
+}
+
+// WaitLog waits until a JSON log line satisfies match and returns it. It
+// fails the test when the process exits first or timeout passes.
+func (p *Process) WaitLog(t testing.TB, timeout time.Duration, match func(map[string]any) bool) map[string]any {
+	t.Helper()
+	deadline := time.After(timeout)
+	seen := 0
+	for {
+		p.mu.Lock()
+		for ; seen < len(p.lines); seen++ {
+			if match(p.lines[seen]) {
+				l := p.lines[seen]
+				p.mu.Unlock()
+				return l
+			}
+		}
+		notify := p.notify
+		p.mu.Unlock()
+		select {
+		case <-notify:
+		case <-p.done:
+			// Drain what arrived with the exit.
+			p.mu.Lock()
+			for ; seen < len(p.lines); seen++ {
+				if match(p.lines[seen]) {
+					l := p.lines[seen]
+					p.mu.Unlock()
+					return l
+				}
+			}
+			p.mu.Unlock()
+			t.Fatalf("proctest: process exited (%v) before the expected log line:\n%s", p.err, p.Output())
+		case <-deadline:
+			t.Fatalf("proctest: no matching log line within %s:\n%s", timeout, p.Output())
+		}
+	}
+}
+
+// Msg matches a log line by its msg.
+func Msg(msg string) func(map[string]any) bool {
+	return func(m map[string]any) bool { return m["msg"] == msg }
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("proctest: signal: %v", err)
+	}
+}
+
+// Kill stops the process at once (SIGKILL), as a crash would.
+func (p *Process) Kill(t testing.TB) {
+	t.Helper()
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Wait waits for the process to exit and returns its exit code; it fails
+// the test when that takes longer than timeout.
+func (p *Process) Wait(t testing.TB, timeout time.Duration) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		t.Fatalf("proctest: process still running after %s:\n%s", timeout, p.Output())
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	if p.err != nil {
+		t.Fatalf("proctest: wait: %v", p.err)
+	}
+	return 0
+}

@@ -1,0 +1,357 @@
+// Package service is the common frame of every binary in the suite: flags
+// and EGRESS_* environment variables, the slog logger, OpenTelemetry, a gRPC
+// server with grpc.health.v1, and an HTTP server carrying the REST gateway,
+// Prometheus /metrics, /healthz and /readyz. Run serves until the context
+// ends (SIGTERM or SIGINT in Main), then stops accepting work, lets
+// in-flight calls finish within the shutdown timeout and returns.
+package service
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/peterbourgon/ff/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/egress-proxies/egress-proxies/pkg/gateway"
+	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
+)
+
+// Options are the settings every service has.
+type Options struct {
+	// Name of the service: the log and trace service name, the metrics
+	// namespace prefix is always "egress".
+	Name string
+	// GRPCListen is the gRPC listen address.
+	GRPCListen string
+	// HTTPListen is the HTTP listen address (REST gateway, /metrics,
+	// /healthz, /readyz).
+	HTTPListen string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// LogFormat is json or text.
+	LogFormat string
+	// ShutdownTimeout bounds the graceful part of a shutdown.
+	ShutdownTimeout time.Duration
+}
+
+// RegisterFlags adds the common flags to fs, with the current values of o as
+// defaults.
+func (o *Options) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.GRPCListen, "grpc-listen", o.GRPCListen, "gRPC listen address")
+	fs.StringVar(&o.HTTPListen, "http-listen", o.HTTPListen, "HTTP listen address: REST gateway, /metrics, /healthz, /readyz")
+	fs.StringVar(&o.LogLevel, "log-level", orDefault(o.LogLevel, "info"), "log level: debug, info, warn or error")
+	fs.StringVar(&o.LogFormat, "log-format", orDefault(o.LogFormat, "json"), "log format: json or text")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", orDefault(o.ShutdownTimeout, 20*time.Second),
+		"how long in-flight work may take to finish after SIGTERM")
+}
+
+// Parse parses args into fs; every flag can also be set through an
+// EGRESS_<FLAG_NAME> environment variable (dashes become underscores).
+func Parse(fs *flag.FlagSet, args []string) error {
+	return ff.Parse(fs, args, ff.WithEnvVarPrefix("EGRESS"))
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Service is one running binary: its servers, logger and metrics registry.
+// Build it with New, register APIs and workers, then Run it.
+type Service struct {
+	Name    string
+	Log     *slog.Logger
+	Metrics *prometheus.Registry
+	// GRPC is the gRPC server; register API implementations on it before
+	// Run.
+	GRPC *grpc.Server
+	// HTTP is the HTTP mux; /metrics, /healthz and /readyz are registered,
+	// and MountGateway serves the REST gateway under /.
+	HTTP *http.ServeMux
+
+	opts     Options
+	health   *health.Server
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	gateways []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error
+	gwOpts   []runtime.ServeMuxOption
+	workers  []func(context.Context) error
+	ready    atomic.Bool
+	tracing  func(context.Context) error
+	grpcOpts []grpc.ServerOption
+	grpcMet  *grpcprom.ServerMetrics
+}
+
+// Option adjusts a Service being built.
+type Option func(*Service)
+
+// WithServerOptions adds gRPC server options (interceptors such as auth).
+func WithServerOptions(opts ...grpc.ServerOption) Option {
+	return func(s *Service) { s.grpcOpts = append(s.grpcOpts, opts...) }
+}
+
+// WithGatewayOptions adds grpc-gateway mux options (an error handler, say).
+func WithGatewayOptions(opts ...runtime.ServeMuxOption) Option {
+	return func(s *Service) { s.gwOpts = append(s.gwOpts, opts...) }
+}
+
+// New builds a service and opens its listeners, so the bound addresses are
+// known (and logged) before Run.
+func New(ctx context.Context, opts Options, options ...Option) (*Service, error) {
+	log, err := NewLogger(opts.LogLevel, opts.LogFormat, opts.Name)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		Name:    opts.Name,
+		Log:     log,
+		Metrics: prometheus.NewRegistry(),
+		HTTP:    http.NewServeMux(),
+		opts:    opts,
+		health:  health.NewServer(),
+	}
+	for _, o := range options {
+		o(s)
+	}
+	s.tracing, err = telemetry.Setup(ctx, opts.Name)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+
+	s.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}),
+	))
+	s.Metrics.MustRegister(grpcMetrics)
+	s.grpcMet = grpcMetrics
+	recoverPanic := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in gRPC handler", "panic", fmt.Sprint(p))
+		return status.Error(codes.Internal, "internal error")
+	})
+	serverOpts := []grpc.ServerOption{
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
+		grpc.ChainUnaryInterceptor(grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoverPanic)),
+		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), recovery.StreamServerInterceptor(recoverPanic)),
+	}
+	s.GRPC = grpc.NewServer(append(serverOpts, s.grpcOpts...)...)
+	healthpb.RegisterHealthServer(s.GRPC, s.health)
+	reflection.Register(s.GRPC)
+
+	s.HTTP.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics, promhttp.HandlerOpts{Registry: s.Metrics}))
+	s.HTTP.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	s.HTTP.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+
+	var lc net.ListenConfig
+	if s.grpcLis, err = lc.Listen(ctx, "tcp", opts.GRPCListen); err != nil {
+		return nil, fmt.Errorf("gRPC listener: %w", err)
+	}
+	if s.httpLis, err = lc.Listen(ctx, "tcp", opts.HTTPListen); err != nil {
+		_ = s.grpcLis.Close()
+		return nil, fmt.Errorf("HTTP listener: %w", err)
+	}
+	return s, nil
+}
+
+// GRPCAddr is the bound gRPC address.
+func (s *Service) GRPCAddr() string { return s.grpcLis.Addr().String() }
+
+// HTTPAddr is the bound HTTP address.
+func (s *Service) HTTPAddr() string { return s.httpLis.Addr().String() }
+
+// MountGateway serves a REST gateway registration (a generated
+// Register<Service>Handler) under /, proxying to this service's own gRPC
+// server so that interceptors and streaming behave the same for both.
+func (s *Service) MountGateway(register func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error) {
+	s.gateways = append(s.gateways, register)
+}
+
+// Go adds a background worker that runs for the life of the service. A
+// worker returning an error stops the service.
+func (s *Service) Go(worker func(context.Context) error) {
+	s.workers = append(s.workers, worker)
+}
+
+// Run serves until ctx ends or a worker fails, then shuts down gracefully:
+// health turns NOT_SERVING, the servers stop accepting, in-flight calls get
+// the shutdown timeout to finish, workers are cancelled and awaited.
+func (s *Service) Run(ctx context.Context) error {
+	defer func() {
+		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.tracing(tctx); err != nil {
+			s.Log.Warn("flushing traces failed", "error", err)
+		}
+	}()
+
+	conn, err := grpc.NewClient(s.GRPCAddr(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
+	if err != nil {
+		return fmt.Errorf("gateway connection: %w", err)
+	}
+	defer conn.Close()
+	if len(s.gateways) > 0 {
+		mux := gateway.NewServeMux(s.gwOpts...)
+		for _, register := range s.gateways {
+			if err := register(ctx, mux, conn); err != nil {
+				return fmt.Errorf("registering gateway: %w", err)
+			}
+		}
+		s.HTTP.Handle("/", mux)
+	}
+	httpSrv := &http.Server{
+		Handler:           otelhttp.NewHandler(s.HTTP, s.Name, otelhttp.WithFilter(notProbeOrScrape)),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+
+	workCtx, stopWork := context.WithCancel(context.Background())
+	defer stopWork()
+	g, gctx := errgroup.WithContext(workCtx)
+	g.Go(func() error {
+		if err := s.GRPC.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("gRPC server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := httpSrv.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("HTTP server: %w", err)
+		}
+		return nil
+	})
+	for _, w := range s.workers {
+		g.Go(func() error { return w(gctx) })
+	}
+
+	s.grpcMet.InitializeMetrics(s.GRPC)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.ready.Store(true)
+	s.Log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
+
+	select {
+	case <-ctx.Done():
+		s.Log.Info("shutting down", "reason", context.Cause(ctx))
+	case <-gctx.Done():
+	}
+	s.ready.Store(false)
+	s.health.Shutdown()
+
+	graceCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		s.GRPC.GracefulStop()
+		close(stopped)
+	}()
+	if err := httpSrv.Shutdown(graceCtx); err != nil {
+		_ = httpSrv.Close()
+	}
+	select {
+	case <-stopped:
+	case <-graceCtx.Done():
+		s.Log.Warn("in-flight gRPC calls did not finish in time; closing them", "timeout", s.opts.ShutdownTimeout)
+		s.GRPC.Stop()
+	}
+	stopWork()
+	err = g.Wait()
+	if err != nil {
+		s.Log.Error("stopped with an error", "error", err)
+		return err
+	}
+	s.Log.Info("stopped")
+	return nil
+}
+
+func notProbeOrScrape(r *http.Request) bool {
+	switch r.URL.Path {
+	case "/metrics", "/healthz", "/readyz":
+		return false
+	}
+	return true
+}
+
+// Binary describes one service binary for Main.
+type Binary struct {
+	// Options holds the common settings; the listen addresses set here are
+	// the defaults of the flags.
+	Options
+	// Flags registers the service's own flags, if any.
+	Flags func(*flag.FlagSet)
+	// Setup registers APIs and workers on the built service, if any.
+	Setup func(context.Context, *Service) error
+	// ServiceOptions adjust the service being built.
+	ServiceOptions []Option
+}
+
+// Main is a binary's whole life: it parses flags (and EGRESS_* variables)
+// from args, builds the service, lets Setup register APIs and workers, and
+// runs it until SIGTERM or SIGINT. It returns the process exit code.
+func Main(b Binary, args []string) int {
+	opts := b.Options
+	fs := flag.NewFlagSet(opts.Name, flag.ContinueOnError)
+	opts.RegisterFlags(fs)
+	if b.Flags != nil {
+		b.Flags(fs)
+	}
+	if err := Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	s, err := New(ctx, opts, b.ServiceOptions...)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", opts.Name, err)
+		return 1
+	}
+	if b.Setup != nil {
+		if err := b.Setup(ctx, s); err != nil {
+			s.Log.Error("setup failed", "error", err)
+			return 1
+		}
+	}
+	if err := s.Run(ctx); err != nil {
+		return 1
+	}
+	return 0
+}

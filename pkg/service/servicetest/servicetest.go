@@ -1,0 +1,106 @@
+// Package servicetest checks what every service binary promises: it starts,
+// serves grpc.health.v1 and Prometheus /metrics, logs JSON through slog, and
+// exits cleanly on SIGTERM.
+package servicetest
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+)
+
+// Addrs are where a started service listens.
+type Addrs struct {
+	GRPC string
+	HTTP string
+}
+
+// Start builds the binary at pkgDir and starts it on loopback ports with the
+// given extra args and env, waiting for its "serving" line.
+func Start(t *testing.T, pkgDir string, args []string, env ...string) (*proctest.Process, Addrs) {
+	t.Helper()
+	bin := proctest.Build(t, pkgDir)
+	all := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0"}, args...)
+	p := proctest.Start(t, bin, all, env...)
+	line := p.WaitLog(t, 60*time.Second, proctest.Msg("serving"))
+	a := Addrs{GRPC: str(line["grpc"]), HTTP: str(line["http"])}
+	if a.GRPC == "" || a.HTTP == "" {
+		t.Fatalf("serving line lacks addresses: %v", line)
+	}
+	return p, a
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// AssertLifecycle starts the binary at pkgDir, checks gRPC health, /metrics,
+// /healthz and /readyz, then sends SIGTERM and expects exit code 0 after a
+// "stopped" log line.
+func AssertLifecycle(t *testing.T, pkgDir, serviceName string, args []string, env ...string) {
+	t.Helper()
+	p, addrs := Start(t, pkgDir, args, env...)
+
+	serving := p.WaitLog(t, time.Second, proctest.Msg("serving"))
+	if serving["service"] != serviceName {
+		t.Errorf("log line service = %v, want %q", serving["service"], serviceName)
+	}
+	if serving["level"] != "INFO" {
+		t.Errorf("log line level = %v, want INFO", serving["level"])
+	}
+
+	conn, err := grpc.NewClient(addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatalf("grpc.health.v1 Check: %v", err)
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health status = %v, want SERVING", resp.GetStatus())
+	}
+
+	metrics := get(t, "http://"+addrs.HTTP+"/metrics", http.StatusOK)
+	for _, want := range []string{"go_goroutines", "process_start_time_seconds", "grpc_server_handled_total"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	get(t, "http://"+addrs.HTTP+"/healthz", http.StatusOK)
+	get(t, "http://"+addrs.HTTP+"/readyz", http.StatusOK)
+
+	p.Signal(t, syscall.SIGTERM)
+	if code := p.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("exit code after SIGTERM = %d, want 0:\n%s", code, p.Output())
+	}
+	p.WaitLog(t, time.Second, proctest.Msg("stopped"))
+}
+
+func get(t *testing.T, url string, want int) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("GET %s = %d, want %d: %s", url, resp.StatusCode, want, b)
+	}
+	return string(b)
+}

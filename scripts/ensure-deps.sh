@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Makes sure what the tests need is running on this machine: PostgreSQL on
+# 127.0.0.1:5432 (trust auth for user postgres) and NATS with JetStream on
+# 127.0.0.1:4222. Starts them when installed but stopped, installs them from
+# Debian's packages when missing (needs root). Idempotent.
+set -euo pipefail
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+	for _ in $(seq 1 100); do
+		port_open "$1" && return 0
+		sleep 0.2
+	done
+	echo "ensure-deps: nothing listens on 127.0.0.1:$1 after starting $2" >&2
+	return 1
+}
+
+apt_updated=""
+apt_install() {
+	if [ -z "$apt_updated" ]; then
+		apt-get update -qq
+		apt_updated=1
+	fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! port_open 5432; then
+	if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+		echo "ensure-deps: installing PostgreSQL"
+		apt_install postgresql
+		ver=$(ls /etc/postgresql | sort -V | tail -1)
+		sed -i 's/^\(host\|local\)\(.*\)\(scram-sha-256\|md5\|peer\)$/\1\2trust/' "/etc/postgresql/$ver/main/pg_hba.conf"
+	fi
+	ver=$(ls /etc/postgresql | sort -V | tail -1)
+	echo "ensure-deps: starting PostgreSQL $ver"
+	pg_ctlcluster --skip-systemctl-redirect "$ver" main start
+	wait_port 5432 PostgreSQL
+fi
+
+if ! port_open 4222; then
+	if ! command -v nats-server >/dev/null; then
+		echo "ensure-deps: installing nats-server"
+		apt_install nats-server
+	fi
+	echo "ensure-deps: starting nats-server with JetStream"
+	mkdir -p /var/lib/nats-server
+	start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
+		-a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+	wait_port 4222 nats-server
+fi
+echo "ensure-deps: PostgreSQL and NATS are up"

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Starts the suite's binaries from bin/ on this machine with their default
+# ports, prints where each listens, and stops them all on Ctrl-C (SIGTERM to
+# each, then waits). Usage: scripts/run-local.sh SERVICE...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ $# -eq 0 ]; then
+	echo "usage: $0 SERVICE..." >&2
+	exit 2
+fi
+
+logdir=${EGRESS_RUN_LOG_DIR:-.run}
+mkdir -p "$logdir"
+pids=()
+stop() {
+	trap - INT TERM
+	echo
+	echo "stopping…"
+	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+	echo "stopped"
+	exit 0
+}
+trap stop INT TERM
+
+for svc in "$@"; do
+	bin/"$svc" --log-format=text >"$logdir/$svc.log" 2>&1 &
+	pids+=($!)
+done
+
+# Wait for every service's "serving" line and print its endpoints.
+printf '%-20s %-16s %-22s %s\n' SERVICE GRPC REST METRICS
+for svc in "$@"; do
+	line=""
+	for _ in $(seq 1 100); do
+		line=$(grep -m1 'msg=serving' "$logdir/$svc.log" 2>/dev/null) && break
+		sleep 0.1
+	done
+	if [ -z "$line" ]; then
+		echo "$svc did not start; its log ($logdir/$svc.log):" >&2
+		cat "$logdir/$svc.log" >&2
+		stop
+	fi
+	# A wildcard listener is reached on localhost.
+	grpc=$(sed -n 's/.*grpc=\([^ ]*\).*/\1/p' <<<"$line" | sed 's/^\(\[::\]\|0\.0\.0\.0\):/localhost:/')
+	http=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' <<<"$line" | sed 's/^\(\[::\]\|0\.0\.0\.0\):/localhost:/')
+	printf '%-20s %-16s %-22s %s\n' "$svc" "$grpc" "http://$http" "http://$http/metrics"
+done
+echo "logs in $logdir/; Ctrl-C stops everything"
+wait
