@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 )
@@ -59,6 +60,9 @@ type Options struct {
 	LogFormat string
 	// ShutdownTimeout bounds the graceful part of a shutdown.
 	ShutdownTimeout time.Duration
+	// Auth, when set, makes every API call (all but gRPC health and
+	// reflection) require a bearer token; its flags are registered too.
+	Auth *auth.Config
 }
 
 // RegisterFlags adds the common flags to fs, with the current values of o as
@@ -70,6 +74,9 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.LogFormat, "log-format", orDefault(o.LogFormat, "json"), "log format: json or text")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", orDefault(o.ShutdownTimeout, 20*time.Second),
 		"how long in-flight work may take to finish after SIGTERM")
+	if o.Auth != nil {
+		o.Auth.RegisterFlags(fs)
+	}
 }
 
 // Parse parses args into fs; every flag can also be set through an
@@ -162,6 +169,13 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.ChainUnaryInterceptor(grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoverPanic)),
 		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), recovery.StreamServerInterceptor(recoverPanic)),
+	}
+	if opts.Auth != nil {
+		authn, err := auth.New(*opts.Auth, log)
+		if err != nil {
+			return nil, err
+		}
+		serverOpts = append(serverOpts, authn.ServerOptions()...)
 	}
 	s.GRPC = grpc.NewServer(append(serverOpts, s.grpcOpts...)...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)

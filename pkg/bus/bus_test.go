@@ -1,0 +1,143 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+)
+
+func init() {
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+}
+
+func TestNames(t *testing.T) {
+	t.Parallel()
+	n := bus.Names{Prefix: "test-1.a"}
+	if got := n.CommandStream(); got != "TEST_1_A_COMMANDS" {
+		t.Errorf("CommandStream = %q", got)
+	}
+	if got := n.CommandSubject("pve"); got != "test-1.a.cmd.pve" {
+		t.Errorf("CommandSubject = %q", got)
+	}
+	if got := (bus.Names{}).ProxyEventSubject("u1"); got != "egress.proxy.u1" {
+		t.Errorf("default prefix subject = %q", got)
+	}
+}
+
+func TestPublishDecodeCarriesTraceContext(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js := natstest.New(t).JetStream(t)
+	n := bus.Names{}
+	if err := bus.EnsureStreams(ctx, js, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, js, n); err != nil {
+		t.Fatalf("EnsureStreams is not idempotent: %v", err)
+	}
+
+	tid, _ := trace.TraceIDFromHex("0af7651916cd43dd8448eb211c80319c")
+	sid, _ := trace.SpanIDFromHex("b7ad6b7169203331")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
+	pubCtx := trace.ContextWithSpanContext(ctx, sc)
+	cmd := &busv1.Command{CommandId: "c-1", ProxyUid: "u-1", Provider: "pve", Operation: busv1.Operation_OPERATION_GET}
+	if _, err := bus.Publish(pubCtx, js, n.CommandSubject("pve"), cmd, jetstream.WithMsgID(cmd.GetCommandId())); err != nil {
+		t.Fatal(err)
+	}
+	// A duplicate publish of the same command id is dropped by the stream.
+	if ack, err := bus.Publish(pubCtx, js, n.CommandSubject("pve"), cmd, jetstream.WithMsgID(cmd.GetCommandId())); err != nil || !ack.Duplicate {
+		t.Fatalf("duplicate publish: ack %+v, err %v", ack, err)
+	}
+
+	cons, err := js.CreateOrUpdateConsumer(ctx, n.CommandStream(), jetstream.ConsumerConfig{
+		Durable: n.ProvisionerConsumer("pve"), FilterSubject: n.CommandSubject("pve"), AckPolicy: jetstream.AckExplicitPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got busv1.Command
+	msgCtx, err := bus.Decode(context.Background(), m, &got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.GetCommandId() != "c-1" || got.GetOperation() != busv1.Operation_OPERATION_GET {
+		t.Errorf("decoded %v", &got)
+	}
+	if m.Headers().Get("Content-Type") != bus.ContentType {
+		t.Errorf("content type %q", m.Headers().Get("Content-Type"))
+	}
+	if gotSC := trace.SpanContextFromContext(msgCtx); gotSC.TraceID() != tid || gotSC.SpanID() != sid {
+		t.Errorf("trace context not carried: %v", gotSC)
+	}
+	_ = m.Ack()
+
+	// A payload that is not the message fails with ErrBadPayload.
+	if _, err := js.Publish(ctx, n.CommandSubject("pve"), []byte{0xff, 0xff, 0xff}); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Decode(ctx, bad, &got); !errors.Is(err, bus.ErrBadPayload) {
+		t.Errorf("bad payload: %v", err)
+	}
+}
+
+// The event streams keep exactly the latest event of each proxy, so a
+// consumer starting with DeliverLastPerSubject reads the current state.
+func TestEventStreamsKeepLatestPerProxy(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js := natstest.New(t).JetStream(t)
+	n := bus.Names{Prefix: "t"}
+	if err := bus.EnsureStreams(ctx, js, n); err != nil {
+		t.Fatal(err)
+	}
+	for rev := int64(1); rev <= 6; rev++ {
+		uid := fmt.Sprintf("u%d", rev%2)
+		ev := &busv1.ProxyEvent{Revision: rev, Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: &proxyv1.Proxy{Uid: uid}}
+		if _, err := bus.Publish(ctx, js, n.ProxyEventSubject(uid), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons, err := js.OrderedConsumer(ctx, n.ProxyEventStream(), jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := map[string]int64{}
+	for range 2 {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev busv1.ProxyEvent
+		if _, err := bus.Decode(ctx, m, &ev); err != nil {
+			t.Fatal(err)
+		}
+		latest[ev.GetProxy().GetUid()] = ev.GetRevision()
+	}
+	if latest["u0"] != 6 || latest["u1"] != 5 {
+		t.Errorf("latest revisions = %v, want u0:6 u1:5", latest)
+	}
+}
