@@ -333,13 +333,21 @@ type Binary struct {
 	Setup func(context.Context, *Service) error
 	// ServiceOptions adjust the service being built.
 	ServiceOptions []Option
+	// Migrate, when set, is what `<binary> migrate [flags]` runs: apply the
+	// service's database migrations and exit.
+	Migrate func(context.Context, *slog.Logger) error
 }
 
 // Main is a binary's whole life: it parses flags (and EGRESS_* variables)
 // from args, builds the service, lets Setup register APIs and workers, and
-// runs it until SIGTERM or SIGINT. It returns the process exit code.
+// runs it until SIGTERM or SIGINT. With a first argument "migrate" it runs
+// Migrate instead and exits. It returns the process exit code.
 func Main(b Binary, args []string) int {
 	opts := b.Options
+	migrate := len(args) > 0 && args[0] == "migrate" && b.Migrate != nil
+	if migrate {
+		args = args[1:]
+	}
 	fs := flag.NewFlagSet(opts.Name, flag.ContinueOnError)
 	opts.RegisterFlags(fs)
 	if b.Flags != nil {
@@ -353,6 +361,19 @@ func Main(b Binary, args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if migrate {
+		log, err := NewLogger(opts.LogLevel, opts.LogFormat, opts.Name)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", opts.Name, err)
+			return 2
+		}
+		if err := b.Migrate(ctx, log); err != nil {
+			log.Error("migration failed", "error", err)
+			return 1
+		}
+		log.Info("migrations applied")
+		return 0
+	}
 	s, err := New(ctx, opts, b.ServiceOptions...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", opts.Name, err)
