@@ -2,7 +2,9 @@
 # Makes sure what the tests need is running on this machine: PostgreSQL on
 # 127.0.0.1:5432 (trust auth for user postgres) and NATS with JetStream on
 # 127.0.0.1:4222. Starts them when installed but stopped, installs them from
-# Debian's packages when missing (needs root). Idempotent.
+# Debian's packages when missing (needs root). Installs squid for the health
+# service's probe tests, which start their own squid with a generated config;
+# the system squid daemon is never started here. Idempotent.
 set -euo pipefail
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -49,4 +51,11 @@ if ! port_open 4222; then
 		-a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
 	wait_port 4222 nats-server
 fi
-echo "ensure-deps: PostgreSQL and NATS are up"
+if ! command -v squid >/dev/null && [ ! -x /usr/sbin/squid ]; then
+	echo "ensure-deps: installing squid (the health probe tests run their own instance)"
+	apt_install squid
+	# Debian's package may start the system daemon where an init system
+	# runs; the tests never use it.
+	if command -v service >/dev/null; then service squid stop >/dev/null 2>&1 || true; fi
+fi
+echo "ensure-deps: PostgreSQL, NATS and squid are ready"

@@ -2,7 +2,10 @@ module github.com/egress-proxies/egress-proxies/services/health
 
 go 1.26.0
 
-require github.com/egress-proxies/egress-proxies/pkg v0.0.0
+require (
+	github.com/egress-proxies/egress-proxies/pkg v0.0.0
+	go.uber.org/goleak v1.3.0
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

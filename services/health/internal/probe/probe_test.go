@@ -1,0 +1,174 @@
+package probe_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/egress-proxies/egress-proxies/services/health/internal/probe"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/proxytest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// targets are a real TLS server and a plain-HTTP server; /fail answers
+// 500 and /hang holds the request until the client goes away.
+type targets struct {
+	tls   *httptest.Server
+	plain *httptest.Server
+	roots *x509.CertPool
+}
+
+func newTargets(t *testing.T) *targets {
+	t.Helper()
+	h := http.NewServeMux()
+	h.HandleFunc("/ok", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	h.HandleFunc("/fail", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "broken", http.StatusInternalServerError) })
+	h.HandleFunc("/hang", func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	ts := httptest.NewTLSServer(h)
+	t.Cleanup(ts.Close)
+	ps := httptest.NewServer(h)
+	t.Cleanup(ps.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	return &targets{tls: ts, plain: ps, roots: roots}
+}
+
+func newProber(t *testing.T, target string, roots *x509.CertPool) *probe.Prober {
+	t.Helper()
+	p, err := probe.New(probe.Options{Target: target, TLSConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, UserAgent: "health-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func port(t *testing.T, rawURL string) int {
+	t.Helper()
+	i := strings.LastIndex(rawURL, ":")
+	n, err := strconv.Atoi(rawURL[i+1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+type probeCase struct {
+	name       string
+	proxy      func(t *testing.T) string // returns the proxy address
+	target     func(tg *targets) string
+	roots      func(tg *targets) *x509.CertPool
+	timeout    time.Duration
+	wantOK     bool
+	wantReason string
+	wantInMsg  string
+}
+
+func runCases(t *testing.T, tg *targets, cases []probeCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			roots := tg.roots
+			if tc.roots != nil {
+				roots = tc.roots(tg)
+			}
+			p := newProber(t, tc.target(tg), roots)
+			timeout := tc.timeout
+			if timeout == 0 {
+				timeout = 10 * time.Second
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			r := p.Probe(ctx, tc.proxy(t))
+			if r.OK != tc.wantOK || r.Reason != tc.wantReason {
+				t.Fatalf("Probe() = %+v, want ok=%v reason=%s", r, tc.wantOK, tc.wantReason)
+			}
+			if tc.wantInMsg != "" && !strings.Contains(r.Message, tc.wantInMsg) {
+				t.Errorf("message %q does not contain %q", r.Message, tc.wantInMsg)
+			}
+			if r.Latency <= 0 || r.Latency > timeout+time.Second {
+				t.Errorf("latency = %s, want within (0, %s]", r.Latency, timeout+time.Second)
+			}
+		})
+	}
+}
+
+func TestProbe_goProxy(t *testing.T) {
+	t.Parallel()
+	tg := newTargets(t)
+	goProxy := func(b proxytest.Behaviour) func(t *testing.T) string {
+		return func(t *testing.T) string { return proxytest.StartProxy(t, b).Addr() }
+	}
+	tlsOK := func(tg *targets) string { return tg.tls.URL + "/ok" }
+	runCases(t, tg, []probeCase{
+		{name: "tunnel success", proxy: goProxy(proxytest.Behaviour{}), target: tlsOK, wantOK: true, wantReason: probe.ReasonSucceeded, wantInMsg: "200"},
+		{name: "refused CONNECT", proxy: goProxy(proxytest.Behaviour{Status: http.StatusForbidden}), target: tlsOK, wantReason: probe.ReasonConnectRefused, wantInMsg: "403"},
+		{name: "proxy auth required", proxy: goProxy(proxytest.Behaviour{Status: http.StatusProxyAuthRequired}), target: tlsOK, wantReason: probe.ReasonConnectRefused, wantInMsg: "407"},
+		{name: "wrong status", proxy: goProxy(proxytest.Behaviour{Status: http.StatusBadGateway}), target: tlsOK, wantReason: probe.ReasonBadStatus, wantInMsg: "502"},
+		{name: "dead proxy", proxy: func(t *testing.T) string { return "127.0.0.1:" + strconv.Itoa(proxytest.FreePort(t)) }, target: tlsOK, wantReason: probe.ReasonConnectFailed, wantInMsg: "connection refused"},
+		{name: "slow proxy", proxy: goProxy(proxytest.Behaviour{Delay: time.Minute}), target: tlsOK, timeout: 300 * time.Millisecond, wantReason: probe.ReasonTimeout},
+		{name: "target answers 500", proxy: goProxy(proxytest.Behaviour{}), target: func(tg *targets) string { return tg.tls.URL + "/fail" }, wantReason: probe.ReasonBadStatus, wantInMsg: "500"},
+		{name: "untrusted target certificate", proxy: goProxy(proxytest.Behaviour{}), target: tlsOK, roots: func(*targets) *x509.CertPool { return x509.NewCertPool() }, wantReason: probe.ReasonTLSFailed},
+		{name: "target hangs", proxy: goProxy(proxytest.Behaviour{}), target: func(tg *targets) string { return tg.tls.URL + "/hang" }, timeout: 300 * time.Millisecond, wantReason: probe.ReasonTimeout},
+		{name: "plain-http forward", proxy: goProxy(proxytest.Behaviour{}), target: func(tg *targets) string { return tg.plain.URL + "/ok" }, wantOK: true, wantReason: probe.ReasonSucceeded},
+		{name: "plain-http forward, target fails", proxy: goProxy(proxytest.Behaviour{}), target: func(tg *targets) string { return tg.plain.URL + "/fail" }, wantReason: probe.ReasonBadStatus},
+	})
+}
+
+func TestProbe_squid(t *testing.T) {
+	t.Parallel()
+	tg := newTargets(t)
+	deniedTarget := proxytest.StartProxy(t, proxytest.Behaviour{}) // any listener on a port squid denies
+	sq := proxytest.StartSquid(t, proxytest.SquidOptions{DenyConnectPorts: []int{port(t, deniedTarget.Addr())}})
+	viaSquid := func(*testing.T) string { return sq.Addr() }
+	closed := proxytest.FreePort(t)
+	runCases(t, tg, []probeCase{
+		{name: "tunnel success", proxy: viaSquid, target: func(tg *targets) string { return tg.tls.URL + "/ok" }, wantOK: true, wantReason: probe.ReasonSucceeded},
+		{name: "refused CONNECT", proxy: viaSquid, target: func(*targets) string { return "https://" + deniedTarget.Addr() + "/ok" }, wantReason: probe.ReasonConnectRefused, wantInMsg: "403"},
+		{name: "wrong status: target port closed", proxy: viaSquid, target: func(*targets) string { return "https://127.0.0.1:" + strconv.Itoa(closed) + "/" }, wantReason: probe.ReasonBadStatus, wantInMsg: "503"},
+		{name: "slow target", proxy: viaSquid, target: func(tg *targets) string { return tg.tls.URL + "/hang" }, timeout: 500 * time.Millisecond, wantReason: probe.ReasonTimeout},
+		{name: "plain-http forward", proxy: viaSquid, target: func(tg *targets) string { return tg.plain.URL + "/ok" }, wantOK: true, wantReason: probe.ReasonSucceeded},
+		{name: "plain-http forward, target fails", proxy: viaSquid, target: func(tg *targets) string { return tg.plain.URL + "/fail" }, wantReason: probe.ReasonBadStatus, wantInMsg: "500"},
+	})
+}
+
+func TestParseTarget(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		raw     string
+		wantErr string
+	}{
+		{"https://health.example.internal/ok", ""},
+		{"http://10.0.0.1:8080", ""},
+		{"", "required"},
+		{"ftp://x/", "scheme"},
+		{"https:///path", "no host"},
+		{"https://user:pw@host/", "user information"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.raw, func(t *testing.T) {
+			t.Parallel()
+			_, err := probe.ParseTarget(tc.raw)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("ParseTarget(%q) = %v", tc.raw, err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("ParseTarget(%q) = %v, want an error with %q", tc.raw, err, tc.wantErr)
+			}
+			if err != nil && strings.Contains(err.Error(), "pw") {
+				t.Errorf("error leaks the password: %v", err)
+			}
+		})
+	}
+}
