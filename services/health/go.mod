@@ -4,7 +4,9 @@ go 1.26.0
 
 require (
 	github.com/egress-proxies/egress-proxies/pkg v0.0.0
+	github.com/egress-proxies/egress-proxies/pkg/api v0.0.0
 	go.uber.org/goleak v1.3.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -56,7 +58,6 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/grpc v1.85.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 replace (
