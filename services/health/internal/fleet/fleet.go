@@ -1,0 +1,173 @@
+// Package fleet learns the proxies from the orchestrator's ProxyEvents and
+// decides which of them this replica probes: it keeps the latest snapshot
+// of every proxy (newest revision wins), and hands the engine those that
+// are probeable and owned by this replica. It re-decides when the replica
+// set changes.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
+)
+
+// Engine is what the fleet drives.
+type Engine interface {
+	Upsert(engine.Spec)
+	Remove(uid string)
+}
+
+// Fleet is the set of known proxies.
+type Fleet struct {
+	Engine   Engine
+	Defaults engine.Defaults
+	// Owns says whether this replica probes uid; nil means all.
+	Owns func(uid string) bool
+	// Gone is called when a proxy is deleted or stops being probeable, so
+	// its stored health goes too.
+	Gone func(uid string)
+	Log  *slog.Logger
+
+	mu      sync.Mutex
+	proxies map[string]*known
+}
+
+type known struct {
+	revision int64
+	spec     engine.Spec
+	probe    bool // probeable
+	owned    bool // handed to the engine
+}
+
+// Apply applies one event; it returns false for an event older than what
+// is known.
+func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
+	uid := ev.GetProxy().GetUid()
+	if uid == "" {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.proxies == nil {
+		f.proxies = map[string]*known{}
+	}
+	k, ok := f.proxies[uid]
+	if ok && ev.GetRevision() <= k.revision {
+		return false
+	}
+	if !ok {
+		k = &known{}
+		f.proxies[uid] = k
+	}
+	k.revision = ev.GetRevision()
+	wasProbe := k.probe
+	if ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED {
+		k.probe = false
+	} else {
+		k.spec, k.probe = engine.SpecFor(ev.GetProxy(), f.Defaults)
+	}
+	f.sync(uid, k)
+	if wasProbe && !k.probe && f.Gone != nil {
+		f.Gone(uid)
+	}
+	// A deleted proxy is remembered (its revision guards against replays
+	// of older events) but holds nothing else.
+	return true
+}
+
+// Rebalance re-decides ownership of every proxy, after the replica set
+// changed.
+func (f *Fleet) Rebalance() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for uid, k := range f.proxies {
+		f.sync(uid, k)
+	}
+}
+
+// Owned counts the proxies handed to the engine.
+func (f *Fleet) Owned() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, k := range f.proxies {
+		if k.owned {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *Fleet) sync(uid string, k *known) {
+	own := k.probe && (f.Owns == nil || f.Owns(uid))
+	switch {
+	case own:
+		f.Engine.Upsert(k.spec)
+		k.owned = true
+	case k.owned:
+		f.Engine.Remove(uid)
+		k.owned = false
+	}
+}
+
+// Follow reads every proxy's latest event, then follows changes, until ctx
+// ends. An ordered consumer with DeliverLastPerSubject gives the current
+// state of the fleet first; it recreates itself on gaps.
+func (f *Fleet) Follow(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
+	for {
+		err := f.follow(ctx, js, names)
+		if ctx.Err() != nil {
+			return nil
+		}
+		f.Log.Warn("WARNING: following proxy events failed; retrying", "error", err)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (f *Fleet) follow(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
+	cons, err := js.OrderedConsumer(ctx, names.ProxyEventStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{names.ProxyEventSubjects()},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("proxy event consumer: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return ctx.Err()
+			}
+			return err
+		}
+		var ev busv1.ProxyEvent
+		if _, err := bus.Decode(ctx, m, &ev); err != nil {
+			f.Log.Warn("WARNING: dropping an undecodable proxy event", "subject", m.Subject(), "error", err)
+			continue
+		}
+		f.Apply(&ev)
+	}
+}

@@ -1,0 +1,406 @@
+// Package store keeps the health service's state in PostgreSQL, schema
+// "health": the transitions (also the outbox of the HealthTransitionEvents),
+// the current health of every probed proxy, and the latest check of every
+// provider.
+package store
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
+)
+
+// Schema is the PostgreSQL schema the service owns.
+const Schema = "health"
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrations are the embedded goose migrations.
+func Migrations() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
+// Migrate applies the migrations to the database at dsn.
+func Migrate(ctx context.Context, dsn string, log *slog.Logger) error {
+	return postgres.Migrate(ctx, dsn, Schema, Migrations(), log)
+}
+
+// transitionLock serialises transition inserts so sequences commit in
+// order (see the migration).
+const transitionLock = 0x6865616c74680001 // "health" + 1
+
+// ErrNotFound is returned for a missing row.
+var ErrNotFound = errors.New("not found")
+
+// Store is the service's PostgreSQL store.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// New returns a store on pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool is the store's pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// RecordTransition stores a transition and, when st is set, the proxy's
+// current state in one transaction and returns the transition with its sequence.
+func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *engine.State, prober string) (*healthv1.HealthTransition, error) {
+	var seq int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(transitionLock)); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `INSERT INTO health.transitions
+			(proxy_uid, proxy_name, provider_id, healthy, reason, message, latency_us, transition_time, prober)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING sequence`,
+			tr.UID, tr.Name, tr.ProviderID, tr.Healthy, tr.Reason, tr.Message, tr.Latency.Microseconds(), tr.Time, prober,
+		).Scan(&seq); err != nil {
+			return err
+		}
+		if st == nil {
+			return nil
+		}
+		return upsertState(ctx, tx, *st, prober)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recording the transition of %s: %w", tr.Name, err)
+	}
+	return &healthv1.HealthTransition{
+		Sequence: seq, ProxyUid: tr.UID, ProxyName: tr.Name, ProviderId: tr.ProviderID, Healthy: tr.Healthy,
+		Reason: tr.Reason, Message: tr.Message, Latency: durationpb.New(tr.Latency), TransitionTime: timestamppb.New(tr.Time),
+	}, nil
+}
+
+const upsertStateSQL = `INSERT INTO health.proxy_health
+	(proxy_uid, proxy_name, provider_id, address, verdict_known, healthy, reason, message, latency_us,
+	 consecutive_successes, consecutive_failures, last_probe_time, last_transition_time, prober, updated_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, now())
+	ON CONFLICT (proxy_uid) DO UPDATE SET
+	 proxy_name = EXCLUDED.proxy_name, provider_id = EXCLUDED.provider_id, address = EXCLUDED.address,
+	 verdict_known = EXCLUDED.verdict_known, healthy = EXCLUDED.healthy, reason = EXCLUDED.reason,
+	 message = EXCLUDED.message, latency_us = EXCLUDED.latency_us,
+	 consecutive_successes = EXCLUDED.consecutive_successes, consecutive_failures = EXCLUDED.consecutive_failures,
+	 last_probe_time = EXCLUDED.last_probe_time, last_transition_time = EXCLUDED.last_transition_time,
+	 prober = EXCLUDED.prober, updated_at = now()`
+
+func stateArgs(st engine.State, prober string) []any {
+	return []any{st.Spec.UID, st.Spec.Name, st.Spec.ProviderID, st.Spec.Address, st.VerdictKnown, st.Healthy,
+		st.Reason, st.Message, st.Latency.Microseconds(), st.ConsecutiveSuccesses, st.ConsecutiveFailures,
+		nullTime(st.LastProbe), nullTime(st.LastTransition), prober}
+}
+
+func upsertState(ctx context.Context, tx pgx.Tx, st engine.State, prober string) error {
+	_, err := tx.Exec(ctx, upsertStateSQL, stateArgs(st, prober)...)
+	return err
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// SaveStates upserts the current states of proxies in one batch.
+func (s *Store) SaveStates(ctx context.Context, states []engine.State, prober string) error {
+	if len(states) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	for _, st := range states {
+		b.Queue(upsertStateSQL, stateArgs(st, prober)...)
+	}
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("saving %d proxy states: %w", len(states), err)
+	}
+	return nil
+}
+
+// DeleteProxy forgets a proxy's current health (its transitions stay until
+// retention removes them).
+func (s *Store) DeleteProxy(ctx context.Context, uid string) error {
+	_, err := s.pool.Exec(ctx, "DELETE FROM health.proxy_health WHERE proxy_uid = $1", uid)
+	return err
+}
+
+const proxyColumns = `proxy_uid, proxy_name, provider_id, address, verdict_known, healthy, reason, message, latency_us,
+	consecutive_successes, consecutive_failures, last_probe_time, last_transition_time, prober`
+
+func scanProxy(row pgx.Row) (*healthv1.ProxyHealth, error) {
+	var h healthv1.ProxyHealth
+	var latency int64
+	var succ, fail int32
+	var lastProbe, lastTrans *time.Time
+	if err := row.Scan(&h.ProxyUid, &h.ProxyName, &h.ProviderId, &h.Address, &h.VerdictKnown, &h.Healthy, &h.Reason,
+		&h.Message, &latency, &succ, &fail, &lastProbe, &lastTrans, &h.Prober); err != nil {
+		return nil, err
+	}
+	h.Latency = durationpb.New(time.Duration(latency) * time.Microsecond)
+	h.ConsecutiveSuccesses, h.ConsecutiveFailures = uint32(max(succ, 0)), uint32(max(fail, 0))
+	if lastProbe != nil {
+		h.LastProbeTime = timestamppb.New(*lastProbe)
+	}
+	if lastTrans != nil {
+		h.LastTransitionTime = timestamppb.New(*lastTrans)
+	}
+	return &h, nil
+}
+
+// GetProxy returns the health of the proxy named name.
+func (s *Store) GetProxy(ctx context.Context, name string) (*healthv1.ProxyHealth, error) {
+	h, err := scanProxy(s.pool.QueryRow(ctx, "SELECT "+proxyColumns+
+		" FROM health.proxy_health WHERE proxy_name = $1 ORDER BY updated_at DESC LIMIT 1", name))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return h, err
+}
+
+// ListProxies returns up to limit proxies ordered by (name, uid) after the
+// given position.
+func (s *Store) ListProxies(ctx context.Context, afterName, afterUID string, limit int) ([]*healthv1.ProxyHealth, error) {
+	rows, err := s.pool.Query(ctx, "SELECT "+proxyColumns+
+		" FROM health.proxy_health WHERE (proxy_name, proxy_uid) > ($1, $2) ORDER BY proxy_name, proxy_uid LIMIT $3",
+		afterName, afterUID, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*healthv1.ProxyHealth
+	for rows.Next() {
+		h, err := scanProxy(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+func scanTransition(row pgx.Row) (*healthv1.HealthTransition, error) {
+	var t healthv1.HealthTransition
+	var latency int64
+	var at time.Time
+	if err := row.Scan(&t.Sequence, &t.ProxyUid, &t.ProxyName, &t.ProviderId, &t.Healthy, &t.Reason, &t.Message, &latency, &at); err != nil {
+		return nil, err
+	}
+	t.Latency = durationpb.New(time.Duration(latency) * time.Microsecond)
+	t.TransitionTime = timestamppb.New(at)
+	return &t, nil
+}
+
+const transitionColumns = "sequence, proxy_uid, proxy_name, provider_id, healthy, reason, message, latency_us, transition_time"
+
+// TransitionsAfter returns up to limit transitions with a sequence greater
+// than after, in order.
+func (s *Store) TransitionsAfter(ctx context.Context, after int64, limit int) ([]*healthv1.HealthTransition, error) {
+	rows, err := s.pool.Query(ctx, "SELECT "+transitionColumns+
+		" FROM health.transitions WHERE sequence > $1 ORDER BY sequence LIMIT $2", after, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*healthv1.HealthTransition
+	for rows.Next() {
+		t, err := scanTransition(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// LastSequence is the highest transition sequence stored (0 with none).
+func (s *Store) LastSequence(ctx context.Context) (int64, error) {
+	var seq int64
+	err := s.pool.QueryRow(ctx, "SELECT COALESCE(max(sequence), 0) FROM health.transitions").Scan(&seq)
+	return seq, err
+}
+
+// PrunedThrough is the highest sequence retention has removed.
+func (s *Store) PrunedThrough(ctx context.Context) (int64, error) {
+	var seq int64
+	err := s.pool.QueryRow(ctx, "SELECT pruned_through FROM health.retention").Scan(&seq)
+	return seq, err
+}
+
+// PruneTransitions removes published transitions older than before and
+// returns how many went.
+func (s *Store) PruneTransitions(ctx context.Context, before time.Time) (int64, error) {
+	var n, top int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `WITH gone AS (
+				DELETE FROM health.transitions WHERE transition_time < $1 AND published RETURNING sequence)
+			SELECT count(*), COALESCE(max(sequence), 0) FROM gone`, before).Scan(&n, &top); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "UPDATE health.retention SET pruned_through = GREATEST(pruned_through, $1)", top)
+		return err
+	})
+	return n, err
+}
+
+// PublishPending hands the oldest unpublished transitions (at most limit)
+// to publish, in sequence order, and marks those it accepted. Rows another
+// replica is publishing are skipped, and so is a proxy's transition while
+// an older one of the same proxy is still pending, so each proxy's events
+// go out in order.
+func (s *Store) PublishPending(ctx context.Context, limit int, publish func(*healthv1.HealthTransition) error) (int, error) {
+	done := 0
+	var pubErr error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT "+transitionColumns+` FROM health.transitions t
+			WHERE NOT published AND NOT EXISTS (
+				SELECT 1 FROM health.transitions o WHERE NOT o.published AND o.proxy_uid = t.proxy_uid AND o.sequence < t.sequence)
+			ORDER BY sequence LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
+		if err != nil {
+			return err
+		}
+		var pending []*healthv1.HealthTransition
+		for rows.Next() {
+			t, err := scanTransition(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			pending = append(pending, t)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var ok []int64
+		for _, t := range pending {
+			if pubErr = publish(t); pubErr != nil {
+				break
+			}
+			ok = append(ok, t.Sequence)
+		}
+		if len(ok) > 0 {
+			if _, err := tx.Exec(ctx, "UPDATE health.transitions SET published = true WHERE sequence = ANY($1)", ok); err != nil {
+				return err
+			}
+		}
+		done = len(ok)
+		return nil
+	})
+	if err != nil {
+		// The marks were rolled back: those events go out again, which
+		// JetStream drops as duplicates by message id.
+		return 0, err
+	}
+	return done, pubErr
+}
+
+// SaveProvider upserts a provider's latest check.
+func (s *Store) SaveProvider(ctx context.Context, h *healthv1.ProviderHealth) error {
+	targets, err := json.Marshal(targetsToJSON(h.GetTargets()))
+	if err != nil {
+		return err
+	}
+	_, err = s.pool.Exec(ctx, `INSERT INTO health.provider_health
+		(provider, type, readiness, reason, targets, targets_ready, last_check_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (provider) DO UPDATE SET type = EXCLUDED.type, readiness = EXCLUDED.readiness,
+		 reason = EXCLUDED.reason, targets = EXCLUDED.targets, targets_ready = EXCLUDED.targets_ready,
+		 last_check_time = EXCLUDED.last_check_time`,
+		h.GetProvider(), h.GetType(), int32(h.GetReadiness()), h.GetReason(), targets, h.GetTargetsReady(), h.GetLastCheckTime().AsTime())
+	if err != nil {
+		return fmt.Errorf("saving provider health of %s: %w", h.GetProvider(), err)
+	}
+	return nil
+}
+
+// DeleteProvidersExcept removes the providers not in keep and returns
+// their names.
+func (s *Store) DeleteProvidersExcept(ctx context.Context, keep []string) ([]string, error) {
+	if keep == nil {
+		keep = []string{}
+	}
+	rows, err := s.pool.Query(ctx, "DELETE FROM health.provider_health WHERE NOT provider = ANY($1) RETURNING provider", keep)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// Providers returns every stored provider's health by name.
+func (s *Store) Providers(ctx context.Context) (map[string]*healthv1.ProviderHealth, error) {
+	rows, err := s.pool.Query(ctx, `SELECT provider, type, readiness, reason, targets, targets_ready, last_check_time
+		FROM health.provider_health`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]*healthv1.ProviderHealth{}
+	for rows.Next() {
+		var h healthv1.ProviderHealth
+		var readiness int32
+		var targets []byte
+		var at time.Time
+		if err := rows.Scan(&h.Provider, &h.Type, &readiness, &h.Reason, &targets, &h.TargetsReady, &at); err != nil {
+			return nil, err
+		}
+		h.Readiness = healthv1.ProviderReadiness(readiness)
+		h.LastCheckTime = timestamppb.New(at)
+		var ts []targetJSON
+		if err := json.Unmarshal(targets, &ts); err != nil {
+			return nil, fmt.Errorf("provider %s targets: %w", h.Provider, err)
+		}
+		h.Targets = targetsFromJSON(ts)
+		out[h.Provider] = &h
+	}
+	return out, rows.Err()
+}
+
+type targetJSON struct {
+	Name               string            `json:"name"`
+	Address            string            `json:"address,omitempty"`
+	Ready              bool              `json:"ready"`
+	Reason             string            `json:"reason,omitempty"`
+	Message            string            `json:"message,omitempty"`
+	LatencyUS          int64             `json:"latencyUs"`
+	LastTransitionTime time.Time         `json:"lastTransitionTime"`
+	Details            map[string]string `json:"details,omitempty"`
+}
+
+func targetsToJSON(ts []*healthv1.ProviderTarget) []targetJSON {
+	out := make([]targetJSON, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, targetJSON{Name: t.GetName(), Address: t.GetAddress(), Ready: t.GetReady(), Reason: t.GetReason(),
+			Message: t.GetMessage(), LatencyUS: t.GetLatency().AsDuration().Microseconds(),
+			LastTransitionTime: t.GetLastTransitionTime().AsTime(), Details: t.GetDetails()})
+	}
+	return out
+}
+
+func targetsFromJSON(ts []targetJSON) []*healthv1.ProviderTarget {
+	out := make([]*healthv1.ProviderTarget, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, &healthv1.ProviderTarget{Name: t.Name, Address: t.Address, Ready: t.Ready, Reason: t.Reason,
+			Message: t.Message, Latency: durationpb.New(time.Duration(t.LatencyUS) * time.Microsecond),
+			LastTransitionTime: timestamppb.New(t.LastTransitionTime), Details: t.Details})
+	}
+	return out
+}
