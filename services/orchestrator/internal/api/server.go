@@ -1,0 +1,396 @@
+// Package api serves ProxyService: validated CRUD on proxies, paginated
+// listing, and Watch over the change log.
+package api
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/spec"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+)
+
+// Paging limits.
+const (
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+)
+
+// Server implements ProxyService.
+type Server struct {
+	proxyv1.UnimplementedProxyServiceServer
+	Store     *store.Store
+	Providers *providers.Config
+	// Changes fires after every committed write (from store.Listen).
+	Changes *store.Signal
+	// WatchPoll bounds how long a watcher waits without a notification.
+	WatchPoll time.Duration
+}
+
+func (s *Server) configured(name string) bool {
+	_, ok := s.Providers.Get(name)
+	return ok
+}
+
+func internal(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return status.Error(codes.Canceled, "request cancelled")
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
+	}
+	return status.Error(codes.Unavailable, "the store is unavailable; retry")
+}
+
+// CreateProxy implements ProxyService.
+func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyRequest) (*proxyv1.CreateProxyResponse, error) {
+	var v spec.Violations
+	spec.ValidateName(&v, "name", req.GetName())
+	spec.ValidateLabels(&v, "labels", req.GetLabels())
+	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Names())
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	want := spec.Normalize(req.GetSpec())
+	for attempt := 0; attempt < 2; attempt++ {
+		var out *proxyv1.Proxy
+		created := false
+		err := s.Store.Write(ctx, func(tx *store.Tx) error {
+			existing, err := tx.LockByName(ctx, req.GetName())
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+			case err != nil:
+				return err
+			case existing.Deleting():
+				return status.Errorf(codes.AlreadyExists, "proxy %q is being deleted; create it again once it is gone", req.GetName())
+			case proto.Equal(existing.Spec, want) && equalLabels(existing.Labels, req.GetLabels()) && existing.SkipCleanup == req.GetSkipCleanup():
+				out = existing.Proto(true)
+				return nil
+			default:
+				return status.Errorf(codes.AlreadyExists, "proxy %q already exists with a different spec or labels", req.GetName())
+			}
+			now := tx.Now()
+			r := &store.Row{
+				UID:         uuid.NewString(),
+				Name:        req.GetName(),
+				Labels:      req.GetLabels(),
+				Spec:        want,
+				SpecHash:    spec.Hash(want),
+				SkipCleanup: req.GetSkipCleanup(),
+				Generation:  1,
+				CreateTime:  now,
+			}
+			r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, now)
+			if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
+				// Nothing to provision: the endpoint is the proxy.
+				r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
+				r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, now)
+				r.Reason, r.ObservedGeneration = "External", 1
+			} else {
+				r.Port = want.GetPort()
+				r.NextAttemptTime = &now
+			}
+			tx.Insert(r)
+			out, created = r.Proto(true), true
+			return nil
+		})
+		if errors.Is(err, store.ErrExists) {
+			continue // a concurrent create of the same name won; compare with it
+		}
+		if err != nil {
+			if _, ok := status.FromError(err); ok {
+				return nil, err
+			}
+			return nil, internal(err)
+		}
+		if created {
+			// Revision and etag are assigned at commit.
+			if r, err := s.Store.Get(ctx, req.GetName()); err == nil {
+				out = r.Proto(true)
+			}
+		}
+		return &proxyv1.CreateProxyResponse{Proxy: out, Created: created}, nil
+	}
+	return nil, status.Errorf(codes.Aborted, "proxy %q is being created concurrently; retry", req.GetName())
+}
+
+func equalLabels(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// GetProxy implements ProxyService.
+func (s *Server) GetProxy(ctx context.Context, req *proxyv1.GetProxyRequest) (*proxyv1.GetProxyResponse, error) {
+	var v spec.Violations
+	spec.ValidateName(&v, "name", req.GetName())
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	r, err := s.Store.Get(ctx, req.GetName())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "proxy %q not found", req.GetName())
+	}
+	if err != nil {
+		return nil, internal(err)
+	}
+	return &proxyv1.GetProxyResponse{Proxy: r.Proto(true)}, nil
+}
+
+// pageToken carries where a listing stopped and which filter it was for.
+type pageToken struct {
+	After  string `json:"a"`
+	Filter string `json:"f"`
+}
+
+func filterKey(req *proxyv1.ListProxiesRequest) string {
+	b, _ := json.Marshal([]any{req.GetProvider(), req.GetPhase(), req.GetLabels()})
+	return string(b)
+}
+
+// ListProxies implements ProxyService.
+func (s *Server) ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest) (*proxyv1.ListProxiesResponse, error) {
+	var v spec.Violations
+	if req.GetPageSize() < 0 || req.GetPageSize() > MaxPageSize {
+		v.Add("page_size", "must be between 0 and %d", MaxPageSize)
+	}
+	if _, ok := proxyv1.ProxyPhase_name[int32(req.GetPhase())]; !ok {
+		v.Add("phase", "unknown phase %d", req.GetPhase())
+	}
+	spec.ValidateLabels(&v, "labels", req.GetLabels())
+	var after string
+	if req.GetPageToken() != "" {
+		var tok pageToken
+		raw, err := base64.RawURLEncoding.DecodeString(req.GetPageToken())
+		if err != nil || json.Unmarshal(raw, &tok) != nil {
+			v.Add("page_token", "not a token from a previous ListProxies")
+		} else if tok.Filter != filterKey(req) {
+			v.Add("page_token", "was issued for other filters; keep provider, phase and labels the same across pages")
+		}
+		after = tok.After
+	}
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	size := int(req.GetPageSize())
+	if size == 0 {
+		size = DefaultPageSize
+	}
+	rows, rev, err := s.Store.List(ctx, store.Filter{
+		Provider: req.GetProvider(), Phase: req.GetPhase(), Labels: req.GetLabels(), After: after, Limit: size + 1,
+	})
+	if err != nil {
+		return nil, internal(err)
+	}
+	resp := &proxyv1.ListProxiesResponse{Revision: rev}
+	if len(rows) > size {
+		rows = rows[:size]
+		b, _ := json.Marshal(pageToken{After: rows[size-1].Name, Filter: filterKey(req)})
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(b)
+	}
+	for _, r := range rows {
+		resp.Proxies = append(resp.Proxies, r.Proto(true))
+	}
+	return resp, nil
+}
+
+// UpdateProxy implements ProxyService.
+func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyRequest) (*proxyv1.UpdateProxyResponse, error) {
+	var v spec.Violations
+	spec.ValidateName(&v, "name", req.GetName())
+	spec.ValidateLabels(&v, "labels", req.GetLabels())
+	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Names())
+	if req.GetGeneration() == 0 && req.GetEtag() == "" {
+		v.Add("generation", "one of generation or etag is required")
+	}
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	want := spec.Normalize(req.GetSpec())
+	var out *proxyv1.Proxy
+	err := s.Store.Write(ctx, func(tx *store.Tx) error {
+		r, err := tx.LockByName(ctx, req.GetName())
+		if errors.Is(err, store.ErrNotFound) {
+			return status.Errorf(codes.NotFound, "proxy %q not found", req.GetName())
+		}
+		if err != nil {
+			return err
+		}
+		if req.GetGeneration() != 0 && req.GetGeneration() != r.Generation {
+			return status.Errorf(codes.FailedPrecondition, "proxy %q changed: its generation is %d, not %d; read it again", r.Name, r.Generation, req.GetGeneration())
+		}
+		if req.GetEtag() != "" && req.GetEtag() != store.Etag(r.Revision) {
+			return status.Errorf(codes.FailedPrecondition, "proxy %q changed: its etag is %s, not %s; read it again", r.Name, store.Etag(r.Revision), req.GetEtag())
+		}
+		if r.Deleting() {
+			return status.Errorf(codes.FailedPrecondition, "proxy %q is being deleted", r.Name)
+		}
+		if want.GetMode() != r.Spec.GetMode() {
+			return spec.Violations{{Field: "spec.mode", Description: "is immutable; delete the proxy and create it again"}}.Err()
+		}
+		if proto.Equal(r.Spec, want) && equalLabels(r.Labels, req.GetLabels()) && r.SkipCleanup == req.GetSkipCleanup() {
+			out = r.Proto(true)
+			return nil
+		}
+		now := tx.Now()
+		r.Spec, r.Labels, r.SkipCleanup = want, req.GetLabels(), req.GetSkipCleanup()
+		r.Generation++
+		r.SpecHash = spec.Hash(want)
+		if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
+			r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
+			r.ObservedGeneration = r.Generation
+		} else if r.CommandID == "" {
+			// Reconcile now: a replacement, the end of a Failed latch, or
+			// only a new observed generation.
+			r.NextAttemptTime = &now
+			r.Attempts = 0
+		}
+		tx.Update(r)
+		return nil
+	})
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, internal(err)
+	}
+	if out == nil {
+		r, err := s.Store.Get(ctx, req.GetName())
+		if err != nil {
+			return nil, internal(err)
+		}
+		out = r.Proto(true)
+	}
+	return &proxyv1.UpdateProxyResponse{Proxy: out}, nil
+}
+
+// DeleteProxy implements ProxyService.
+func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyRequest) (*proxyv1.DeleteProxyResponse, error) {
+	var v spec.Violations
+	spec.ValidateName(&v, "name", req.GetName())
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	var out *proxyv1.Proxy
+	gone := false
+	err := s.Store.Write(ctx, func(tx *store.Tx) error {
+		r, err := tx.LockByName(ctx, req.GetName())
+		if errors.Is(err, store.ErrNotFound) {
+			return status.Errorf(codes.NotFound, "proxy %q not found", req.GetName())
+		}
+		if err != nil {
+			return err
+		}
+		now := tx.Now()
+		if r.DeleteTime == nil {
+			r.DeleteTime = &now
+		}
+		r.SkipCleanup = r.SkipCleanup || req.GetSkipCleanup()
+		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
+		r.Reason, r.Message = "Deleting", ""
+		if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
+			// Nothing to clean up (or cleanup abandoned): release at once.
+			tx.Delete(r)
+			gone = true
+		} else {
+			if r.CommandID == "" {
+				r.NextAttemptTime, r.Attempts = &now, 0
+			}
+			tx.Update(r)
+		}
+		out = r.Proto(true)
+		return nil
+	})
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, internal(err)
+	}
+	if !gone {
+		if r, err := s.Store.Get(ctx, req.GetName()); err == nil {
+			out = r.Proto(true)
+		}
+	}
+	return &proxyv1.DeleteProxyResponse{Proxy: out}, nil
+}
+
+// WatchProxies implements ProxyService.
+func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.ProxyService_WatchProxiesServer) error {
+	ctx := stream.Context()
+	var v spec.Violations
+	if req.GetSinceRevision() < 0 {
+		v.Add("since_revision", "must not be negative")
+	}
+	if err := v.Err(); err != nil {
+		return err
+	}
+	since := req.GetSinceRevision()
+	if since == 0 {
+		rev, err := s.Store.Revision(ctx)
+		if err != nil {
+			return internal(err)
+		}
+		since = rev
+	}
+	poll := s.WatchPoll
+	if poll <= 0 {
+		poll = time.Second
+	}
+	for {
+		wake := s.Changes.Wait()
+		changes, err := s.Store.Changes(ctx, since, 500)
+		if errors.Is(err, store.ErrCompacted) {
+			return status.Errorf(codes.OutOfRange, "revision %d is older than the retained change log; list the proxies again and watch from the revision the list returns", since)
+		}
+		if err != nil {
+			return internal(err)
+		}
+		for _, c := range changes {
+			since = c.Revision
+			if req.GetProvider() != "" && c.Proxy.GetSpec().GetProvider() != req.GetProvider() {
+				continue
+			}
+			if err := stream.Send(&proxyv1.WatchProxiesResponse{
+				Revision: c.Revision, Type: c.Type, Proxy: c.Proxy, ChangeTime: timestamppb.New(c.Time),
+			}); err != nil {
+				return err
+			}
+		}
+		if len(changes) == 500 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-time.After(poll):
+		}
+	}
+}
+
+// ListProviders implements ProxyService.
+func (s *Server) ListProviders(context.Context, *proxyv1.ListProvidersRequest) (*proxyv1.ListProvidersResponse, error) {
+	resp := &proxyv1.ListProvidersResponse{}
+	for _, p := range s.Providers.Providers {
+		resp.Providers = append(resp.Providers, &proxyv1.Provider{Name: p.Name, Type: p.Type})
+	}
+	return resp, nil
+}

@@ -1,0 +1,205 @@
+// Package app wires the orchestrator: configuration, the store, NATS, the
+// API and the background loops.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/api"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+)
+
+// Config is the orchestrator's own configuration.
+type Config struct {
+	DatabaseURL     string
+	NATSURL         string
+	NATSPrefix      string
+	ProvidersConfig string
+	AutoMigrate     bool
+	WatchRetention  time.Duration
+	ClaimBatch      int
+	Timing          reconcile.Timing
+}
+
+// DefaultConfig has the production defaults.
+func DefaultConfig() *Config {
+	return &Config{
+		DatabaseURL:    "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		NATSURL:        nats.DefaultURL,
+		NATSPrefix:     bus.DefaultPrefix,
+		AutoMigrate:    true,
+		WatchRetention: time.Hour,
+		ClaimBatch:     64,
+		Timing:         reconcile.DefaultTiming(),
+	}
+}
+
+// RegisterFlags adds the orchestrator's flags.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "PostgreSQL URL")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL (JetStream enabled)")
+	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of every NATS subject and stream")
+	fs.StringVar(&c.ProvidersConfig, "providers-config", c.ProvidersConfig, "providers YAML file (required)")
+	fs.BoolVar(&c.AutoMigrate, "auto-migrate", c.AutoMigrate, "apply database migrations at start (otherwise run `orchestrator migrate`)")
+	fs.DurationVar(&c.WatchRetention, "watch-retention", c.WatchRetention, "how long the change log keeps changes: WatchProxies resumes from any revision this recent")
+	fs.IntVar(&c.ClaimBatch, "claim-batch", c.ClaimBatch, "proxies one reconcile claim takes")
+	fs.DurationVar(&c.Timing.CreateDeadline, "create-deadline", c.Timing.CreateDeadline, "a Create command unanswered this long is issued again")
+	fs.DurationVar(&c.Timing.GetDeadline, "get-deadline", c.Timing.GetDeadline, "a Get command unanswered this long is issued again")
+	fs.DurationVar(&c.Timing.DeleteDeadline, "delete-deadline", c.Timing.DeleteDeadline, "a Delete command unanswered this long is issued again")
+	fs.DurationVar(&c.Timing.Resync, "resync-interval", c.Timing.Resync, "how often a running instance is read to notice it vanished")
+	fs.DurationVar(&c.Timing.ProvisioningPoll, "provisioning-poll", c.Timing.ProvisioningPoll, "how often an instance without an address is read")
+	fs.DurationVar(&c.Timing.DeletionPoll, "deletion-poll", c.Timing.DeletionPoll, "how often a deleted instance is read until it is gone")
+}
+
+// Migrate applies the migrations (the `migrate` subcommand).
+func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
+	return store.Migrate(ctx, c.DatabaseURL, log)
+}
+
+// Setup builds everything and registers it on the service.
+func (c *Config) Setup(ctx context.Context, s *service.Service) error {
+	if c.ProvidersConfig == "" {
+		return errors.New("--providers-config is required")
+	}
+	provs, err := providers.LoadFile(c.ProvidersConfig)
+	if err != nil {
+		return err
+	}
+	if c.AutoMigrate {
+		if err := store.Migrate(ctx, c.DatabaseURL, s.Log); err != nil {
+			return err
+		}
+	}
+	pool, err := postgres.Connect(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(c.NATSURL, nats.Name("orchestrator"), nats.MaxReconnects(-1))
+	if err != nil {
+		pool.Close()
+		return fmt.Errorf("connecting to NATS at %s: %w", c.NATSURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	names := bus.Names{Prefix: c.NATSPrefix}
+	if err := bus.EnsureStreams(ctx, js, names); err != nil {
+		return err
+	}
+
+	st := store.New(pool)
+	work, changes := store.NewSignal(), store.NewSignal()
+	configured := func(name string) bool { _, ok := provs.Get(name); return ok }
+	d := &dispatch.Dispatcher{
+		Store:      st,
+		Engine:     &reconcile.Engine{Timing: c.Timing, Configured: configured, Log: s.Log},
+		JS:         js,
+		Names:      names,
+		Log:        s.Log,
+		Work:       work,
+		Changes:    changes,
+		Metrics:    dispatch.NewMetrics(s.Metrics),
+		ClaimBatch: c.ClaimBatch,
+	}
+	srv := &api.Server{Store: st, Providers: provs, Changes: changes}
+	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
+	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+	s.Metrics.MustRegister(newStateCollector(st))
+
+	s.Go(func(ctx context.Context) error { return store.Listen(ctx, pool, work, changes, s.Log) })
+	s.Go(d.RunClaims)
+	s.Go(d.RunResults)
+	s.Go(d.RunHealth)
+	s.Go(d.RunOutbox)
+	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
+	s.Go(func(ctx context.Context) error {
+		<-ctx.Done()
+		nc.Close()
+		pool.Close()
+		return nil
+	})
+	s.Log.Info("orchestrator configured", "providers", provs.Names(), "natsPrefix", names.Prefix,
+		"watchRetention", c.WatchRetention)
+	return nil
+}
+
+func prune(ctx context.Context, st *store.Store, retention time.Duration, log *slog.Logger) error {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if n, err := st.PruneChanges(ctx, retention); err != nil {
+				log.Warn("pruning the change log failed", "error", err)
+			} else if n > 0 {
+				log.Debug("change log pruned", "changes", n)
+			}
+		}
+	}
+}
+
+// stateCollector reads proxies by phase and commands in flight at scrape
+// time, so the series never drift from the store.
+type stateCollector struct {
+	st       *store.Store
+	phases   *prometheus.Desc
+	inFlight *prometheus.Desc
+}
+
+func newStateCollector(st *store.Store) *stateCollector {
+	return &stateCollector{
+		st:       st,
+		phases:   prometheus.NewDesc("egress_orchestrator_proxies", "Proxies by phase.", []string{"phase"}, nil),
+		inFlight: prometheus.NewDesc("egress_orchestrator_commands_in_flight", "Proxies with a provisioner command in flight.", nil, nil),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.phases
+	ch <- c.inFlight
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	counts := map[proxyv1.ProxyPhase]float64{}
+	rows, err := c.st.Pool().Query(ctx, "SELECT phase, count(*) FROM orchestrator.proxies GROUP BY phase")
+	if err == nil {
+		for rows.Next() {
+			var phase int16
+			var n int64
+			if rows.Scan(&phase, &n) == nil {
+				counts[proxyv1.ProxyPhase(phase)] = float64(n)
+			}
+		}
+		rows.Close()
+	}
+	for v, name := range proxyv1.ProxyPhase_name {
+		if v == 0 {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.phases, prometheus.GaugeValue, counts[proxyv1.ProxyPhase(v)], name)
+	}
+	var inFlight int64
+	_ = c.st.Pool().QueryRow(ctx, "SELECT count(*) FROM orchestrator.proxies WHERE command_id IS NOT NULL").Scan(&inFlight)
+	ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(inFlight))
+}

@@ -1,0 +1,477 @@
+// Package dispatch connects the reconcile engine to PostgreSQL and NATS
+// JetStream: workers claim due proxies and publish their commands, the
+// results consumer applies provisioner results, the health consumer applies
+// verdicts, and the outbox publishes every stored change as a ProxyEvent.
+// Every loop is safe with any number of orchestrator replicas.
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+)
+
+// Dispatcher runs the loops.
+type Dispatcher struct {
+	Store   *store.Store
+	Engine  *reconcile.Engine
+	JS      jetstream.JetStream
+	Names   bus.Names
+	Log     *slog.Logger
+	Work    *store.Signal
+	Changes *store.Signal
+	Metrics *Metrics
+	// ClaimBatch is how many proxies one claim takes.
+	ClaimBatch int
+	// Poll bounds how long a loop sleeps without a notification.
+	Poll time.Duration
+	// Now is the clock (time.Now by default).
+	Now func() time.Time
+}
+
+func (d *Dispatcher) now() time.Time {
+	if d.Now != nil {
+		return d.Now()
+	}
+	return time.Now()
+}
+
+func (d *Dispatcher) poll() time.Duration {
+	if d.Poll > 0 {
+		return d.Poll
+	}
+	return time.Second
+}
+
+// RunClaims claims due proxies, decides and dispatches, until ctx ends.
+func (d *Dispatcher) RunClaims(ctx context.Context) error {
+	batch := d.ClaimBatch
+	if batch <= 0 {
+		batch = 64
+	}
+	for ctx.Err() == nil {
+		wake := d.Work.Wait()
+		n, err := d.claimOnce(ctx, batch)
+		if err != nil && ctx.Err() == nil {
+			d.Log.Warn("claiming work failed", "error", err)
+		}
+		if n == batch {
+			continue // more may be due
+		}
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-time.After(d.poll()):
+		}
+	}
+	return nil
+}
+
+func (d *Dispatcher) claimOnce(ctx context.Context, batch int) (int, error) {
+	var cmds []*busv1.Command
+	var claimed int
+	start := time.Now()
+	err := d.Store.Write(ctx, func(tx *store.Tx) error {
+		cmds, claimed = nil, 0
+		rows, err := tx.ClaimDue(ctx, batch)
+		if err != nil {
+			return err
+		}
+		claimed = len(rows)
+		for _, r := range rows {
+			dec := d.Engine.Decide(r, tx.Now())
+			if dec.Release {
+				tx.Delete(r)
+				d.Metrics.reconciled("release")
+				continue
+			}
+			tx.Update(r)
+			if dec.Command != nil {
+				cmds = append(cmds, dec.Command)
+				d.Metrics.reconciled(dec.Command.GetOperation().String())
+			} else {
+				d.Metrics.reconciled("wait")
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if claimed > 0 {
+		d.Metrics.ReconcileDuration.Observe(time.Since(start).Seconds() / float64(claimed))
+	}
+	d.publish(ctx, cmds)
+	return claimed, nil
+}
+
+// publish sends commands after their rows committed. A failed publish is
+// logged and left to the command's deadline, after which it is reissued.
+func (d *Dispatcher) publish(ctx context.Context, cmds []*busv1.Command) {
+	if len(cmds) == 0 {
+		return
+	}
+	futures := make([]jetstream.PubAckFuture, 0, len(cmds))
+	for _, c := range cmds {
+		m, err := bus.Message(ctx, d.Names.CommandSubject(c.GetProvider()), c)
+		if err != nil {
+			d.Log.Error("encoding command", "error", err)
+			continue
+		}
+		f, err := d.JS.PublishMsgAsync(m, jetstream.WithMsgID(c.GetCommandId()))
+		if err != nil {
+			d.Log.Warn("publishing a command failed; it is reissued after its deadline",
+				"command", c.GetCommandId(), "proxyUID", c.GetProxyUid(), "error", err)
+			continue
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			d.Log.Warn("a command was not stored by JetStream; it is reissued after its deadline", "error", err)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// RunResults applies provisioner results from the shared durable consumer.
+func (d *Dispatcher) RunResults(ctx context.Context) error {
+	cons, err := d.JS.CreateOrUpdateConsumer(ctx, d.Names.ResultStream(), jetstream.ConsumerConfig{
+		Durable:       d.Names.OrchestratorConsumer(),
+		FilterSubject: d.Names.ResultSubjects(),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 4096,
+	})
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(d.poll()))
+		if err != nil {
+			if ctx.Err() == nil {
+				d.Log.Warn("fetching results failed", "error", err)
+				time.Sleep(100 * time.Millisecond)
+			}
+			continue
+		}
+		var msgs []jetstream.Msg
+		for m := range batch.Messages() {
+			msgs = append(msgs, m)
+		}
+		if len(msgs) > 0 {
+			d.applyResults(ctx, msgs)
+		}
+	}
+	return nil
+}
+
+type decoded struct {
+	msg jetstream.Msg
+	res *busv1.CommandResult
+}
+
+func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
+	var items []decoded
+	for _, m := range msgs {
+		res := &busv1.CommandResult{}
+		if _, err := bus.Decode(ctx, m, res); err != nil {
+			d.Log.Error("dropping an undecodable result", "error", err)
+			_ = m.Term()
+			continue
+		}
+		items = append(items, decoded{m, res})
+	}
+	// Lock rows in UID order so concurrent batches cannot deadlock.
+	slices.SortFunc(items, func(a, b decoded) int {
+		switch {
+		case a.res.GetProxyUid() < b.res.GetProxyUid():
+			return -1
+		case a.res.GetProxyUid() > b.res.GetProxyUid():
+			return 1
+		}
+		return 0
+	})
+	var cmds []*busv1.Command
+	err := d.Store.Write(ctx, func(tx *store.Tx) error {
+		cmds = nil
+		rows := map[string]*store.Row{}
+		changed := map[string]bool{}
+		released := map[string]bool{}
+		for _, it := range items {
+			res := it.res
+			if res.GetOperation() == busv1.Operation_OPERATION_LIST {
+				continue // orphan GC sweeps are handled by GC
+			}
+			uid := res.GetProxyUid()
+			if released[uid] {
+				continue
+			}
+			r, ok := rows[uid]
+			if !ok {
+				var err error
+				r, err = tx.Lock(ctx, uid)
+				if errors.Is(err, store.ErrNotFound) {
+					d.Log.Debug("result for a proxy that no longer exists", "proxyUID", uid, "command", res.GetCommandId())
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				rows[uid] = r
+			}
+			issued := r.CommandIssueTime
+			switch d.Engine.Apply(r, res, tx.Now()) {
+			case reconcile.Stale:
+				d.Metrics.Results.WithLabelValues("stale").Inc()
+				continue
+			case reconcile.Released:
+				tx.Delete(r)
+				delete(rows, uid)
+				released[uid] = true
+			case reconcile.Applied:
+				changed[uid] = true
+			}
+			d.Metrics.observeResult(res, issued, tx.Now())
+		}
+		for uid, r := range rows {
+			if !changed[uid] {
+				continue
+			}
+			if r.NextAttemptTime != nil && !r.NextAttemptTime.After(tx.Now()) {
+				dec := d.Engine.Decide(r, tx.Now())
+				if dec.Release {
+					tx.Delete(r)
+					continue
+				}
+				if dec.Command != nil {
+					cmds = append(cmds, dec.Command)
+				}
+			}
+			tx.Update(r)
+		}
+		return nil
+	})
+	if err != nil {
+		d.Log.Warn("applying results failed; they will be redelivered", "error", err)
+		for _, it := range items {
+			_ = it.msg.Nak()
+		}
+		return
+	}
+	d.publish(ctx, cmds)
+	for _, it := range items {
+		_ = it.msg.Ack()
+	}
+}
+
+// RunHealth applies health transitions (Running <-> Ready).
+func (d *Dispatcher) RunHealth(ctx context.Context) error {
+	cons, err := d.JS.CreateOrUpdateConsumer(ctx, d.Names.HealthEventStream(), jetstream.ConsumerConfig{
+		Durable:       "orchestrator-health",
+		FilterSubject: d.Names.HealthEventSubjects(),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		AckWait:       30 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(d.poll()))
+		if err != nil {
+			if ctx.Err() == nil {
+				time.Sleep(100 * time.Millisecond)
+			}
+			continue
+		}
+		for m := range batch.Messages() {
+			ev := &busv1.HealthTransitionEvent{}
+			if _, err := bus.Decode(ctx, m, ev); err != nil {
+				d.Log.Error("dropping an undecodable health event", "error", err)
+				_ = m.Term()
+				continue
+			}
+			tr := ev.GetTransition()
+			err := d.Store.Write(ctx, func(tx *store.Tx) error {
+				r, err := tx.Lock(ctx, tr.GetProxyUid())
+				if errors.Is(err, store.ErrNotFound) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				if d.Engine.ApplyHealth(r, tr, tx.Now()) {
+					tx.Update(r)
+				}
+				return nil
+			})
+			if err != nil {
+				_ = m.Nak()
+				continue
+			}
+			_ = m.Ack()
+		}
+	}
+	return nil
+}
+
+// outboxLockKey is the advisory lock the ProxyEvent publisher holds.
+const outboxLockKey = 0x65677265_73730001
+
+// RunOutbox publishes stored changes as ProxyEvents, in revision order, from
+// one replica at a time (an advisory lock), resuming from the stored cursor.
+func (d *Dispatcher) RunOutbox(ctx context.Context) error {
+	for ctx.Err() == nil {
+		err := d.outbox(ctx)
+		if err != nil && ctx.Err() == nil {
+			d.Log.Warn("event outbox interrupted", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(d.poll()):
+		}
+	}
+	return nil
+}
+
+func (d *Dispatcher) outbox(ctx context.Context) error {
+	conn, err := d.Store.Pool().Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(outboxLockKey)).Scan(&got); err != nil {
+		return err
+	}
+	if !got {
+		return nil
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(outboxLockKey)) }()
+	var cursor int64
+	if err := conn.QueryRow(ctx, "SELECT revision FROM orchestrator.event_cursor").Scan(&cursor); err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		wake := d.Changes.Wait()
+		changes, err := d.Store.Changes(ctx, cursor, 1000)
+		if errors.Is(err, store.ErrCompacted) {
+			d.Log.Warn("event outbox fell behind the change log; consumers resync from their own lists", "cursor", cursor)
+			rev, rerr := d.Store.Revision(ctx)
+			if rerr != nil {
+				return rerr
+			}
+			cursor = rev
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if len(changes) > 0 {
+			futures := make([]jetstream.PubAckFuture, 0, len(changes))
+			for _, c := range changes {
+				ev := &busv1.ProxyEvent{Revision: c.Revision, Type: c.Type, Proxy: c.Proxy, ChangeTime: timestamppb.New(c.Time)}
+				m, err := bus.Message(ctx, d.Names.ProxyEventSubject(c.Proxy.GetUid()), ev)
+				if err != nil {
+					return err
+				}
+				f, err := d.JS.PublishMsgAsync(m)
+				if err != nil {
+					return err
+				}
+				futures = append(futures, f)
+			}
+			for _, f := range futures {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					return err
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			cursor = changes[len(changes)-1].Revision
+			if _, err := conn.Exec(ctx, "UPDATE orchestrator.event_cursor SET revision = $1", cursor); err != nil {
+				return err
+			}
+			d.Metrics.EventsPublished.Add(float64(len(changes)))
+			if len(changes) == 1000 {
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-time.After(d.poll()):
+		}
+	}
+	return nil
+}
+
+// Metrics are the dispatcher's Prometheus series.
+type Metrics struct {
+	Reconciles        *prometheus.CounterVec
+	ReconcileDuration prometheus.Histogram
+	Results           *prometheus.CounterVec
+	RoundTrip         *prometheus.HistogramVec
+	EventsPublished   prometheus.Counter
+}
+
+// NewMetrics registers the series on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_orchestrator_reconciles_total",
+			Help: "Reconciles of claimed proxies, by outcome (the operation dispatched, wait, release).",
+		}, []string{"outcome"}),
+		ReconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "egress_orchestrator_reconcile_duration_seconds",
+			Help:    "Time to claim, decide and store one proxy, averaged over its claim batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+		Results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_orchestrator_results_total",
+			Help: "Provisioner results received, by how they were handled.",
+		}, []string{"handling"}),
+		RoundTrip: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "egress_orchestrator_command_round_trip_seconds",
+			Help:    "From issuing a command to applying its result, by provider, operation and result class.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14),
+		}, []string{"provider", "operation", "result"}),
+		EventsPublished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egress_orchestrator_proxy_events_published_total",
+			Help: "ProxyEvents published by this replica's outbox.",
+		}),
+	}
+	reg.MustRegister(m.Reconciles, m.ReconcileDuration, m.Results, m.RoundTrip, m.EventsPublished)
+	return m
+}
+
+func (m *Metrics) reconciled(outcome string) { m.Reconciles.WithLabelValues(outcome).Inc() }
+
+func (m *Metrics) observeResult(res *busv1.CommandResult, issued *time.Time, now time.Time) {
+	m.Results.WithLabelValues("applied").Inc()
+	if issued == nil {
+		return
+	}
+	result := "ok"
+	if e := res.GetError(); e != nil {
+		result = e.GetReason().String()
+	}
+	m.RoundTrip.WithLabelValues(res.GetProvider(), res.GetOperation().String(), result).Observe(now.Sub(*issued).Seconds())
+}

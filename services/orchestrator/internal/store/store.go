@@ -1,0 +1,407 @@
+// Package store keeps the orchestrator's state in PostgreSQL (schema
+// orchestrator): one row per proxy holding its desired state, its observed
+// status, its place in the reconcile queue and its in-flight command, plus
+// the change log that feeds Watch and the ProxyEvent outbox.
+//
+// Every write goes through Write, which stamps each changed proxy with a
+// revision taken from a counter row as the transaction's last step; the row
+// lock on the counter makes revisions visible in commit order.
+package store
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrations are the schema's goose migrations.
+func Migrations() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
+// Schema is the orchestrator's PostgreSQL schema.
+const Schema = "orchestrator"
+
+// Migrate applies the migrations to the database at dsn.
+func Migrate(ctx context.Context, dsn string, log *slog.Logger) error {
+	return postgres.Migrate(ctx, dsn, Schema, Migrations(), log)
+}
+
+// Notification channels.
+const (
+	// WorkChannel is notified when a proxy became due for reconcile.
+	WorkChannel = "orchestrator_work"
+	// ChangesChannel is notified with the last revision of a committed write.
+	ChangesChannel = "orchestrator_changes"
+)
+
+// Errors the store reports.
+var (
+	ErrNotFound = errors.New("proxy not found")
+	ErrExists   = errors.New("proxy already exists")
+)
+
+// Store is the orchestrator's database.
+type Store struct {
+	pool *pgxpool.Pool
+	now  func() time.Time
+}
+
+// New wraps a pool.
+func New(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool, now: time.Now}
+}
+
+// Pool is the underlying pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Row is one proxy as stored.
+type Row struct {
+	UID         string
+	Name        string
+	Labels      map[string]string
+	Spec        *proxyv1.ProxySpec
+	SpecHash    string
+	SkipCleanup bool
+	Generation  int64
+	Revision    int64
+	CreateTime  time.Time
+	UpdateTime  time.Time
+	DeleteTime  *time.Time
+
+	Phase                proxyv1.ProxyPhase
+	ProviderID           string
+	IP                   string
+	Port                 uint32
+	Healthy              bool
+	Reason               string
+	Message              string
+	InstanceSpecHash     string
+	FailedSpecHash       string
+	ObservedGeneration   int64
+	PhaseTransitionTime  *time.Time
+	HealthTransitionTime *time.Time
+	ProbeLatency         time.Duration
+	HealthSequence       int64
+
+	NextAttemptTime  *time.Time
+	Attempts         int32
+	CommandID        string
+	CommandStep      Step
+	CommandSpecHash  string
+	CommandDeadline  *time.Time
+	CommandIssueTime *time.Time
+}
+
+// Step is what an in-flight command does for the reconciler; several steps
+// map to the same provisioner operation.
+type Step int16
+
+// The steps.
+const (
+	StepNone Step = iota
+	// StepCreate creates the instance.
+	StepCreate
+	// StepPoll reads a live instance (waiting for its address, or resync).
+	StepPoll
+	// StepReplaceDelete deletes an instance whose spec changed.
+	StepReplaceDelete
+	// StepReplacePoll waits for a replaced instance to be gone.
+	StepReplacePoll
+	// StepCleanupGet reads the instance of a deleting proxy.
+	StepCleanupGet
+	// StepCleanupDelete deletes the instance of a deleting proxy, then polls.
+	StepCleanupDelete
+	// StepCleanupDeleteRelease deletes the instance of a deleting proxy whose
+	// Get failed permanently, releasing the proxy when Delete succeeds.
+	StepCleanupDeleteRelease
+)
+
+func (s Step) String() string {
+	switch s {
+	case StepCreate:
+		return "create"
+	case StepPoll:
+		return "poll"
+	case StepReplaceDelete:
+		return "replace-delete"
+	case StepReplacePoll:
+		return "replace-poll"
+	case StepCleanupGet:
+		return "cleanup-get"
+	case StepCleanupDelete:
+		return "cleanup-delete"
+	case StepCleanupDeleteRelease:
+		return "cleanup-delete-release"
+	}
+	return "none"
+}
+
+// Deleting reports whether deletion was requested.
+func (r *Row) Deleting() bool { return r.DeleteTime != nil }
+
+// Proto renders the row as the API's Proxy. withCloudInit false leaves the
+// secret cloud-init out (events, watch).
+func (r *Row) Proto(withCloudInit bool) *proxyv1.Proxy {
+	spec := proto.Clone(r.Spec).(*proxyv1.ProxySpec)
+	if !withCloudInit {
+		spec.CloudInit = ""
+	}
+	p := &proxyv1.Proxy{
+		Uid:         r.UID,
+		Name:        r.Name,
+		Labels:      r.Labels,
+		CreateTime:  ts(&r.CreateTime),
+		UpdateTime:  ts(&r.UpdateTime),
+		DeleteTime:  ts(r.DeleteTime),
+		Generation:  r.Generation,
+		Etag:        Etag(r.Revision),
+		SkipCleanup: r.SkipCleanup,
+		Spec:        spec,
+		Status: &proxyv1.ProxyStatus{
+			Phase:                r.Phase,
+			ProviderId:           r.ProviderID,
+			Ip:                   r.IP,
+			Port:                 r.Port,
+			Healthy:              r.Healthy,
+			Reason:               r.Reason,
+			Message:              r.Message,
+			SpecHash:             r.InstanceSpecHash,
+			ObservedGeneration:   r.ObservedGeneration,
+			PhaseTransitionTime:  ts(r.PhaseTransitionTime),
+			HealthTransitionTime: ts(r.HealthTransitionTime),
+			ProbeLatency:         dur(r.ProbeLatency),
+		},
+	}
+	return p
+}
+
+// Etag is the etag of a proxy at revision rev.
+func Etag(rev int64) string { return fmt.Sprintf("r%d", rev) }
+
+const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanup, generation, revision,
+	create_time, update_time, delete_time, phase, provider_id, ip, port, healthy, reason, message,
+	instance_spec_hash, failed_spec_hash, observed_generation, phase_transition_time, health_transition_time,
+	probe_latency_us, health_sequence, next_attempt_time, attempts, command_id, command_step,
+	command_spec_hash, command_deadline, command_issue_time`
+
+func scanRow(row pgx.Row) (*Row, error) {
+	var (
+		r         Row
+		labels    []byte
+		spec      []byte
+		mode      int16
+		phase     int16
+		port      int32
+		latencyUS int64
+		cmdID     *string
+		step      int16
+	)
+	err := row.Scan(&r.UID, &r.Name, &labels, &spec, &mode, new(string), &r.SpecHash, &r.SkipCleanup,
+		&r.Generation, &r.Revision, &r.CreateTime, &r.UpdateTime, &r.DeleteTime, &phase, &r.ProviderID,
+		&r.IP, &port, &r.Healthy, &r.Reason, &r.Message, &r.InstanceSpecHash, &r.FailedSpecHash,
+		&r.ObservedGeneration, &r.PhaseTransitionTime, &r.HealthTransitionTime, &latencyUS,
+		&r.HealthSequence, &r.NextAttemptTime, &r.Attempts, &cmdID, &step, &r.CommandSpecHash,
+		&r.CommandDeadline, &r.CommandIssueTime)
+	if err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, ErrNotFound
+		}
+		return nil, err
+	}
+	r.Phase = proxyv1.ProxyPhase(phase)
+	r.Port = uint32(port)
+	r.ProbeLatency = time.Duration(latencyUS) * time.Microsecond
+	r.CommandStep = Step(step)
+	if cmdID != nil {
+		r.CommandID = *cmdID
+	}
+	if err := json.Unmarshal(labels, &r.Labels); err != nil {
+		return nil, fmt.Errorf("labels of %s: %w", r.Name, err)
+	}
+	r.Spec = &proxyv1.ProxySpec{}
+	if err := proto.Unmarshal(spec, r.Spec); err != nil {
+		return nil, fmt.Errorf("spec of %s: %w", r.Name, err)
+	}
+	return &r, nil
+}
+
+// Get reads one proxy by name.
+func (s *Store) Get(ctx context.Context, name string) (*Row, error) {
+	return scanRow(s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1", name))
+}
+
+// GetByUID reads one proxy by UID.
+func (s *Store) GetByUID(ctx context.Context, uid string) (*Row, error) {
+	return scanRow(s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1", uid))
+}
+
+// Filter narrows List.
+type Filter struct {
+	Provider string
+	Phase    proxyv1.ProxyPhase
+	Labels   map[string]string
+	// After is the name to continue after (exclusive); empty starts at the
+	// beginning.
+	After string
+	Limit int
+}
+
+// List returns proxies in name order, and the current revision.
+func (s *Store) List(ctx context.Context, f Filter) ([]*Row, int64, error) {
+	q := "SELECT " + columns + " FROM orchestrator.proxies WHERE name > $1"
+	args := []any{f.After}
+	if f.Provider != "" {
+		args = append(args, f.Provider)
+		q += fmt.Sprintf(" AND provider = $%d", len(args))
+	}
+	if f.Phase != proxyv1.ProxyPhase_PROXY_PHASE_UNSPECIFIED {
+		args = append(args, int16(f.Phase))
+		q += fmt.Sprintf(" AND phase = $%d", len(args))
+	}
+	if len(f.Labels) > 0 {
+		b, _ := json.Marshal(f.Labels)
+		args = append(args, b)
+		q += fmt.Sprintf(" AND labels @> $%d::jsonb", len(args))
+	}
+	args = append(args, f.Limit)
+	q += fmt.Sprintf(" ORDER BY name LIMIT $%d", len(args))
+
+	var rows []*Row
+	var rev int64
+	// One repeatable-read snapshot for the page and the revision, so a
+	// client that watches from rev misses nothing the page did not show.
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, "SELECT value FROM orchestrator.revision").Scan(&rev); err != nil {
+			return err
+		}
+		res, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer res.Close()
+		for res.Next() {
+			r, err := scanRow(res)
+			if err != nil {
+				return err
+			}
+			rows = append(rows, r)
+		}
+		return res.Err()
+	})
+	return rows, rev, err
+}
+
+// Change is one entry of the change log.
+type Change struct {
+	Revision int64
+	Type     proxyv1.ChangeType
+	Proxy    *proxyv1.Proxy
+	Time     time.Time
+}
+
+// ErrCompacted reports a watch from a revision older than the retained log.
+var ErrCompacted = errors.New("revision is older than the retained change log")
+
+// Changes returns up to limit changes after revision since, in order. It
+// fails with ErrCompacted when changes after since were already pruned.
+func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, error) {
+	var out []Change
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var oldest *int64
+		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM orchestrator.changes").Scan(&oldest); err != nil {
+			return err
+		}
+		// Revisions are contiguous (each one allocated by a committed
+		// write), so a first retained revision past since+1 means the
+		// changes in between were pruned.
+		if oldest != nil && *oldest > since+1 {
+			return ErrCompacted
+		}
+		rows, err := tx.Query(ctx, `SELECT revision, change_type, snapshot, change_time FROM orchestrator.changes
+			WHERE revision > $1 ORDER BY revision LIMIT $2`, since, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c Change
+			var typ int16
+			var snap []byte
+			if err := rows.Scan(&c.Revision, &typ, &snap, &c.Time); err != nil {
+				return err
+			}
+			c.Type = proxyv1.ChangeType(typ)
+			c.Proxy = &proxyv1.Proxy{}
+			if err := proto.Unmarshal(snap, c.Proxy); err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// Revision is the latest committed revision.
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	var rev int64
+	err := s.pool.QueryRow(ctx, "SELECT value FROM orchestrator.revision").Scan(&rev)
+	return rev, err
+}
+
+// PruneChanges deletes changes older than retention that the ProxyEvent
+// outbox has published, always keeping the newest one so the log never
+// looks empty to a watcher. It returns how many it deleted.
+func (s *Store) PruneChanges(ctx context.Context, retention time.Duration) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM orchestrator.changes
+		WHERE change_time < now() - $1::interval
+		  AND revision < (SELECT max(revision) FROM orchestrator.changes)
+		  AND revision <= (SELECT revision FROM orchestrator.event_cursor)`, retention)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// retryable reports a serialization failure or deadlock worth retrying.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+func ts(t *time.Time) *timestamppb.Timestamp {
+	if t == nil {
+		return nil
+	}
+	return timestamppb.New(*t)
+}
+
+func dur(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}

@@ -1,0 +1,213 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+)
+
+// Tx is a writing transaction. Rows are locked as they are read; the
+// changes are written, stamped with revisions, when the function given to
+// Write returns.
+type Tx struct {
+	tx      pgx.Tx
+	now     time.Time
+	pending []pendingChange
+}
+
+type pendingChange struct {
+	row *Row
+	typ proxyv1.ChangeType
+}
+
+// Now is the transaction's clock reading, used for every timestamp it
+// writes.
+func (t *Tx) Now() time.Time { return t.now }
+
+// Write runs fn in a transaction and commits what it changed. A
+// serialization failure or deadlock reruns fn, up to five times.
+func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			t := &Tx{tx: tx, now: s.now().UTC().Truncate(time.Microsecond)}
+			if err := fn(t); err != nil {
+				return err
+			}
+			return t.flush(ctx)
+		})
+		if !retryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// Lock reads a proxy by UID and locks it until the transaction ends.
+func (t *Tx) Lock(ctx context.Context, uid string) (*Row, error) {
+	return scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1 FOR UPDATE", uid))
+}
+
+// LockByName reads a proxy by name and locks it until the transaction ends.
+func (t *Tx) LockByName(ctx context.Context, name string) (*Row, error) {
+	return scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1 FOR UPDATE", name))
+}
+
+// ClaimDue locks up to limit proxies whose reconcile is due, skipping rows
+// another transaction holds, so replicas share the queue without taking the
+// same proxy twice.
+func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*Row, error) {
+	rows, err := t.tx.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
+		WHERE next_attempt_time <= $1
+		ORDER BY next_attempt_time
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED`, t.now, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Row
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Known reports which of uids belong to a stored proxy.
+func (t *Tx) Known(ctx context.Context, uids []string) (map[string]bool, error) {
+	rows, err := t.tx.Query(ctx, "SELECT uid::text FROM orchestrator.proxies WHERE uid = ANY($1::uuid[])", uids)
+	if err != nil {
+		return nil, err
+	}
+	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(known))
+	for _, u := range known {
+		out[u] = true
+	}
+	return out, nil
+}
+
+// Insert stores a new proxy. A name that exists fails with ErrExists when
+// the transaction commits.
+func (t *Tx) Insert(r *Row) {
+	t.pending = append(t.pending, pendingChange{row: r, typ: proxyv1.ChangeType_CHANGE_TYPE_CREATED})
+}
+
+// Update stores the changed row.
+func (t *Tx) Update(r *Row) {
+	t.pending = append(t.pending, pendingChange{row: r, typ: proxyv1.ChangeType_CHANGE_TYPE_UPDATED})
+}
+
+// Delete removes the proxy; its last state becomes the DELETED change.
+func (t *Tx) Delete(r *Row) {
+	t.pending = append(t.pending, pendingChange{row: r, typ: proxyv1.ChangeType_CHANGE_TYPE_DELETED})
+}
+
+// flush writes the pending changes: revisions from the counter (whose row
+// lock orders commits), the rows, the change log and the notifications, in
+// one batch.
+func (t *Tx) flush(ctx context.Context) error {
+	if len(t.pending) == 0 {
+		return nil
+	}
+	var last int64
+	if err := t.tx.QueryRow(ctx, "UPDATE orchestrator.revision SET value = value + $1 RETURNING value",
+		len(t.pending)).Scan(&last); err != nil {
+		return err
+	}
+	first := last - int64(len(t.pending)) + 1
+	batch := &pgx.Batch{}
+	due := false
+	for i, p := range t.pending {
+		r := p.row
+		r.Revision = first + int64(i)
+		r.UpdateTime = t.now
+		if r.NextAttemptTime != nil && !r.NextAttemptTime.After(t.now.Add(time.Second)) {
+			due = true
+		}
+		switch p.typ {
+		case proxyv1.ChangeType_CHANGE_TYPE_CREATED:
+			queueUpsert(batch, r, true)
+		case proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
+			queueUpsert(batch, r, false)
+		case proxyv1.ChangeType_CHANGE_TYPE_DELETED:
+			batch.Queue("DELETE FROM orchestrator.proxies WHERE uid = $1", r.UID)
+		}
+		snap, err := proto.Marshal(r.Proto(false))
+		if err != nil {
+			return err
+		}
+		batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
+			VALUES ($1, $2, $3, $4, $5)`, r.Revision, r.UID, int16(p.typ), snap, t.now)
+	}
+	batch.Queue("SELECT pg_notify($1, $2)", ChangesChannel, strconv.FormatInt(last, 10))
+	if due {
+		batch.Queue("SELECT pg_notify($1, '')", WorkChannel)
+	}
+	err := t.tx.SendBatch(ctx, batch).Close()
+	if isUniqueViolation(err) {
+		return ErrExists
+	}
+	return err
+}
+
+func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
+	labels, _ := json.Marshal(r.Labels)
+	if r.Labels == nil {
+		labels = []byte("{}")
+	}
+	spec, _ := proto.MarshalOptions{Deterministic: true}.Marshal(r.Spec)
+	var cmdID *string
+	if r.CommandID != "" {
+		cmdID = &r.CommandID
+	}
+	args := []any{r.UID, r.Name, labels, spec, int16(r.Spec.GetMode()), r.Spec.GetProvider(), r.SpecHash,
+		r.SkipCleanup, r.Generation, r.Revision, r.CreateTime, r.UpdateTime, r.DeleteTime, int16(r.Phase),
+		r.ProviderID, r.IP, int32(r.Port), r.Healthy, r.Reason, r.Message, r.InstanceSpecHash,
+		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
+		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
+		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime}
+	if insert {
+		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
+			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34)`, args...)
+		return
+	}
+	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
+		skip_cleanup=$8, generation=$9, revision=$10, create_time=$11, update_time=$12, delete_time=$13,
+		phase=$14, provider_id=$15, ip=$16, port=$17, healthy=$18, reason=$19, message=$20,
+		instance_spec_hash=$21, failed_spec_hash=$22, observed_generation=$23, phase_transition_time=$24,
+		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
+		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
+		command_issue_time=$34 WHERE uid=$1`, args...)
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr interface{ SQLState() string }
+	return errors.As(err, &pgErr) && pgErr.SQLState() == "23505"
+}
+
+// SetPhase moves r to phase, stamping the transition time when it changes.
+func (r *Row) SetPhase(phase proxyv1.ProxyPhase, now time.Time) {
+	if r.Phase != phase {
+		r.Phase = phase
+		r.PhaseTransitionTime = &now
+	}
+}
+
+// String names a row in logs.
+func (r *Row) String() string { return fmt.Sprintf("%s (%s)", r.Name, r.UID) }
