@@ -1,0 +1,295 @@
+// Package app wires the lease service: its flags, the database, NATS, the
+// pool syncer, the expiry sweep, the API and its gateway, onto the common
+// service frame.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/api"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/pool"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
+)
+
+// Config is everything the lease service is configured with beyond the
+// common service options.
+type Config struct {
+	DatabaseURL       string
+	MigrateOnStart    bool
+	NATSURL           string
+	NATSPrefix        string
+	OrchestratorAddr  string
+	OrchestratorToken string
+	ResyncInterval    time.Duration
+	SweepInterval     time.Duration
+	Retention         time.Duration
+	DefaultMaxLeases  int
+	API               api.Config
+
+	// Now replaces the clock, for tests.
+	Now func() time.Time
+}
+
+// DefaultConfig is the configuration the flags default to.
+func DefaultConfig() Config {
+	return Config{
+		MigrateOnStart:   true,
+		NATSPrefix:       bus.DefaultPrefix,
+		ResyncInterval:   5 * time.Minute,
+		SweepInterval:    time.Second,
+		Retention:        time.Hour,
+		DefaultMaxLeases: 1,
+		API:              api.DefaultConfig(),
+	}
+}
+
+// RegisterFlags adds the lease service's flags to fs; each can also be set
+// through EGRESS_<NAME>.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL,
+		"PostgreSQL URL (postgres://user@host:5432/db; pool size with ?pool_max_conns=N). Required")
+	fs.BoolVar(&c.MigrateOnStart, "migrate", c.MigrateOnStart, "apply the database migrations at start (else run `lease migrate` first)")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL for the proxy and health event streams. Required")
+	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of the NATS subjects and streams")
+	fs.StringVar(&c.OrchestratorAddr, "orchestrator-addr", c.OrchestratorAddr,
+		"gRPC address of the orchestrator, for full resyncs of the pool (host:port); empty: events only")
+	fs.StringVar(&c.OrchestratorToken, "orchestrator-token-file", c.OrchestratorToken,
+		"file holding the bearer token for the orchestrator")
+	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "period of the safety-net full resync; 0 turns it off")
+	fs.DurationVar(&c.SweepInterval, "sweep-interval", c.SweepInterval, "how often expired leases are ended and freed")
+	fs.DurationVar(&c.Retention, "lease-retention", c.Retention, "how long ended leases are kept so that late reports count")
+	fs.IntVar(&c.DefaultMaxLeases, "default-max-leases", c.DefaultMaxLeases,
+		"capacity of a proxy whose spec.lease.max_leases is unset; 0 means unlimited. Use the same value on every replica")
+	fs.DurationVar(&c.API.MinTTL, "min-ttl", c.API.MinTTL, "shortest lease TTL a client may ask for")
+	fs.DurationVar(&c.API.DefaultTTL, "default-ttl", c.API.DefaultTTL, "lease TTL when the client sets none")
+	fs.DurationVar(&c.API.MaxTTL, "max-ttl", c.API.MaxTTL, "longest lease TTL a client may ask for")
+	fs.DurationVar(&c.API.MaxCooldown, "max-cooldown", c.API.MaxCooldown, "longest cooldown a report may ask for")
+	if c.API.Cooldowns == nil {
+		c.API.Cooldowns = api.DefaultCooldowns()
+	}
+	for o, name := range map[leasev1.Outcome]string{
+		leasev1.Outcome_OUTCOME_BLOCKED: "blocked", leasev1.Outcome_OUTCOME_BANNED: "banned",
+		leasev1.Outcome_OUTCOME_CAPTCHA: "captcha", leasev1.Outcome_OUTCOME_TIMEOUT: "timeout",
+		leasev1.Outcome_OUTCOME_ERROR: "error",
+	} {
+		fs.Var(cooldownFlag{c.API.Cooldowns, o}, "cooldown-"+name,
+			fmt.Sprintf("default cooldown after a %s report: a duration, with \",global\" or \",target\" for its scope (default %s)",
+				name, cooldownFlag{c.API.Cooldowns, o}.String()))
+	}
+}
+
+type cooldownFlag struct {
+	m map[leasev1.Outcome]api.CooldownDefault
+	o leasev1.Outcome
+}
+
+func (f cooldownFlag) String() string {
+	if f.m == nil {
+		return ""
+	}
+	d := f.m[f.o]
+	scope := "target"
+	if d.Global {
+		scope = "global"
+	}
+	return d.Duration.String() + "," + scope
+}
+
+func (f cooldownFlag) Set(v string) error {
+	dur, scope, _ := strings.Cut(v, ",")
+	d, err := time.ParseDuration(dur)
+	if err != nil || d < 0 {
+		return fmt.Errorf("want a duration such as 5m, optionally followed by ,target or ,global")
+	}
+	c := f.m[f.o]
+	c.Duration = d
+	switch scope {
+	case "":
+	case "target":
+		c.Global = false
+	case "global":
+		c.Global = true
+	default:
+		return fmt.Errorf("scope %q: want target or global", scope)
+	}
+	f.m[f.o] = c
+	return nil
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.DatabaseURL == "":
+		return errors.New("--database-url is required")
+	case c.NATSURL == "":
+		return errors.New("--nats-url is required")
+	case c.DefaultMaxLeases < 0:
+		return errors.New("--default-max-leases must be 0 (unlimited) or more")
+	case c.API.MinTTL <= 0 || c.API.MinTTL > c.API.MaxTTL:
+		return errors.New("--min-ttl must be positive and at most --max-ttl")
+	case c.API.DefaultTTL < c.API.MinTTL || c.API.DefaultTTL > c.API.MaxTTL:
+		return errors.New("--default-ttl must lie between --min-ttl and --max-ttl")
+	case c.SweepInterval <= 0:
+		return errors.New("--sweep-interval must be positive")
+	case c.OrchestratorToken != "" && c.OrchestratorAddr == "":
+		return errors.New("--orchestrator-token-file needs --orchestrator-addr")
+	}
+	return nil
+}
+
+// Migrate applies the migrations, for `lease migrate`.
+func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
+	if c.DatabaseURL == "" {
+		return errors.New("--database-url is required")
+	}
+	return store.Migrate(ctx, c.DatabaseURL, log)
+}
+
+// Parts are the running pieces, for tests.
+type Parts struct {
+	Store  *store.Store
+	Syncer *pool.Syncer
+}
+
+// Setup connects the dependencies and registers the API and workers on s.
+func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if c.MigrateOnStart {
+		if err := store.Migrate(ctx, c.DatabaseURL, s.Log); err != nil {
+			return nil, err
+		}
+	}
+	db, err := postgres.Connect(ctx, c.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	st := store.New(db, store.Config{DefaultMaxLeases: c.DefaultMaxLeases, Retention: c.Retention, Now: c.Now})
+	met := metrics.New(s.Metrics, st, s.Log)
+
+	nc, err := nats.Connect(c.NATSURL, nats.Name("lease"), nats.MaxReconnects(-1))
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connecting to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		db.Close()
+		return nil, err
+	}
+	names := bus.Names{Prefix: c.NATSPrefix}
+	if err := bus.EnsureStreams(ctx, js, names); err != nil {
+		nc.Close()
+		db.Close()
+		return nil, err
+	}
+
+	var lister pool.Lister
+	var orch *grpc.ClientConn
+	if c.OrchestratorAddr != "" {
+		opts := []grpc.DialOption{
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+		}
+		if c.OrchestratorToken != "" {
+			tok, err := os.ReadFile(c.OrchestratorToken)
+			if err != nil {
+				nc.Close()
+				db.Close()
+				return nil, fmt.Errorf("--orchestrator-token-file: %w", errors.Unwrap(err))
+			}
+			opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(strings.TrimSpace(string(tok)))))
+		}
+		orch, err = grpc.NewClient(c.OrchestratorAddr, opts...)
+		if err != nil {
+			nc.Close()
+			db.Close()
+			return nil, fmt.Errorf("--orchestrator-addr: %w", err)
+		}
+		lister = proxyv1.NewProxyServiceClient(orch)
+	}
+	syncer := pool.New(st, js, pool.Config{Names: names, Lister: lister, ResyncInterval: c.ResyncInterval}, met, s.Log)
+	nc.SetReconnectHandler(func(*nats.Conn) { syncer.RequestResync("NATS reconnected") })
+	nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) {
+		if err != nil {
+			s.Log.Warn("WARNING: disconnected from NATS; pool changes are not seen until it reconnects", "error", err)
+		}
+	})
+
+	leasev1.RegisterLeaseServiceServer(s.GRPC, api.New(st, c.API, met, s.Log))
+	s.MountGateway(leasev1.RegisterLeaseServiceHandler)
+
+	s.Go(syncer.Run)
+	s.Go(func(ctx context.Context) error {
+		sweep(ctx, st, c.SweepInterval, met, s.Log)
+		return nil
+	})
+	s.Go(func(ctx context.Context) error {
+		<-ctx.Done()
+		nc.Close()
+		if orch != nil {
+			_ = orch.Close()
+		}
+		db.Close()
+		return nil
+	})
+	return &Parts{Store: st, Syncer: syncer}, nil
+}
+
+func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metrics.Metrics, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := st.Sweep(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !failing {
+				log.Warn("WARNING: the expiry sweep failed; expired leases keep their capacity until it succeeds", "error", err)
+			}
+			failing = true
+			continue
+		}
+		if failing {
+			log.Info("the expiry sweep works again")
+		}
+		failing = false
+		met.Expired.Add(float64(res.Expired))
+		if res.Expired > 0 {
+			log.Debug("expired leases freed", "leases", res.Expired, "purged", res.Purged, "cooldowns_ended", res.Cooldowns)
+		}
+	}
+}
+
+// Options are the service options the lease service needs.
+func Options() []service.Option {
+	return []service.Option{service.WithGatewayOptions(api.GatewayOptions()...)}
+}

@@ -1,0 +1,328 @@
+// Package pool keeps the lease service's table of proxies in step with the
+// orchestrator and the health service. It follows the ProxyEvent and
+// HealthTransitionEvent streams from NATS JetStream (starting with the last
+// event of every proxy, then every change), applies each event to the
+// database idempotently (by revision, by sequence), and resyncs from the
+// orchestrator's ProxyService.ListProxies at start, after a NATS reconnect,
+// after an event could not be applied, and periodically.
+//
+// Every replica runs its own consumers on the shared table; applying the
+// same event twice changes nothing.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
+)
+
+// Lister is the part of the orchestrator's ProxyService a resync uses.
+type Lister interface {
+	ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest, opts ...grpc.CallOption) (*proxyv1.ListProxiesResponse, error)
+}
+
+// Config configures a Syncer.
+type Config struct {
+	Names bus.Names
+	// Lister is the orchestrator; nil disables resyncs (events only).
+	Lister Lister
+	// ResyncInterval is the period of the safety-net resync; 0 disables
+	// it.
+	ResyncInterval time.Duration
+	// ResyncTimeout bounds one resync.
+	ResyncTimeout time.Duration
+}
+
+// Syncer applies events and resyncs.
+type Syncer struct {
+	st  *store.Store
+	js  jetstream.JetStream
+	cfg Config
+	met *metrics.Metrics
+	log *slog.Logger
+
+	resync chan struct{}
+
+	mu         sync.Mutex
+	lastResync time.Time
+	resyncs    int
+}
+
+// New returns a Syncer.
+func New(st *store.Store, js jetstream.JetStream, cfg Config, met *metrics.Metrics, log *slog.Logger) *Syncer {
+	if cfg.ResyncTimeout <= 0 {
+		cfg.ResyncTimeout = time.Minute
+	}
+	return &Syncer{st: st, js: js, cfg: cfg, met: met, log: log, resync: make(chan struct{}, 1)}
+}
+
+// RequestResync asks for a resync soon (coalescing requests).
+func (s *Syncer) RequestResync(reason string) {
+	select {
+	case s.resync <- struct{}{}:
+		s.log.Info("pool resync requested", "reason", reason)
+	default:
+	}
+}
+
+// Resyncs is how many resyncs have completed, for tests.
+func (s *Syncer) Resyncs() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.resyncs
+}
+
+// Run consumes both event streams and runs resyncs until ctx ends.
+func (s *Syncer) Run(ctx context.Context) error {
+	proxies, err := s.js.OrderedConsumer(ctx, s.cfg.Names.ProxyEventStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{s.cfg.Names.ProxyEventSubjects()},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("proxy event consumer: %w", err)
+	}
+	health, err := s.js.OrderedConsumer(ctx, s.cfg.Names.HealthEventStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{s.cfg.Names.HealthEventSubjects()},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("health event consumer: %w", err)
+	}
+	errHandler := func(kind string) jetstream.ConsumeErrHandler {
+		return func(_ jetstream.ConsumeContext, err error) {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Warn("event consumer error; events may have been missed", "stream", kind, "error", err)
+			s.RequestResync("consumer error on " + kind)
+		}
+	}
+	pc, err := proxies.Consume(func(m jetstream.Msg) { s.handleProxy(ctx, m) }, jetstream.ConsumeErrHandler(errHandler("proxy events")))
+	if err != nil {
+		return fmt.Errorf("consuming proxy events: %w", err)
+	}
+	defer pc.Stop()
+	hc, err := health.Consume(func(m jetstream.Msg) { s.handleHealth(ctx, m) }, jetstream.ConsumeErrHandler(errHandler("health events")))
+	if err != nil {
+		return fmt.Errorf("consuming health events: %w", err)
+	}
+	defer hc.Stop()
+
+	if s.cfg.Lister == nil {
+		s.log.Warn("WARNING: no orchestrator address configured; the pool is learnt from events alone and is not resynced (a proxy whose last event aged out of the stream stays unknown)")
+		<-ctx.Done()
+		return nil
+	}
+	s.RequestResync("start")
+	var tick <-chan time.Time
+	if s.cfg.ResyncInterval > 0 {
+		t := time.NewTicker(s.cfg.ResyncInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	backoff := time.Second
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick:
+		case <-s.resync:
+		case <-retry:
+		}
+		retry = nil
+		if err := s.Resync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.log.Warn("pool resync failed; retrying", "error", err, "retry_in", backoff)
+			retry = time.After(backoff)
+			backoff = min(backoff*2, time.Minute)
+			continue
+		}
+		backoff = time.Second
+	}
+}
+
+func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
+	var ev busv1.ProxyEvent
+	mctx, err := bus.Decode(ctx, m, &ev)
+	if err != nil {
+		s.met.Events.WithLabelValues("proxy", "invalid").Inc()
+		s.log.Warn("dropping a proxy event that cannot be decoded", "subject", m.Subject(), "error", err)
+		return
+	}
+	p, err := FromProxy(ev.GetProxy(), ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED)
+	if err != nil || ev.GetRevision() <= 0 {
+		s.met.Events.WithLabelValues("proxy", "invalid").Inc()
+		s.log.Warn("dropping an invalid proxy event", "subject", m.Subject(), "revision", ev.GetRevision(), "error", err)
+		return
+	}
+	applied, err := s.st.ApplyProxy(mctx, p, ev.GetRevision())
+	if err != nil {
+		s.met.Events.WithLabelValues("proxy", "error").Inc()
+		if ctx.Err() == nil {
+			s.log.Error("applying a proxy event failed", "proxy_uid", p.UID, "revision", ev.GetRevision(), "error", err)
+			s.RequestResync("a proxy event could not be applied")
+		}
+		return
+	}
+	if !applied {
+		s.met.Events.WithLabelValues("proxy", "stale").Inc()
+		return
+	}
+	s.met.Events.WithLabelValues("proxy", "applied").Inc()
+	s.log.DebugContext(mctx, "proxy event applied", "proxy_uid", p.UID, "proxy_name", p.Name, "revision", ev.GetRevision(),
+		"type", ev.GetType().String(), "ready", p.Ready, "healthy", p.Healthy)
+}
+
+func (s *Syncer) handleHealth(ctx context.Context, m jetstream.Msg) {
+	var ev busv1.HealthTransitionEvent
+	mctx, err := bus.Decode(ctx, m, &ev)
+	if err != nil {
+		s.met.Events.WithLabelValues("health", "invalid").Inc()
+		s.log.Warn("dropping a health event that cannot be decoded", "subject", m.Subject(), "error", err)
+		return
+	}
+	t := ev.GetTransition()
+	if t.GetProxyUid() == "" || t.GetSequence() <= 0 {
+		s.met.Events.WithLabelValues("health", "invalid").Inc()
+		s.log.Warn("dropping an invalid health event", "subject", m.Subject(), "sequence", t.GetSequence())
+		return
+	}
+	when := time.Now()
+	if t.GetTransitionTime() != nil {
+		when = t.GetTransitionTime().AsTime()
+	}
+	applied, err := s.st.ApplyHealth(mctx, store.HealthTransition{
+		Sequence: t.GetSequence(), ProxyUID: t.GetProxyUid(), ProviderID: t.GetProviderId(), Healthy: t.GetHealthy(), Time: when,
+	})
+	if err != nil {
+		s.met.Events.WithLabelValues("health", "error").Inc()
+		if ctx.Err() == nil {
+			s.log.Error("applying a health event failed", "proxy_uid", t.GetProxyUid(), "sequence", t.GetSequence(), "error", err)
+			s.RequestResync("a health event could not be applied")
+		}
+		return
+	}
+	if !applied {
+		s.met.Events.WithLabelValues("health", "stale").Inc()
+		return
+	}
+	s.met.Events.WithLabelValues("health", "applied").Inc()
+	s.log.DebugContext(mctx, "health transition applied", "proxy_uid", t.GetProxyUid(), "sequence", t.GetSequence(), "healthy", t.GetHealthy())
+}
+
+// Resync lists every proxy from the orchestrator and applies the listing:
+// each page's proxies at that page's revision, then every stored proxy
+// missing from the listing and older than its first page is marked deleted.
+func (s *Syncer) Resync(ctx context.Context) error {
+	if s.cfg.Lister == nil {
+		return errors.New("no orchestrator configured")
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ResyncTimeout)
+	defer cancel()
+	start := time.Now()
+	seen := []string{}
+	var firstRevision int64
+	applied := 0
+	req := &proxyv1.ListProxiesRequest{PageSize: 1000}
+	for {
+		resp, err := s.cfg.Lister.ListProxies(ctx, req)
+		if err != nil {
+			s.met.Resyncs.WithLabelValues("error").Inc()
+			return fmt.Errorf("listing proxies from the orchestrator: %s", status.Code(err).String()+": "+status.Convert(err).Message())
+		}
+		if firstRevision == 0 || resp.GetRevision() < firstRevision {
+			firstRevision = resp.GetRevision()
+		}
+		page := make([]store.ProxyState, 0, len(resp.GetProxies()))
+		for _, p := range resp.GetProxies() {
+			ps, err := FromProxy(p, false)
+			if err != nil {
+				s.log.Warn("skipping an invalid proxy in the resync", "error", err)
+				continue
+			}
+			page = append(page, ps)
+			seen = append(seen, ps.UID)
+		}
+		n, err := s.st.ApplySnapshot(ctx, page, resp.GetRevision())
+		if err != nil {
+			s.met.Resyncs.WithLabelValues("error").Inc()
+			return err
+		}
+		applied += n
+		if resp.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+	deleted := 0
+	if firstRevision > 0 {
+		var err error
+		deleted, err = s.st.DeleteMissing(ctx, seen, firstRevision)
+		if err != nil {
+			s.met.Resyncs.WithLabelValues("error").Inc()
+			return err
+		}
+	}
+	s.met.Resyncs.WithLabelValues("ok").Inc()
+	s.mu.Lock()
+	s.lastResync = time.Now()
+	s.resyncs++
+	s.mu.Unlock()
+	s.log.Info("pool resynced from the orchestrator", "proxies", len(seen), "changed", applied, "deleted", deleted,
+		"revision", firstRevision, "duration", time.Since(start))
+	return nil
+}
+
+// FromProxy turns an orchestrator Proxy into the lease service's view.
+func FromProxy(p *proxyv1.Proxy, deleted bool) (store.ProxyState, error) {
+	if p.GetUid() == "" {
+		return store.ProxyState{}, status.Error(codes.InvalidArgument, "proxy without uid")
+	}
+	st := p.GetStatus()
+	ps := store.ProxyState{
+		UID:        p.GetUid(),
+		Name:       p.GetName(),
+		Provider:   p.GetSpec().GetProvider(),
+		Region:     p.GetSpec().GetPlacement().GetRegion(),
+		Zone:       p.GetSpec().GetPlacement().GetZone(),
+		Labels:     p.GetLabels(),
+		Host:       st.GetIp(),
+		Port:       st.GetPort(),
+		ProviderID: st.GetProviderId(),
+		Ready:      st.GetPhase() == proxyv1.ProxyPhase_PROXY_PHASE_READY,
+		Healthy:    st.GetHealthy(),
+		Deleted:    deleted,
+	}
+	if ps.Host == "" && p.GetSpec().GetEndpoint() != nil {
+		ps.Host = p.GetSpec().GetEndpoint().GetHost()
+		if ps.Port == 0 {
+			ps.Port = p.GetSpec().GetEndpoint().GetPort()
+		}
+	}
+	if st.GetHealthTransitionTime() != nil {
+		t := st.GetHealthTransitionTime().AsTime()
+		ps.HealthTime = &t
+	}
+	if p.GetSpec().GetLease() != nil && p.GetSpec().GetLease().MaxLeases != nil {
+		v := p.GetSpec().GetLease().GetMaxLeases()
+		ps.MaxLeases = &v
+	}
+	return ps, nil
+}
