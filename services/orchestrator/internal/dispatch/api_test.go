@@ -1,0 +1,276 @@
+package dispatch_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+)
+
+func TestCreateValidation(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ext := func(host string, port uint32) *proxyv1.ProxySpec {
+		return &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_EXTERNAL, Endpoint: &proxyv1.Endpoint{Host: host, Port: port}}
+	}
+	mgd := func(mut func(*proxyv1.ProxySpec)) *proxyv1.ProxySpec {
+		s := managed("x").GetSpec()
+		mut(s)
+		return s
+	}
+	cases := []struct {
+		name      string
+		req       *proxyv1.CreateProxyRequest
+		wantField string
+	}{
+		{"empty name", &proxyv1.CreateProxyRequest{Spec: managed("x").GetSpec()}, "name: required"},
+		{"upper-case name", &proxyv1.CreateProxyRequest{Name: "Proxy1", Spec: managed("x").GetSpec()}, "name: \"Proxy1\" is not a DNS label"},
+		{"name too long", &proxyv1.CreateProxyRequest{Name: strings.Repeat("a", 64), Spec: managed("x").GetSpec()}, "name:"},
+		{"no spec", &proxyv1.CreateProxyRequest{Name: "a"}, "spec: required"},
+		{"no mode", &proxyv1.CreateProxyRequest{Name: "a", Spec: &proxyv1.ProxySpec{}}, "spec.mode: required"},
+		{"managed without provider", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Provider = "" })}, "spec.provider: required"},
+		{"unconfigured provider", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Provider = "gcp-eu" })}, `spec.provider: "gcp-eu" is not configured (configured: fake, other)`},
+		{"managed with endpoint", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Endpoint = &proxyv1.Endpoint{Host: "h", Port: 1} })}, "spec.endpoint: only EXTERNAL"},
+		{"port out of range", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Port = 70000 })}, "spec.port: 70000 is not a TCP port"},
+		{"cloud-init too large", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.CloudInit = strings.Repeat("x", 64<<10+1) })}, "spec.cloud_init: 65537 bytes"},
+		{"external without endpoint", &proxyv1.CreateProxyRequest{Name: "a", Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_EXTERNAL}}, "spec.endpoint: required for EXTERNAL"},
+		{"external bad host", &proxyv1.CreateProxyRequest{Name: "a", Spec: ext("bad host!", 3128)}, "spec.endpoint.host:"},
+		{"external port 0", &proxyv1.CreateProxyRequest{Name: "a", Spec: ext("10.0.0.5", 0)}, "spec.endpoint.port: 0 is not a TCP port"},
+		{"external with provider", &proxyv1.CreateProxyRequest{Name: "a", Spec: func() *proxyv1.ProxySpec { s := ext("h.example", 80); s.Provider = "fake"; return s }()}, "spec.provider: EXTERNAL proxies are not provisioned"},
+		{"external with cloud-init", &proxyv1.CreateProxyRequest{Name: "a", Spec: func() *proxyv1.ProxySpec { s := ext("h.example", 80); s.CloudInit = "x"; return s }()}, "spec.cloud_init: EXTERNAL"},
+		{"bad label key", &proxyv1.CreateProxyRequest{Name: "a", Labels: map[string]string{"-x": "y"}, Spec: managed("x").GetSpec()}, "labels[-x]: key name"},
+		{"bad label value", &proxyv1.CreateProxyRequest{Name: "a", Labels: map[string]string{"x": "a b"}, Spec: managed("x").GetSpec()}, "labels[x]: value"},
+		{"probe interval too short", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) {
+			s.HealthCheck = &proxyv1.HealthCheckSpec{Interval: durationpb.New(time.Millisecond)}
+		})}, "spec.health_check.interval: must be at least 100ms"},
+		{"timeout over interval", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) {
+			s.HealthCheck = &proxyv1.HealthCheckSpec{Interval: durationpb.New(time.Second), Timeout: durationpb.New(2 * time.Second)}
+		})}, "spec.health_check.timeout: 2s is longer than the interval 1s"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := h.api.CreateProxy(context.Background(), tc.req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.wantField) {
+				t.Errorf("err = %v, want InvalidArgument naming %q", err, tc.wantField)
+			}
+		})
+	}
+	// Nothing was half-applied.
+	rows, _, err := h.store.List(context.Background(), store.Filter{Limit: 10})
+	if err != nil || len(rows) != 0 {
+		t.Errorf("proxies after rejected creates: %d (err %v)", len(rows), err)
+	}
+}
+
+func TestCreateIdempotentAndConflicts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	first, err := h.api.CreateProxy(ctx, managed("p1"))
+	if err != nil || !first.GetCreated() {
+		t.Fatalf("first create: %v %v", first, err)
+	}
+	again, err := h.api.CreateProxy(ctx, managed("p1"))
+	if err != nil || again.GetCreated() || again.GetProxy().GetUid() != first.GetProxy().GetUid() {
+		t.Fatalf("same create again: created=%v uid %s vs %s, err %v", again.GetCreated(), again.GetProxy().GetUid(), first.GetProxy().GetUid(), err)
+	}
+	other := managed("p1")
+	other.Spec.Placement.Zone = "z2"
+	if _, err := h.api.CreateProxy(ctx, other); status.Code(err) != codes.AlreadyExists {
+		t.Errorf("different spec: %v, want AlreadyExists", err)
+	}
+
+	// Optimistic concurrency.
+	p := first.GetProxy()
+	upd := &proxyv1.UpdateProxyRequest{Name: "p1", Spec: managed("p1").GetSpec(), Labels: map[string]string{"a": "b"}}
+	if _, err := h.api.UpdateProxy(ctx, upd); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("update without generation/etag: %v", err)
+	}
+	upd.Generation = p.GetGeneration() + 7
+	if _, err := h.api.UpdateProxy(ctx, upd); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("stale generation: %v, want FailedPrecondition", err)
+	}
+	upd.Generation = 0
+	upd.Etag = "r999999"
+	if _, err := h.api.UpdateProxy(ctx, upd); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("stale etag: %v, want FailedPrecondition", err)
+	}
+	cur, _ := h.store.Get(ctx, "p1")
+	upd.Etag, upd.Generation = "", cur.Generation
+	out, err := h.api.UpdateProxy(ctx, upd)
+	if err != nil || out.GetProxy().GetGeneration() != cur.Generation+1 || out.GetProxy().GetLabels()["a"] != "b" {
+		t.Fatalf("update: %v %v", out, err)
+	}
+	ext := &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_EXTERNAL, Endpoint: &proxyv1.Endpoint{Host: "h.example", Port: 8080}}
+	if _, err := h.api.UpdateProxy(ctx, &proxyv1.UpdateProxyRequest{Name: "p1", Spec: ext, Generation: out.GetProxy().GetGeneration()}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("mode change: %v, want InvalidArgument", err)
+	}
+	if _, err := h.api.GetProxy(ctx, &proxyv1.GetProxyRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("get missing: %v", err)
+	}
+	if _, err := h.api.DeleteProxy(ctx, &proxyv1.DeleteProxyRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("delete missing: %v", err)
+	}
+}
+
+func TestExternalProxyLifecycle(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.startReplica()
+	ctx := context.Background()
+	resp, err := h.api.CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: "ext", Spec: &proxyv1.ProxySpec{
+		Mode: proxyv1.ProxyMode_PROXY_MODE_EXTERNAL, Endpoint: &proxyv1.Endpoint{Host: "203.0.113.7", Port: 3128},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := resp.GetProxy().GetStatus()
+	if st.GetPhase() != proxyv1.ProxyPhase_PROXY_PHASE_RUNNING || st.GetIp() != "203.0.113.7" || st.GetPort() != 3128 {
+		t.Errorf("external status %v", st)
+	}
+	h.publishHealth(resp.GetProxy().GetUid(), "", 1, true)
+	h.waitFor("ext", "Ready", phase(proxyv1.ProxyPhase_PROXY_PHASE_READY))
+	del, err := h.api.DeleteProxy(ctx, &proxyv1.DeleteProxyRequest{Name: "ext"})
+	if err != nil || del.GetProxy().GetDeleteTime() == nil {
+		t.Fatalf("delete: %v %v", del, err)
+	}
+	if _, err := h.store.Get(ctx, "ext"); err != store.ErrNotFound {
+		t.Errorf("an external proxy has nothing to clean up and must go at once: %v", err)
+	}
+}
+
+func TestListPaginationAndFilters(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	for _, n := range []string{"c", "a", "e", "b", "d"} {
+		req := managed(n)
+		if n == "b" || n == "d" {
+			req.Spec.Provider = "other"
+			req.Labels = map[string]string{"pool": "eu"}
+		}
+		h.create(req)
+	}
+	var names []string
+	token := ""
+	for {
+		resp, err := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{PageSize: 2, PageToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetRevision() < 5 {
+			t.Errorf("revision %d", resp.GetRevision())
+		}
+		for _, p := range resp.GetProxies() {
+			names = append(names, p.GetName())
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	if strings.Join(names, "") != "abcde" {
+		t.Errorf("pages = %v, want a..e in order", names)
+	}
+	resp, err := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{Provider: "other", Labels: map[string]string{"pool": "eu"}})
+	if err != nil || len(resp.GetProxies()) != 2 || resp.GetProxies()[0].GetName() != "b" {
+		t.Errorf("filtered list: %v %v", resp, err)
+	}
+	first, _ := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{PageSize: 1})
+	if _, err := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{PageSize: 1, Provider: "other", PageToken: first.GetNextPageToken()}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("token reused with other filters: %v", err)
+	}
+	if _, err := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{PageToken: "garbage!"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("garbage token: %v", err)
+	}
+	if _, err := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{PageSize: 5000}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("page size 5000: %v", err)
+	}
+}
+
+// Watch resumes from any retained revision over a real gRPC stream, and a
+// pruned revision is OUT_OF_RANGE.
+func TestWatchResume(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := grpc.NewServer()
+	proxyv1.RegisterProxyServiceServer(srv, h.api)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := proxyv1.NewProxyServiceClient(conn)
+
+	a := h.create(managed("a"))
+	list, err := client.ListProxies(ctx, &proxyv1.ListProxiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.create(managed("b"))
+	h.create(managed("c"))
+
+	stream, err := client.WatchProxies(ctx, &proxyv1.WatchProxiesRequest{SinceRevision: list.GetRevision()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var last int64
+	for len(got) < 2 {
+		ev, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.GetRevision() <= last {
+			t.Errorf("revision %d after %d", ev.GetRevision(), last)
+		}
+		last = ev.GetRevision()
+		got = append(got, ev.GetProxy().GetName())
+	}
+	if strings.Join(got, ",") != "b,c" {
+		t.Errorf("resumed watch = %v, want b,c", got)
+	}
+	// A live change arrives on the open stream.
+	if _, err := h.api.DeleteProxy(ctx, &proxyv1.DeleteProxyRequest{Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := stream.Recv()
+	if err != nil || ev.GetProxy().GetUid() != a.GetUid() || ev.GetProxy().GetDeleteTime() == nil {
+		t.Fatalf("live event: %v %v", ev, err)
+	}
+	if ev.GetType() != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
+		t.Errorf("type %v, want DELETED", ev.GetType())
+	}
+
+	// Prune everything the outbox has published, then resume from before.
+	if _, err := h.store.Pool().Exec(ctx, "UPDATE orchestrator.event_cursor SET revision = (SELECT value FROM orchestrator.revision)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.store.PruneChanges(ctx, -time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	old, err := client.WatchProxies(ctx, &proxyv1.WatchProxiesRequest{SinceRevision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Recv(); status.Code(err) != codes.OutOfRange {
+		t.Errorf("watch from a pruned revision: %v, want OutOfRange", err)
+	}
+}
