@@ -1,0 +1,240 @@
+package app_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/app"
+	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
+)
+
+func listed(t *testing.T, c lt.Client) map[string]bool {
+	t.Helper()
+	resp, r := c.List(lt.Ctx(t), &leasev1.ListProxiesRequest{})
+	if r.Code() != codes.OK {
+		t.Fatal(r.Status)
+	}
+	out := map[string]bool{}
+	for _, p := range resp.GetProxies() {
+		out[p.GetProxyName()] = true
+	}
+	return out
+}
+
+// TestProxyEvents drives the pool with real ProxyEvents on NATS: creation,
+// a phase change, a stale event, a capacity change and deletion.
+func TestProxyEvents(t *testing.T) {
+	t.Parallel()
+	env := lt.Start(t, lt.Options{})
+	c := env.Client("grpc", "crawler-a")
+	marker := 0
+	// sync publishes a marker proxy after the events under test and waits
+	// for it: the consumer applies events in stream order, so everything
+	// before it has been applied (or ignored) too.
+	sync := func(rev int64) {
+		marker++
+		name := "marker-" + strconv.Itoa(marker)
+		uid := "00000000-0000-4000-9000-" + strconv.FormatInt(int64(100000000000+marker), 10)
+		env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uid, name, func(p *proxyv1.Proxy) { p.Labels["pool"] = "marker" }), rev)
+		lt.Eventually(t, 5*time.Second, name+" is applied", func() bool { return listed(t, c)[name] })
+	}
+	sel := &leasev1.ProxySelector{Labels: map[string]string{"pool": "default"}}
+
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidA, "proxy-a"), 10)
+	lt.Eventually(t, 5*time.Second, "proxy-a is leasable", func() bool { return listed(t, c)["proxy-a"] })
+
+	// Running (not Ready): no longer leased.
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidA, "proxy-a", func(p *proxyv1.Proxy) {
+		p.Status.Phase = proxyv1.ProxyPhase_PROXY_PHASE_RUNNING
+	}), 11)
+	lt.Eventually(t, time.Second, "proxy-a is no longer leasable", func() bool { return !listed(t, c)["proxy-a"] })
+	_, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{Selector: sel})
+	if n := noProxy(t, r); n.GetMatching() != 1 || n.GetUnhealthy() != 1 {
+		t.Errorf("%v", n)
+	}
+
+	// An older event arriving late changes nothing.
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidA, "proxy-a"), 9)
+	sync(12)
+	if listed(t, c)["proxy-a"] {
+		t.Fatal("a stale event made proxy-a leasable again")
+	}
+
+	// Ready again, with capacity 2 from its spec.
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidA, "proxy-a", lt.MaxLeases(2)), 13)
+	lt.Eventually(t, time.Second, "proxy-a is leasable again", func() bool { return listed(t, c)["proxy-a"] })
+	mustAcquire(t, c, &leasev1.AcquireLeaseRequest{Selector: sel})
+	mustAcquire(t, c, &leasev1.AcquireLeaseRequest{Selector: sel})
+
+	// Deleted: gone from the pool, not even matching.
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_DELETED, lt.Proxy(uidA, "proxy-a", lt.MaxLeases(2)), 14)
+	lt.Eventually(t, time.Second, "proxy-a is gone", func() bool { return !listed(t, c)["proxy-a"] })
+	_, r = c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{Selector: sel})
+	if n := noProxy(t, r); n.GetMatching() != 0 {
+		t.Errorf("a deleted proxy still matches: %v", n)
+	}
+}
+
+// TestUnhealthyTransitionStopsLeasing: a health transition for the proxy's
+// current instance stops leasing within a second; one for another
+// instance is ignored; a healthy one brings it back.
+func TestUnhealthyTransitionStopsLeasing(t *testing.T) {
+	t.Parallel()
+	env := lt.Start(t, lt.Options{Config: func(c *app.Config) { c.DefaultMaxLeases = 0 }})
+	c := env.Client("rest", "crawler-a")
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidA, "proxy-a"), 1)
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidB, "proxy-b"), 2)
+	lt.Eventually(t, 5*time.Second, "both proxies are leasable", func() bool {
+		l := listed(t, c)
+		return l["proxy-a"] && l["proxy-b"]
+	})
+	transition := func(uid, providerID string, seq int64, healthy bool) *healthv1.HealthTransition {
+		return &healthv1.HealthTransition{Sequence: seq, ProxyUid: uid, ProviderId: providerID, Healthy: healthy,
+			Reason: "ProbeFailed", TransitionTime: timestamppb.New(time.Date(2026, 3, 1, 12, 0, int(seq), 0, time.UTC))}
+	}
+	// A verdict on an old instance of proxy-a is ignored; the marker
+	// transition on proxy-b after it shows it was processed.
+	env.PublishHealth(t, transition(uidA, "vm-old-instance", 5, false))
+	env.PublishHealth(t, transition(uidB, "vm-"+uidB, 6, false))
+	lt.Eventually(t, 5*time.Second, "proxy-b is unhealthy", func() bool { return !listed(t, c)["proxy-b"] })
+	if !listed(t, c)["proxy-a"] {
+		t.Fatal("a transition for another instance made proxy-a unhealthy")
+	}
+
+	start := time.Now()
+	env.PublishHealth(t, transition(uidA, "vm-"+uidA, 7, false))
+	lt.Eventually(t, time.Second, "proxy-a stops being leased", func() bool {
+		_, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{})
+		return r.Code() == codes.ResourceExhausted
+	})
+	t.Logf("proxy-a stopped being leased %v after the event", time.Since(start))
+	_, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{})
+	if n := noProxy(t, r); n.GetUnhealthy() != 2 || n.GetMatching() != 2 {
+		t.Errorf("%v", n)
+	}
+
+	// An older orchestrator snapshot (health as of before the transition)
+	// does not undo the newer verdict.
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidA, "proxy-a", func(p *proxyv1.Proxy) { p.Labels["v"] = "2" }), 3)
+	env.PublishHealth(t, transition(uidB, "vm-"+uidB, 8, true))
+	lt.Eventually(t, 5*time.Second, "proxy-b is healthy again", func() bool { return listed(t, c)["proxy-b"] })
+	if listed(t, c)["proxy-a"] {
+		t.Fatal("an orchestrator snapshot with an older verdict made proxy-a healthy")
+	}
+	// A healthy transition brings proxy-a back (its phase is still Ready).
+	env.PublishHealth(t, transition(uidA, "vm-"+uidA, 9, true))
+	lt.Eventually(t, time.Second, "proxy-a is leasable again", func() bool { return listed(t, c)["proxy-a"] })
+}
+
+// fakeOrchestrator is a ProxyService serving ListProxies in pages from a
+// fixed set, checking the bearer token.
+type fakeOrchestrator struct {
+	proxyv1.UnimplementedProxyServiceServer
+	token    string
+	revision int64
+	pageSize int
+
+	mu      sync.Mutex
+	proxies []*proxyv1.Proxy
+	calls   int
+}
+
+func (f *fakeOrchestrator) ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest) (*proxyv1.ListProxiesResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer "+f.token {
+		return nil, status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	start := 0
+	if req.GetPageToken() != "" {
+		start, _ = strconv.Atoi(req.GetPageToken())
+	}
+	end := min(start+f.pageSize, len(f.proxies))
+	resp := &proxyv1.ListProxiesResponse{Proxies: f.proxies[start:end], Revision: f.revision}
+	if end < len(f.proxies) {
+		resp.NextPageToken = strconv.Itoa(end)
+	}
+	return resp, nil
+}
+
+func TestResyncFromOrchestrator(t *testing.T) {
+	t.Parallel()
+	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 100, pageSize: 2, proxies: []*proxyv1.Proxy{
+		lt.Proxy(uidA, "proxy-a"),
+		lt.Proxy(uidB, "proxy-b", lt.MaxLeases(3)),
+		lt.Proxy(uidC, "proxy-c", func(p *proxyv1.Proxy) { p.Status.Phase = proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING }),
+		lt.Proxy(uidD, "proxy-d"),
+	}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	proxyv1.RegisterProxyServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	tokenFile := filepath.Join(t.TempDir(), "orchestrator-token")
+	if err := os.WriteFile(tokenFile, []byte(fake.token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// The database already knows proxy-e (deleted since, its event missed)
+	// and a newer state of proxy-d than the listing.
+	db := lt.Database(t)
+	pre := lt.Start(t, lt.Options{DatabaseURL: db})
+	pre.Apply(t, lt.Proxy(uidE, "proxy-e"), 50)
+	pre.Apply(t, lt.Proxy(uidD, "proxy-d", func(p *proxyv1.Proxy) { p.Status.Healthy = false }), 150)
+
+	env := lt.Start(t, lt.Options{DatabaseURL: db, Config: func(c *app.Config) {
+		c.OrchestratorAddr = lis.Addr().String()
+		c.OrchestratorToken = tokenFile
+	}})
+	lt.Eventually(t, 10*time.Second, "a resync completes", func() bool { return env.Parts.Syncer.Resyncs() >= 1 })
+	got := listed(t, env.Client("grpc", "crawler-a"))
+	want := map[string]bool{"proxy-a": true, "proxy-b": true}
+	if len(got) != len(want) || !got["proxy-a"] || !got["proxy-b"] {
+		t.Errorf("after the resync the leasable proxies are %v, want %v", got, want)
+	}
+	list, _ := env.Client("grpc", "crawler-a").List(lt.Ctx(t), &leasev1.ListProxiesRequest{})
+	for _, p := range list.GetProxies() {
+		if p.GetProxyName() == "proxy-b" && p.GetMaxLeases() != 3 {
+			t.Errorf("proxy-b capacity %d, want 3", p.GetMaxLeases())
+		}
+	}
+	// proxy-e was deleted (not even matching); proxy-d kept its newer,
+	// unhealthy state.
+	var deleted, healthy bool
+	err = env.Parts.Store.Pool().QueryRow(lt.Ctx(t), `SELECT (SELECT deleted FROM lease.proxies WHERE uid = $1), (SELECT healthy FROM lease.proxies WHERE uid = $2)`, uidE, uidD).Scan(&deleted, &healthy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !deleted || healthy {
+		t.Errorf("proxy-e deleted=%v (want true), proxy-d healthy=%v (want false)", deleted, healthy)
+	}
+	// A resync on request picks up a changed listing.
+	fake.mu.Lock()
+	fake.revision = 200
+	fake.proxies = fake.proxies[1:]
+	fake.mu.Unlock()
+	env.Parts.Syncer.RequestResync("test")
+	lt.Eventually(t, 10*time.Second, "proxy-a is gone after the second resync", func() bool {
+		return !listed(t, env.Client("grpc", "crawler-a"))["proxy-a"]
+	})
+}
