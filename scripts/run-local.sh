@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the suite's binaries from bin/ on this machine with their default
-# ports, prints where each listens, and stops them all on Ctrl-C (SIGTERM to
-# each, then waits). Usage: scripts/run-local.sh SERVICE...
+# ports, against the local PostgreSQL (database "egress") and NATS, prints
+# where each listens, and stops them all on Ctrl-C (SIGTERM to each, then
+# waits). Usage: scripts/run-local.sh SERVICE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,23 @@ if [ $# -eq 0 ]; then
 	echo "usage: $0 SERVICE..." >&2
 	exit 2
 fi
+
+# Local defaults for every service; any EGRESS_* already set wins.
+scripts/ensure-deps.sh >/dev/null || {
+	echo "PostgreSQL on 127.0.0.1:5432 and NATS on 127.0.0.1:4222 are needed; scripts/ensure-deps.sh could not start them" >&2
+	exit 1
+}
+psql -h 127.0.0.1 -U postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'egress'" | grep -q 1 ||
+	psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE egress" >/dev/null
+export EGRESS_DATABASE_URL=${EGRESS_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/egress?sslmode=disable}
+export EGRESS_NATS_URL=${EGRESS_NATS_URL:-nats://127.0.0.1:4222}
+export EGRESS_PROVIDERS_CONFIG=${EGRESS_PROVIDERS_CONFIG:-deploy/local/providers.yaml}
+export EGRESS_ORCHESTRATOR_ADDR=${EGRESS_ORCHESTRATOR_ADDR:-localhost:8100}
+# Health probes fetch this through every proxy: the orchestrator's own
+# /healthz, a target this machine runs.
+export EGRESS_PROBE_TARGET=${EGRESS_PROBE_TARGET:-http://127.0.0.1:8101/healthz}
+# Local runs accept unauthenticated calls (each service logs a WARNING).
+export EGRESS_AUTH_DISABLED=${EGRESS_AUTH_DISABLED:-true}
 
 logdir=${EGRESS_RUN_LOG_DIR:-.run}
 mkdir -p "$logdir"
