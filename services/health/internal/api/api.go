@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
@@ -106,6 +107,11 @@ func (s *Server) WatchProxyHealth(req *healthv1.WatchProxyHealthRequest, stream 
 		return status.Error(codes.Unavailable, "the service is shutting down")
 	}
 	defer cancel()
+	// Headers tell the client the watch is established: from here on it
+	// misses nothing.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
 	last := hubPos
 	if since > 0 {
 		pruned, err := s.Store.PrunedThrough(ctx)

@@ -10,7 +10,6 @@ package membership
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -123,11 +122,28 @@ func (m *Membership) Run(ctx context.Context, js jetstream.JetStream, names bus.
 	}()
 	m.refresh(ctx, kv)
 
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes(), jetstream.UpdatesOnly())
-	if err != nil {
-		return fmt.Errorf("watching the replica set: %w", err)
+	// The watcher makes joins and clean leaves visible at once; the
+	// heartbeat's listing catches expiries, and covers a watcher that broke
+	// until it is rebuilt.
+	var updates <-chan jetstream.KeyValueEntry
+	var w jetstream.KeyWatcher
+	watch := func() {
+		var err error
+		if w, err = kv.WatchAll(ctx, jetstream.UpdatesOnly()); err != nil {
+			if ctx.Err() == nil {
+				m.Log.Warn("WARNING: watching the replica set failed; relying on the heartbeat", "error", err)
+			}
+			w, updates = nil, nil
+			return
+		}
+		updates = w.Updates()
 	}
-	defer func() { _ = w.Stop() }()
+	watch()
+	defer func() {
+		if w != nil {
+			_ = w.Stop()
+		}
+	}()
 
 	beat := time.NewTicker(m.TTL / 3)
 	defer beat.Stop()
@@ -135,14 +151,21 @@ func (m *Membership) Run(ctx context.Context, js jetstream.JetStream, names bus.
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-w.Updates():
+		case e, ok := <-updates:
 			if !ok {
-				return errors.New("replica set watcher closed")
+				if ctx.Err() != nil {
+					return nil
+				}
+				updates = nil
+				continue
 			}
 			if e != nil {
 				m.refresh(ctx, kv)
 			}
 		case <-beat.C:
+			if updates == nil {
+				watch()
+			}
 			if _, err := kv.Put(ctx, key, []byte(m.ID)); err != nil && ctx.Err() == nil {
 				m.Log.Warn("WARNING: refreshing this replica's membership failed", "error", err)
 			}

@@ -1,0 +1,202 @@
+package fleet_test
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/fleet"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type fakeEngine struct {
+	mu    sync.Mutex
+	specs map[string]engine.Spec
+	ops   []string
+}
+
+func (f *fakeEngine) Upsert(s engine.Spec) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.specs == nil {
+		f.specs = map[string]engine.Spec{}
+	}
+	f.specs[s.UID] = s
+	f.ops = append(f.ops, "upsert "+s.UID+" "+s.Address)
+}
+
+func (f *fakeEngine) Remove(uid string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.specs, uid)
+	f.ops = append(f.ops, "remove "+uid)
+}
+
+func (f *fakeEngine) has(uid string) (engine.Spec, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.specs[uid]
+	return s, ok
+}
+
+func (f *fakeEngine) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.specs)
+}
+
+func proxy(uid string, phase proxyv1.ProxyPhase, ip string) *proxyv1.Proxy {
+	return &proxyv1.Proxy{Uid: uid, Name: "p-" + uid,
+		Spec:   &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "pve"},
+		Status: &proxyv1.ProxyStatus{Phase: phase, Ip: ip, Port: 3128, ProviderId: "vm-" + uid}}
+}
+
+func event(rev int64, typ proxyv1.ChangeType, p *proxyv1.Proxy) *busv1.ProxyEvent {
+	return &busv1.ProxyEvent{Revision: rev, Type: typ, Proxy: p}
+}
+
+const (
+	created = proxyv1.ChangeType_CHANGE_TYPE_CREATED
+	updated = proxyv1.ChangeType_CHANGE_TYPE_UPDATED
+	deleted = proxyv1.ChangeType_CHANGE_TYPE_DELETED
+	running = proxyv1.ProxyPhase_PROXY_PHASE_RUNNING
+	ready   = proxyv1.ProxyPhase_PROXY_PHASE_READY
+	pending = proxyv1.ProxyPhase_PROXY_PHASE_PENDING
+)
+
+func TestFleet_Apply(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		events   []*busv1.ProxyEvent
+		wantAddr string // "" means not probed
+		wantGone bool
+	}{
+		{name: "pending is not probed", events: []*busv1.ProxyEvent{event(1, created, proxy("u", pending, ""))}},
+		{name: "running is probed", events: []*busv1.ProxyEvent{event(1, created, proxy("u", pending, "")), event(2, updated, proxy("u", running, "10.0.0.1"))},
+			wantAddr: "10.0.0.1:3128"},
+		{name: "an older revision is ignored", events: []*busv1.ProxyEvent{event(5, updated, proxy("u", running, "10.0.0.2")), event(4, updated, proxy("u", running, "10.0.0.1"))},
+			wantAddr: "10.0.0.2:3128"},
+		{name: "a replayed revision is ignored", events: []*busv1.ProxyEvent{event(5, updated, proxy("u", ready, "10.0.0.2")), event(5, deleted, proxy("u", ready, "10.0.0.2"))},
+			wantAddr: "10.0.0.2:3128"},
+		{name: "deleted is pruned", events: []*busv1.ProxyEvent{event(1, updated, proxy("u", ready, "10.0.0.1")), event(2, deleted, proxy("u", ready, "10.0.0.1"))},
+			wantGone: true},
+		{name: "an old update after deletion stays deleted", events: []*busv1.ProxyEvent{event(2, deleted, proxy("u", ready, "10.0.0.1")), event(1, updated, proxy("u", ready, "10.0.0.1"))}},
+		{name: "back to provisioning is pruned", events: []*busv1.ProxyEvent{event(1, updated, proxy("u", ready, "10.0.0.1")), event(2, updated, proxy("u", proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, ""))},
+			wantGone: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eng := &fakeEngine{}
+			var gone []string
+			f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Gone: func(uid string) { gone = append(gone, uid) }}
+			for _, ev := range tc.events {
+				f.Apply(ev)
+			}
+			s, ok := eng.has("u")
+			if (tc.wantAddr != "") != ok || (ok && s.Address != tc.wantAddr) {
+				t.Errorf("engine holds %v (%v), want address %q", s, ok, tc.wantAddr)
+			}
+			if tc.wantGone != slices.Equal(gone, []string{"u"}) {
+				t.Errorf("Gone calls = %v, want gone=%v", gone, tc.wantGone)
+			}
+		})
+	}
+}
+
+func TestFleet_ownershipAndRebalance(t *testing.T) {
+	t.Parallel()
+	eng := &fakeEngine{}
+	var mu sync.Mutex
+	mine := map[string]bool{"a": true}
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults,
+		Owns: func(uid string) bool { mu.Lock(); defer mu.Unlock(); return mine[uid] }}
+	for i, uid := range []string{"a", "b", "c"} {
+		f.Apply(event(int64(i+1), created, proxy(uid, ready, "10.0.0.1")))
+	}
+	if _, ok := eng.has("b"); ok || eng.count() != 1 {
+		t.Fatalf("engine holds %d proxies, want only a", eng.count())
+	}
+	mu.Lock()
+	mine = map[string]bool{"b": true, "c": true}
+	mu.Unlock()
+	f.Rebalance()
+	if _, ok := eng.has("a"); ok || eng.count() != 2 || f.Owned() != 2 {
+		t.Fatalf("after rebalance engine holds %d, owned %d; want b and c", eng.count(), f.Owned())
+	}
+}
+
+// TestFleet_Follow reads real events from JetStream: the latest state of
+// every proxy first (DeliverLastPerSubject), then new ones.
+func TestFleet_Follow(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js := natstest.New(t).JetStream(t)
+	names := bus.Names{Prefix: "t"}
+	if err := bus.EnsureStreams(ctx, js, names); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(ev *busv1.ProxyEvent) {
+		t.Helper()
+		if _, err := bus.Publish(ctx, js, names.ProxyEventSubject(ev.GetProxy().GetUid()), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// History before the fleet starts: only each proxy's latest counts.
+	publish(event(1, created, proxy("a", pending, "")))
+	publish(event(2, updated, proxy("a", running, "10.0.0.1")))
+	publish(event(3, created, proxy("b", ready, "10.0.0.2")))
+	publish(event(4, deleted, proxy("b", ready, "10.0.0.2")))
+	publish(event(5, created, proxy("c", ready, "10.0.0.3")))
+	// Garbage is skipped.
+	if _, err := js.Publish(ctx, names.ProxyEventSubject("junk"), []byte{0xff, 0x01}); err != nil {
+		t.Fatal(err)
+	}
+
+	eng := &fakeEngine{}
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Log: slog.New(slog.DiscardHandler)}
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Follow(fctx, js, names) }()
+
+	waitFor(t, func() bool { _, a := eng.has("a"); _, c := eng.has("c"); return a && c }, "a and c from history")
+	if _, ok := eng.has("b"); ok {
+		t.Error("b was deleted before start but is probed")
+	}
+	publish(event(6, deleted, proxy("a", running, "10.0.0.1")))
+	publish(event(7, created, proxy("d", running, "10.0.0.4")))
+	waitFor(t, func() bool { _, a := eng.has("a"); _, d := eng.has("d"); return !a && d }, "a pruned and d added")
+
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
