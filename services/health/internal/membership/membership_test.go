@@ -127,7 +127,9 @@ func TestMembership_joinLeaveDie(t *testing.T) {
 	}
 	c, stopC, doneC := start("c", cConn)
 	defer stopC()
-	waitFor(t, func() bool { return slices.Equal(a.Members(), []string{"a", "c"}) && slices.Equal(c.Members(), []string{"a", "c"}) }, "a and c to see each other")
+	waitFor(t, func() bool {
+		return slices.Equal(a.Members(), []string{"a", "c"}) && slices.Equal(c.Members(), []string{"a", "c"})
+	}, "a and c to see each other")
 	cConn.Close()
 	waitFor(t, func() bool { return slices.Equal(a.Members(), []string{"a"}) }, "a to see c expire")
 	stopC()
