@@ -1,0 +1,102 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/proxytest"
+)
+
+// TestReplicaSplit runs two health processes on one database and NATS:
+// every proxy is probed by exactly one of them (the proxies see who probes
+// them through the User-Agent), and when one is killed the other takes
+// every proxy within the membership TTL plus a little.
+func TestReplicaSplit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const n = 12
+	proxies := make([]*proxytest.Proxy, n)
+	for i := range proxies {
+		proxies[i] = proxytest.StartProxy(t, proxytest.Behaviour{})
+		e.publish(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, external(t, fmt.Sprintf("uid-%02d", i), fmt.Sprintf("proxy-%02d", i), proxies[i].Addr()))
+	}
+	a, _ := servicetest.Start(t, ".", e.args("replica-a", "--provider-check-interval=0"))
+	b, _ := servicetest.Start(t, ".", e.args("replica-b", "--provider-check-interval=0"))
+	bothSeen := func(m map[string]any) bool {
+		members, _ := m["members"].([]any)
+		return m["msg"] == "health replica set changed" && len(members) == 2
+	}
+	a.WaitLog(t, 20*time.Second, bothSeen)
+	b.WaitLog(t, 20*time.Second, bothSeen)
+
+	const uaA, uaB = "egress-health/replica-a", "egress-health/replica-b"
+	// observe forgets what the proxies saw, waits until each was probed
+	// several times since, and returns who probed each.
+	observe := func() []map[string]int {
+		for _, p := range proxies {
+			p.ResetAgents()
+		}
+		waitFor(t, 20*time.Second, func() bool {
+			for _, p := range proxies {
+				total := 0
+				for _, c := range p.Agents() {
+					total += c
+				}
+				if total < 4 {
+					return false
+				}
+			}
+			return true
+		}, "every proxy probed four times")
+		out := make([]map[string]int, n)
+		for i, p := range proxies {
+			out[i] = p.Agents()
+		}
+		return out
+	}
+
+	// The split settles as soon as both see both; a probe started just
+	// before may still land, so the first window is discarded.
+	observe()
+	perReplica := map[string]int{}
+	for i, agents := range observe() {
+		if len(agents) != 1 {
+			t.Errorf("proxy-%02d probed by %v, want exactly one replica", i, agents)
+		}
+		for ua := range agents {
+			perReplica[ua]++
+		}
+	}
+	if perReplica[uaA] == 0 || perReplica[uaB] == 0 || perReplica[uaA]+perReplica[uaB] != n {
+		t.Errorf("proxies per replica = %v, want all %d split between both", perReplica, n)
+	}
+
+	// Kill a: b takes every proxy within the TTL (2s) plus a heartbeat.
+	killed := time.Now()
+	a.Kill(t)
+	waitFor(t, 15*time.Second, func() bool {
+		for _, p := range proxies {
+			if p.Agents()[uaB] == 0 {
+				return false
+			}
+		}
+		return true
+	}, "replica-b probing every proxy")
+	took := time.Since(killed)
+	for i, agents := range observe() {
+		if len(agents) != 1 || agents[uaB] == 0 {
+			t.Errorf("after the kill proxy-%02d probed by %v, want only replica-b", i, agents)
+		}
+	}
+	t.Logf("replica-b took over all %d proxies %s after replica-a was killed", n, took.Round(10*time.Millisecond))
+	if took > 6*time.Second {
+		t.Errorf("takeover took %s, want within the 2s membership TTL plus a few seconds", took)
+	}
+	if out := b.Output(); strings.Contains(out, "panic") {
+		t.Errorf("replica-b output has a panic:\n%s", out)
+	}
+}
