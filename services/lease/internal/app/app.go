@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -23,7 +24,6 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
-	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
@@ -35,6 +35,7 @@ import (
 // common service options.
 type Config struct {
 	DatabaseURL       string
+	DatabaseMaxConns  int
 	MigrateOnStart    bool
 	NATSURL           string
 	NATSPrefix        string
@@ -54,6 +55,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		MigrateOnStart:   true,
+		DatabaseMaxConns: 16,
 		NATSPrefix:       bus.DefaultPrefix,
 		ResyncInterval:   5 * time.Minute,
 		SweepInterval:    time.Second,
@@ -67,7 +69,8 @@ func DefaultConfig() Config {
 // through EGRESS_<NAME>.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL,
-		"PostgreSQL URL (postgres://user@host:5432/db; pool size with ?pool_max_conns=N). Required")
+		"PostgreSQL URL (postgres://user@host:5432/db). Required")
+	fs.IntVar(&c.DatabaseMaxConns, "database-max-conns", c.DatabaseMaxConns, "most connections this replica opens to PostgreSQL")
 	fs.BoolVar(&c.MigrateOnStart, "migrate", c.MigrateOnStart, "apply the database migrations at start (else run `lease migrate` first)")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL for the proxy and health event streams. Required")
 	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of the NATS subjects and streams")
@@ -142,6 +145,8 @@ func (c *Config) validate() error {
 		return errors.New("--database-url is required")
 	case c.NATSURL == "":
 		return errors.New("--nats-url is required")
+	case c.DatabaseMaxConns < 1:
+		return errors.New("--database-max-conns must be at least 1")
 	case c.DefaultMaxLeases < 0:
 		return errors.New("--default-max-leases must be 0 (unlimited) or more")
 	case c.API.MinTTL <= 0 || c.API.MinTTL > c.API.MaxTTL:
@@ -180,7 +185,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 			return nil, err
 		}
 	}
-	db, err := postgres.Connect(ctx, c.DatabaseURL)
+	db, err := connect(ctx, c.DatabaseURL, c.DatabaseMaxConns)
 	if err != nil {
 		return nil, err
 	}
@@ -292,4 +297,24 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 // Options are the service options the lease service needs.
 func Options() []service.Option {
 	return []service.Option{service.WithGatewayOptions(api.GatewayOptions()...)}
+}
+
+// connect opens the pool with at most maxConns connections and checks the
+// server answers.
+func connect(ctx context.Context, dsn string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, errors.New("--database-url: not a valid PostgreSQL URL")
+	}
+	cfg.MaxConns = int32(maxConns)
+	cfg.MinConns = int32(min(maxConns, 4))
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", cfg.ConnConfig.Host, err)
+	}
+	return pool, nil
 }
