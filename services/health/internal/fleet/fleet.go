@@ -77,7 +77,10 @@ func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
 		k.spec, k.probe = engine.SpecFor(ev.GetProxy(), f.Defaults)
 	}
 	f.sync(uid, k)
-	if wasProbe && !k.probe && f.Gone != nil {
+	// Stored health goes when a proxy stops being probed, and also when
+	// the first event seen says it is not probed: the service may have
+	// been down when it went.
+	if !k.probe && (wasProbe || !ok) && f.Gone != nil {
 		f.Gone(uid)
 	}
 	// A deleted proxy is remembered (its revision guards against replays
