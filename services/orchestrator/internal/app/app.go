@@ -21,6 +21,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -35,6 +36,8 @@ type Config struct {
 	WatchRetention  time.Duration
 	ClaimBatch      int
 	Timing          reconcile.Timing
+	GCInterval      time.Duration
+	GCGrace         time.Duration
 }
 
 // DefaultConfig has the production defaults.
@@ -47,6 +50,8 @@ func DefaultConfig() *Config {
 		WatchRetention: time.Hour,
 		ClaimBatch:     64,
 		Timing:         reconcile.DefaultTiming(),
+		GCInterval:     10 * time.Minute,
+		GCGrace:        15 * time.Minute,
 	}
 }
 
@@ -64,6 +69,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Timing.DeleteDeadline, "delete-deadline", c.Timing.DeleteDeadline, "a Delete command unanswered this long is issued again")
 	fs.DurationVar(&c.Timing.Resync, "resync-interval", c.Timing.Resync, "how often a running instance is read to notice it vanished")
 	fs.DurationVar(&c.Timing.ProvisioningPoll, "provisioning-poll", c.Timing.ProvisioningPoll, "how often an instance without an address is read")
+	fs.DurationVar(&c.GCInterval, "gc-interval", c.GCInterval, "how often orphan GC lists every provider's instances; 0 turns it off")
+	fs.DurationVar(&c.GCGrace, "gc-grace", c.GCGrace, "orphan GC never deletes an instance younger than this")
 	fs.DurationVar(&c.Timing.DeletionPoll, "deletion-poll", c.Timing.DeletionPoll, "how often a deleted instance is read until it is gone")
 }
 
@@ -118,6 +125,10 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		Metrics:    dispatch.NewMetrics(s.Metrics),
 		ClaimBatch: c.ClaimBatch,
 	}
+	d.GC = &gc.Collector{
+		Store: st, JS: js, Names: names, Providers: provs.Names, Interval: c.GCInterval, Grace: c.GCGrace,
+		Deadline: c.Timing.GetDeadline, Log: s.Log, Metrics: gc.NewMetrics(s.Metrics),
+	}
 	srv := &api.Server{Store: st, Providers: provs, Changes: changes}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
 	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
@@ -128,6 +139,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunResults)
 	s.Go(d.RunHealth)
 	s.Go(d.RunOutbox)
+	s.Go(d.GC.Run)
 	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
 	s.Go(func(ctx context.Context) error {
 		<-ctx.Done()

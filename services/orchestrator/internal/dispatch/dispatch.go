@@ -18,6 +18,7 @@ import (
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -38,6 +39,8 @@ type Dispatcher struct {
 	Poll time.Duration
 	// Now is the clock (time.Now by default).
 	Now func() time.Time
+	// GC handles the results of orphan GC's list and delete commands.
+	GC *gc.Collector
 }
 
 func (d *Dispatcher) now() time.Time {
@@ -194,6 +197,18 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
+		if res.GetSpecHash() == gc.Marker {
+			// Orphan GC's own commands answer no proxy.
+			if d.GC != nil {
+				if res.GetOperation() == busv1.Operation_OPERATION_LIST {
+					d.GC.HandleList(ctx, res)
+				} else {
+					d.GC.HandleDelete(res)
+				}
+			}
+			_ = m.Ack()
+			continue
+		}
 		items = append(items, decoded{m, res})
 	}
 	// Lock rows in UID order so concurrent batches cannot deadlock.
@@ -214,9 +229,6 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 		released := map[string]bool{}
 		for _, it := range items {
 			res := it.res
-			if res.GetOperation() == busv1.Operation_OPERATION_LIST {
-				continue // orphan GC sweeps are handled by GC
-			}
 			uid := res.GetProxyUid()
 			if released[uid] {
 				continue

@@ -23,6 +23,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
@@ -38,6 +39,7 @@ type harness struct {
 	provs *providers.Config
 	api   *api.Server
 	store *store.Store
+	gc    *gc.Collector
 }
 
 var testProviders = "providers:\n  - {name: fake, type: local}\n  - {name: other, type: local}\n"
@@ -88,6 +90,13 @@ func (h *harness) startReplica() (stop func()) {
 		Store: st, JS: h.js, Names: h.names, Log: log, Work: work, Changes: changes,
 		Engine:  &reconcile.Engine{Timing: fastTiming(), Configured: func(n string) bool { _, ok := h.provs.Get(n); return ok }, Log: log},
 		Metrics: dispatch.NewMetrics(prometheus.NewRegistry()), ClaimBatch: 32, Poll: 100 * time.Millisecond,
+	}
+	d.GC = &gc.Collector{
+		Store: st, JS: h.js, Names: h.names, Providers: h.provs.Names, Grace: time.Minute,
+		Deadline: 5 * time.Second, Log: log, Metrics: gc.NewMetrics(prometheus.NewRegistry()),
+	}
+	if h.gc == nil {
+		h.gc = d.GC
 	}
 	var wg sync.WaitGroup
 	for _, loop := range []func(context.Context) error{

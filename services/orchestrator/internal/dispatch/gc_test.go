@@ -1,0 +1,104 @@
+package dispatch_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+)
+
+// The true-orphan matrix: only an instance whose mark names an unknown
+// proxy and that is older than the grace age is deleted; a provider whose
+// list fails is skipped.
+func TestOrphanGCTrueOrphanMatrix(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cloud := newCloud()
+	var instances []*provisionerv1.Instance
+	ready := make(chan struct{})
+	var silent atomic.Value // the UID of a proxy whose commands are never answered
+	silent.Store("")
+	fake := h.startProvisioner("fake", func(cmd *busv1.Command) *busv1.CommandResult {
+		if cmd.GetOperation() == busv1.Operation_OPERATION_LIST {
+			<-ready
+			return &busv1.CommandResult{Outcome: &busv1.CommandResult_List{List: &provisionerv1.ListInstancesResponse{Instances: instances}}}
+		}
+		if cmd.GetSpecHash() == gc.Marker {
+			return &busv1.CommandResult{Outcome: &busv1.CommandResult_Delete{Delete: &provisionerv1.DeleteInstanceResponse{Deleted: true}}}
+		}
+		if cmd.GetCreate().GetProxyName() == "deleting" || cmd.GetProxyUid() == silent.Load().(string) {
+			return nil
+		}
+		return cloud.answer(cmd)
+	})
+	other := h.startProvisioner("other", func(cmd *busv1.Command) *busv1.CommandResult {
+		if cmd.GetOperation() == busv1.Operation_OPERATION_LIST {
+			return failure(errclass.Transient, "connection refused")
+		}
+		return cloud.answer(cmd)
+	})
+	h.startReplica()
+
+	live := h.create(managed("live"))
+	h.waitFor("live", "Running", phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
+	deleting := h.create(managed("deleting"))
+	silent.Store(deleting.GetUid())
+	h.waitFor("deleting", "with its create in flight", func(r *store.Row) bool { return r.CommandID != "" })
+	if _, err := h.api.DeleteProxy(context.Background(), &proxyv1.DeleteProxyRequest{Name: "deleting"}); err != nil {
+		t.Fatal(err)
+	}
+
+	old := timestamppb.New(time.Now().Add(-time.Hour))
+	orphan := uuid.NewString()
+	young := uuid.NewString()
+	instances = []*provisionerv1.Instance{
+		{ProviderId: "vm/live", ProxyUid: live.GetUid(), CreateTime: old},
+		{ProviderId: "vm/deleting", ProxyUid: deleting.GetUid(), CreateTime: old},
+		{ProviderId: "vm/orphan", ProxyUid: orphan, CreateTime: old},
+		{ProviderId: "vm/young", ProxyUid: young, CreateTime: timestamppb.New(time.Now().Add(-10 * time.Second))},
+		{ProviderId: "vm/unmarked", CreateTime: old},
+		{ProviderId: "vm/ageless", ProxyUid: uuid.NewString()},
+	}
+	close(ready)
+	if err := h.gc.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for testutil.ToFloat64(h.gc.Metrics.OrphansDeleted.WithLabelValues("fake")) < 1 ||
+		testutil.ToFloat64(h.gc.Metrics.ListFailures.WithLabelValues("other")) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sweep did not finish in 20s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitConsumerDrained(t, h)
+
+	fake.mu.Lock()
+	var deleted []string
+	for _, c := range fake.received {
+		if c.GetOperation() == busv1.Operation_OPERATION_DELETE && c.GetSpecHash() == gc.Marker {
+			deleted = append(deleted, c.GetDelete().GetProviderId())
+		}
+	}
+	fake.mu.Unlock()
+	if len(deleted) != 1 || deleted[0] != "vm/orphan" {
+		t.Errorf("orphan deletes = %v, want only vm/orphan", deleted)
+	}
+	if n := other.count(busv1.Operation_OPERATION_DELETE, ""); n != 0 {
+		t.Errorf("a provider whose list failed got %d deletes", n)
+	}
+	if _, err := h.store.Get(context.Background(), "live"); err != nil {
+		t.Errorf("live proxy: %v", err)
+	}
+}

@@ -1,0 +1,228 @@
+// Package gc is orphan garbage collection: every interval one orchestrator
+// replica (the holder of an advisory lock) asks each provider to list its
+// managed instances, and whichever replica receives a list deletes the
+// instances that belong to no proxy and are older than the grace age.
+//
+// An instance is an orphan only when its mark names a proxy UID that the
+// store does not know and its mark's creation time is older than the grace
+// age. Instances of live, deleting or just-created proxies are known;
+// unmarked instances, instances without a creation time, and the instances
+// of a provider whose list failed are never touched.
+package gc
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+)
+
+// Marker is the spec hash of orphan-delete commands, so their results,
+// which answer no proxy, are recognised.
+const Marker = "orphan-gc"
+
+// lockKey is the advisory lock of the sweep singleton.
+const lockKey = 0x65677265_73730002
+
+// Collector runs sweeps and handles their lists.
+type Collector struct {
+	Store     *store.Store
+	JS        jetstream.JetStream
+	Names     bus.Names
+	Providers func() []string
+	Interval  time.Duration
+	Grace     time.Duration
+	// Deadline of the list and delete commands.
+	Deadline time.Duration
+	Log      *slog.Logger
+	Metrics  *Metrics
+	Now      func() time.Time
+}
+
+func (c *Collector) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// Run triggers a sweep every Interval while this replica holds the lock.
+// Interval 0 turns GC off.
+func (c *Collector) Run(ctx context.Context) error {
+	if c.Interval <= 0 {
+		c.Log.Info("orphan GC is off")
+		return nil
+	}
+	for ctx.Err() == nil {
+		if err := c.lead(ctx); err != nil && ctx.Err() == nil {
+			c.Log.Warn("orphan GC leadership lost", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(c.Interval / 4):
+		}
+	}
+	return nil
+}
+
+func (c *Collector) lead(ctx context.Context) error {
+	conn, err := c.Store.Pool().Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(lockKey)).Scan(&got); err != nil || !got {
+		return err
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(lockKey)) }()
+	t := time.NewTicker(c.Interval)
+	defer t.Stop()
+	for {
+		if err := c.Sweep(ctx); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		// Still connected and holding the lock?
+		if err := conn.Ping(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// Sweep asks every provider for its managed instances.
+func (c *Collector) Sweep(ctx context.Context) error {
+	now := c.now()
+	for _, provider := range c.Providers() {
+		cmd := &busv1.Command{
+			CommandId: uuid.NewString(),
+			Provider:  provider,
+			SpecHash:  Marker,
+			Operation: busv1.Operation_OPERATION_LIST,
+			IssueTime: timestamppb.New(now),
+			Deadline:  timestamppb.New(now.Add(c.Deadline)),
+			Attempt:   1,
+			Request:   &busv1.Command_List{List: &provisionerv1.ListInstancesRequest{Provider: provider}},
+		}
+		if _, err := bus.Publish(ctx, c.JS, c.Names.CommandSubject(provider), cmd, jetstream.WithMsgID(cmd.GetCommandId())); err != nil {
+			return err
+		}
+		c.Metrics.Sweeps.WithLabelValues(provider).Inc()
+	}
+	return nil
+}
+
+// HandleList deletes the orphans among a provider's listed instances. A
+// failed list skips that provider for this sweep.
+func (c *Collector) HandleList(ctx context.Context, res *busv1.CommandResult) {
+	provider := res.GetProvider()
+	if e := res.GetError(); e != nil {
+		c.Log.Warn("a provider's instance list failed; skipping it this sweep",
+			"provider", provider, "error", errclass.FromCommandError(e).Error())
+		c.Metrics.ListFailures.WithLabelValues(provider).Inc()
+		return
+	}
+	now := c.now()
+	candidates := map[string]*provisionerv1.Instance{}
+	var uids []string
+	for _, inst := range res.GetList().GetInstances() {
+		uid := inst.GetProxyUid()
+		if _, err := uuid.Parse(uid); err != nil {
+			continue // unmarked, or not a UID of ours
+		}
+		if inst.GetCreateTime() == nil || now.Sub(inst.GetCreateTime().AsTime()) < c.Grace {
+			continue // young (or of unknown age): its proxy may be on its way
+		}
+		candidates[uid] = inst
+		uids = append(uids, uid)
+	}
+	if len(uids) == 0 {
+		return
+	}
+	var known map[string]bool
+	err := c.Store.Write(ctx, func(tx *store.Tx) error {
+		var err error
+		known, err = tx.Known(ctx, uids)
+		return err
+	})
+	if err != nil {
+		c.Log.Warn("orphan GC could not read the store; skipping this list", "provider", provider, "error", err)
+		return
+	}
+	for uid, inst := range candidates {
+		if known[uid] {
+			continue
+		}
+		cmd := &busv1.Command{
+			CommandId: uuid.NewString(),
+			ProxyUid:  uid,
+			Provider:  provider,
+			SpecHash:  Marker,
+			Operation: busv1.Operation_OPERATION_DELETE,
+			IssueTime: timestamppb.New(now),
+			Deadline:  timestamppb.New(now.Add(c.Deadline)),
+			Attempt:   1,
+			Request: &busv1.Command_Delete{Delete: &provisionerv1.DeleteInstanceRequest{
+				Provider: provider, ProviderId: inst.GetProviderId(), ProxyUid: uid,
+			}},
+		}
+		c.Log.Info("deleting an orphaned instance", "provider", provider, "providerID", inst.GetProviderId(),
+			"proxyUID", uid, "created", inst.GetCreateTime().AsTime())
+		if _, err := bus.Publish(ctx, c.JS, c.Names.CommandSubject(provider), cmd, jetstream.WithMsgID(cmd.GetCommandId())); err != nil {
+			c.Log.Warn("publishing an orphan delete failed; the next sweep retries", "provider", provider, "error", err)
+		}
+	}
+}
+
+// HandleDelete counts the outcome of an orphan delete.
+func (c *Collector) HandleDelete(res *busv1.CommandResult) {
+	if e := res.GetError(); e != nil {
+		c.Log.Warn("deleting an orphaned instance failed; the next sweep retries",
+			"provider", res.GetProvider(), "proxyUID", res.GetProxyUid(), "error", errclass.FromCommandError(e).Error())
+		c.Metrics.OrphanFailures.WithLabelValues(res.GetProvider()).Inc()
+		return
+	}
+	c.Metrics.OrphansDeleted.WithLabelValues(res.GetProvider()).Inc()
+}
+
+// Metrics are GC's series.
+type Metrics struct {
+	Sweeps         *prometheus.CounterVec
+	ListFailures   *prometheus.CounterVec
+	OrphansDeleted *prometheus.CounterVec
+	OrphanFailures *prometheus.CounterVec
+}
+
+// NewMetrics registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_orchestrator_gc_sweeps_total", Help: "Instance lists requested by orphan GC, by provider.",
+		}, []string{"provider"}),
+		ListFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_orchestrator_gc_list_failures_total", Help: "Provider lists that failed, skipping the provider for that sweep.",
+		}, []string{"provider"}),
+		OrphansDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_orchestrator_orphans_deleted_total", Help: "Orphaned instances deleted, by provider.",
+		}, []string{"provider"}),
+		OrphanFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_orchestrator_orphan_delete_failures_total", Help: "Orphan deletes that failed, by provider.",
+		}, []string{"provider"}),
+	}
+	reg.MustRegister(m.Sweeps, m.ListFailures, m.OrphansDeleted, m.OrphanFailures)
+	return m
+}
