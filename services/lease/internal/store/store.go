@@ -224,36 +224,39 @@ func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) 
 		ExpireTime:  now.Add(req.TTL),
 	}
 	labels := req.Selector.labelsJSON()
-	for attempt := 0; attempt < 3; attempt++ {
-		for _, q := range []string{pickSkipLocked, pickWait} {
-			var port int32
-			err := retry(ctx, func() error {
-				return s.pool.QueryRow(ctx, q, l.ID, req.Selector.Provider, req.Selector.Region, req.Selector.Zone,
-					labels, s.cfg.DefaultMaxLeases, req.TargetHost, now, req.ClientID, l.ExpireTime).
-					Scan(&l.ProxyUID, &l.ProxyName, &l.Host, &port)
-			})
-			if err == nil {
-				l.Port = uint32(port)
-				return l, nil
-			}
-			if !errors.Is(err, pgx.ErrNoRows) {
-				return Lease{}, fmt.Errorf("acquiring a lease: %w", err)
-			}
+	pick := func(q string) (bool, error) {
+		var port int32
+		err := retry(ctx, func() error {
+			return s.pool.QueryRow(ctx, q, l.ID, req.Selector.Provider, req.Selector.Region, req.Selector.Zone,
+				labels, s.cfg.DefaultMaxLeases, req.TargetHost, now, req.ClientID, l.ExpireTime).
+				Scan(&l.ProxyUID, &l.ProxyName, &l.Host, &port)
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
 		}
-		u, err := s.unavailable(ctx, req.Selector, req.TargetHost, now)
 		if err != nil {
+			return false, fmt.Errorf("acquiring a lease: %w", err)
+		}
+		l.Port = uint32(port)
+		return true, nil
+	}
+	var u Unavailable
+	for attempt := 0; attempt < 3; attempt++ {
+		if ok, err := pick(pickSkipLocked); ok || err != nil {
+			return l, err
+		}
+		var err error
+		if u, err = s.unavailable(ctx, req.Selector, req.TargetHost, now); err != nil {
 			return Lease{}, err
 		}
-		if u.Matching > u.Unhealthy+u.AtCapacity+u.CoolingTarget+u.CoolingGlobal {
-			// A lease was released between the pick and the count: try
-			// again rather than report an inconsistent sum.
-			continue
+		if u.Matching == u.Unhealthy+u.AtCapacity+u.CoolingTarget+u.CoolingGlobal {
+			return Lease{}, &NoProxyError{u}
 		}
-		return Lease{}, &NoProxyError{u}
-	}
-	u, err := s.unavailable(ctx, req.Selector, req.TargetHost, now)
-	if err != nil {
-		return Lease{}, err
+		// A proxy with capacity left was locked by another transaction (or
+		// a lease ended meanwhile): wait for the locks this time.
+		if ok, err := pick(pickWait); ok || err != nil {
+			return l, err
+		}
 	}
 	return Lease{}, &NoProxyError{u}
 }
