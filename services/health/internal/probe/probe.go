@@ -80,6 +80,12 @@ func New(o Options) (*Prober, error) {
 	if cfg.ServerName == "" {
 		cfg.ServerName = u.Hostname()
 	}
+	if cfg.CurvePreferences == nil {
+		// Classical key exchange only: the hybrid post-quantum default
+		// (X25519MLKEM768) costs a third of a probe's CPU and protects
+		// nothing here — a probe carries no secret.
+		cfg.CurvePreferences = []tls.CurveID{tls.X25519, tls.CurveP256}
+	}
 	if cfg.ClientSessionCache == nil {
 		// Resumed sessions skip the certificate chain: a probe tests the
 		// proxy, not the target's certificate, and this keeps the CPU cost

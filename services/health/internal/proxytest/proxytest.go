@@ -47,15 +47,24 @@ type Proxy struct {
 // ends.
 func StartProxy(t testing.TB, b Behaviour) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := NewProxy(b)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// NewProxy starts a Go proxy on a loopback port; Close stops it.
+func NewProxy(b Behaviour) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
 	}
 	p := &Proxy{ln: ln, behaviour: b, agents: map[string]int{}}
 	p.wg.Add(1)
 	go p.serve()
-	t.Cleanup(p.Close)
-	return p
+	return p, nil
 }
 
 // Addr is the proxy's host:port.
