@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -36,6 +37,9 @@ type Server struct {
 	Changes *store.Signal
 	// WatchPoll bounds how long a watcher waits without a notification.
 	WatchPoll time.Duration
+
+	initOnce sync.Once
+	createQ  chan *pendingCreate
 }
 
 func (s *Server) configured(name string) bool {
@@ -53,7 +57,9 @@ func internal(err error) error {
 	return status.Error(codes.Unavailable, "the store is unavailable; retry")
 }
 
-// CreateProxy implements ProxyService.
+// CreateProxy implements ProxyService. Concurrent creates are written in
+// shared transactions by Run (one commit for many), which is what lets
+// creation outpace the database's commit rate.
 func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyRequest) (*proxyv1.CreateProxyResponse, error) {
 	var v spec.Violations
 	spec.ValidateName(&v, "name", req.GetName())
@@ -62,67 +68,149 @@ func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyReques
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
-	want := spec.Normalize(req.GetSpec())
-	for attempt := 0; attempt < 2; attempt++ {
-		var out *proxyv1.Proxy
-		created := false
-		err := s.Store.Write(ctx, func(tx *store.Tx) error {
-			existing, err := tx.LockByName(ctx, req.GetName())
-			switch {
-			case errors.Is(err, store.ErrNotFound):
-			case err != nil:
-				return err
-			case existing.Deleting():
-				return status.Errorf(codes.AlreadyExists, "proxy %q is being deleted; create it again once it is gone", req.GetName())
-			case proto.Equal(existing.Spec, want) && equalLabels(existing.Labels, req.GetLabels()) && existing.SkipCleanup == req.GetSkipCleanup():
-				out = existing.Proto(true)
-				return nil
+	c := &pendingCreate{req: req, want: spec.Normalize(req.GetSpec()), done: make(chan struct{})}
+	select {
+	case s.creates() <- c:
+	case <-ctx.Done():
+		return nil, internal(ctx.Err())
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		// The create may still commit; a retry finds it (idempotent).
+		return nil, internal(ctx.Err())
+	}
+	if c.err != nil {
+		if _, ok := status.FromError(c.err); ok {
+			return nil, c.err
+		}
+		return nil, internal(c.err)
+	}
+	return &proxyv1.CreateProxyResponse{Proxy: c.out, Created: c.created}, nil
+}
+
+type pendingCreate struct {
+	req     *proxyv1.CreateProxyRequest
+	want    *proxyv1.ProxySpec
+	done    chan struct{}
+	out     *proxyv1.Proxy
+	created bool
+	err     error
+}
+
+// MaxCreateBatch is the most creates one transaction takes.
+const MaxCreateBatch = 128
+
+func (s *Server) creates() chan *pendingCreate {
+	s.initOnce.Do(func() { s.createQ = make(chan *pendingCreate, MaxCreateBatch) })
+	return s.createQ
+}
+
+// Run writes queued creates until ctx ends: it takes whatever queued up
+// while the previous batch committed (at most MaxCreateBatch) and writes it
+// in one transaction.
+func (s *Server) Run(ctx context.Context) error {
+	q := s.creates()
+	for {
+		var batch []*pendingCreate
+		select {
+		case <-ctx.Done():
+			return nil
+		case c := <-q:
+			batch = append(batch, c)
+		}
+	drain:
+		for len(batch) < MaxCreateBatch {
+			select {
+			case c := <-q:
+				batch = append(batch, c)
 			default:
-				return status.Errorf(codes.AlreadyExists, "proxy %q already exists with a different spec or labels", req.GetName())
+				break drain
 			}
-			now := tx.Now()
-			r := &store.Row{
-				UID:         uuid.NewString(),
-				Name:        req.GetName(),
-				Labels:      req.GetLabels(),
-				Spec:        want,
-				SpecHash:    spec.Hash(want),
-				SkipCleanup: req.GetSkipCleanup(),
-				Generation:  1,
-				CreateTime:  now,
+		}
+		s.writeCreates(ctx, batch)
+	}
+}
+
+func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
+	var rows []*store.Row
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		rows = make([]*store.Row, len(batch))
+		err = s.Store.Write(ctx, func(tx *store.Tx) error {
+			byName := map[string]*store.Row{}
+			for i, c := range batch {
+				c.out, c.created, c.err = nil, false, nil
+				name := c.req.GetName()
+				existing, ok := byName[name]
+				if !ok {
+					r, err := tx.LockByName(ctx, name)
+					switch {
+					case errors.Is(err, store.ErrNotFound):
+					case err != nil:
+						return err
+					default:
+						existing = r
+					}
+				}
+				switch {
+				case existing == nil:
+				case existing.Deleting():
+					c.err = status.Errorf(codes.AlreadyExists, "proxy %q is being deleted; create it again once it is gone", name)
+					continue
+				case proto.Equal(existing.Spec, c.want) && equalLabels(existing.Labels, c.req.GetLabels()) && existing.SkipCleanup == c.req.GetSkipCleanup():
+					rows[i] = existing
+					continue
+				default:
+					c.err = status.Errorf(codes.AlreadyExists, "proxy %q already exists with a different spec or labels", name)
+					continue
+				}
+				r := newRow(c.req, c.want, tx.Now())
+				tx.Insert(r)
+				byName[name] = r
+				rows[i] = r
+				c.created = true
 			}
-			r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, now)
-			if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
-				// Nothing to provision: the endpoint is the proxy.
-				r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
-				r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, now)
-				r.Reason, r.ObservedGeneration = "External", 1
-			} else {
-				r.Port = want.GetPort()
-				r.NextAttemptTime = &now
-			}
-			tx.Insert(r)
-			out, created = r.Proto(true), true
 			return nil
 		})
-		if errors.Is(err, store.ErrExists) {
-			continue // a concurrent create of the same name won; compare with it
+		if !errors.Is(err, store.ErrExists) {
+			break // a concurrent create of a name in the batch won: write again and compare
 		}
-		if err != nil {
-			if _, ok := status.FromError(err); ok {
-				return nil, err
-			}
-			return nil, internal(err)
-		}
-		if created {
-			// Revision and etag are assigned at commit.
-			if r, err := s.Store.Get(ctx, req.GetName()); err == nil {
-				out = r.Proto(true)
-			}
-		}
-		return &proxyv1.CreateProxyResponse{Proxy: out, Created: created}, nil
 	}
-	return nil, status.Errorf(codes.Aborted, "proxy %q is being created concurrently; retry", req.GetName())
+	for i, c := range batch {
+		switch {
+		case err != nil:
+			c.err, c.created = err, false
+		case c.err == nil:
+			c.out = rows[i].Proto(true)
+		}
+		close(c.done)
+	}
+}
+
+// newRow is a new proxy as stored.
+func newRow(req *proxyv1.CreateProxyRequest, want *proxyv1.ProxySpec, now time.Time) *store.Row {
+	r := &store.Row{
+		UID:         uuid.NewString(),
+		Name:        req.GetName(),
+		Labels:      req.GetLabels(),
+		Spec:        want,
+		SpecHash:    spec.Hash(want),
+		SkipCleanup: req.GetSkipCleanup(),
+		Generation:  1,
+		CreateTime:  now,
+	}
+	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, now)
+	if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
+		// Nothing to provision: the endpoint is the proxy.
+		r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
+		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, now)
+		r.Reason, r.ObservedGeneration = "External", 1
+	} else {
+		r.Port = want.GetPort()
+		r.NextAttemptTime = &now
+	}
+	return r
 }
 
 func equalLabels(a, b map[string]string) bool {
@@ -224,7 +312,7 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		return nil, err
 	}
 	want := spec.Normalize(req.GetSpec())
-	var out *proxyv1.Proxy
+	var row *store.Row
 	err := s.Store.Write(ctx, func(tx *store.Tx) error {
 		r, err := tx.LockByName(ctx, req.GetName())
 		if errors.Is(err, store.ErrNotFound) {
@@ -245,8 +333,8 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		if want.GetMode() != r.Spec.GetMode() {
 			return spec.Violations{{Field: "spec.mode", Description: "is immutable; delete the proxy and create it again"}}.Err()
 		}
+		row = r
 		if proto.Equal(r.Spec, want) && equalLabels(r.Labels, req.GetLabels()) && r.SkipCleanup == req.GetSkipCleanup() {
-			out = r.Proto(true)
 			return nil
 		}
 		now := tx.Now()
@@ -271,14 +359,8 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		}
 		return nil, internal(err)
 	}
-	if out == nil {
-		r, err := s.Store.Get(ctx, req.GetName())
-		if err != nil {
-			return nil, internal(err)
-		}
-		out = r.Proto(true)
-	}
-	return &proxyv1.UpdateProxyResponse{Proxy: out}, nil
+	// The commit stamped the row with its new revision.
+	return &proxyv1.UpdateProxyResponse{Proxy: row.Proto(true)}, nil
 }
 
 // DeleteProxy implements ProxyService.
@@ -288,8 +370,7 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
-	var out *proxyv1.Proxy
-	gone := false
+	var row *store.Row
 	err := s.Store.Write(ctx, func(tx *store.Tx) error {
 		r, err := tx.LockByName(ctx, req.GetName())
 		if errors.Is(err, store.ErrNotFound) {
@@ -305,17 +386,16 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 		r.SkipCleanup = r.SkipCleanup || req.GetSkipCleanup()
 		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
 		r.Reason, r.Message = "Deleting", ""
+		row = r
 		if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
 			// Nothing to clean up (or cleanup abandoned): release at once.
 			tx.Delete(r)
-			gone = true
 		} else {
 			if r.CommandID == "" {
 				r.NextAttemptTime, r.Attempts = &now, 0
 			}
 			tx.Update(r)
 		}
-		out = r.Proto(true)
 		return nil
 	})
 	if err != nil {
@@ -324,12 +404,7 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 		}
 		return nil, internal(err)
 	}
-	if !gone {
-		if r, err := s.Store.Get(ctx, req.GetName()); err == nil {
-			out = r.Proto(true)
-		}
-	}
-	return &proxyv1.DeleteProxyResponse{Proxy: out}, nil
+	return &proxyv1.DeleteProxyResponse{Proxy: row.Proto(true)}, nil
 }
 
 // WatchProxies implements ProxyService.

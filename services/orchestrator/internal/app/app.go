@@ -131,6 +131,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	}
 	srv := &api.Server{Store: st, Providers: provs, Changes: changes}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
+	s.Go(srv.Run)
 	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
 	s.Metrics.MustRegister(newStateCollector(st))
 

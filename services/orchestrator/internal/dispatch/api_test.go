@@ -274,3 +274,54 @@ func TestWatchResume(t *testing.T) {
 		t.Errorf("watch from a pruned revision: %v, want OutOfRange", err)
 	}
 }
+
+// Concurrent creates share transactions; duplicates inside one batch still
+// resolve as idempotent (same spec) or AlreadyExists (different spec).
+func TestConcurrentCreatesOfOneName(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	const n = 40
+	type result struct {
+		uid     string
+		created bool
+		code    codes.Code
+	}
+	results := make(chan result, n)
+	for i := range n {
+		go func() {
+			req := managed("same")
+			if i%4 == 3 {
+				req.Spec.Placement.Zone = "z9" // a different spec
+			}
+			resp, err := h.api.CreateProxy(context.Background(), req)
+			results <- result{resp.GetProxy().GetUid(), resp.GetCreated(), status.Code(err)}
+		}()
+	}
+	uids := map[string]bool{}
+	created, conflicts := 0, 0
+	for range n {
+		r := <-results
+		switch r.code {
+		case codes.OK:
+			uids[r.uid] = true
+			if r.created {
+				created++
+			}
+		case codes.AlreadyExists:
+			conflicts++
+		default:
+			t.Errorf("unexpected code %v", r.code)
+		}
+	}
+	if created != 1 || len(uids) != 1 {
+		t.Errorf("created %d times with %d uids; want exactly one proxy", created, len(uids))
+	}
+	// Whichever spec won, the other quarter (or three quarters) conflicts.
+	if conflicts != n/4 && conflicts != n-n/4 {
+		t.Errorf("conflicts = %d, want %d or %d", conflicts, n/4, n-n/4)
+	}
+	rows, _, err := h.store.List(context.Background(), store.Filter{Limit: 10})
+	if err != nil || len(rows) != 1 {
+		t.Errorf("stored proxies: %d (err %v)", len(rows), err)
+	}
+}

@@ -32,7 +32,7 @@ import (
 // harness is one orchestrator database and NATS server with any number of
 // orchestrator replicas running on them in-process.
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	dsn   string
 	js    jetstream.JetStream
 	names bus.Names
@@ -53,7 +53,7 @@ func fastTiming() reconcile.Timing {
 	}
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	ctx := context.Background()
 	provs, err := providers.Parse([]byte(testProviders))
@@ -71,6 +71,10 @@ func newHarness(t *testing.T) *harness {
 	t.Cleanup(pool.Close)
 	h.store = store.New(pool)
 	h.api = &api.Server{Store: h.store, Providers: provs, Changes: store.NewSignal(), WatchPoll: 50 * time.Millisecond}
+	apiCtx, stopAPI := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = h.api.Run(apiCtx) }()
+	t.Cleanup(func() { stopAPI(); <-done })
 	return h
 }
 

@@ -1,0 +1,110 @@
+package dispatch_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+)
+
+// BenchmarkConverge creates N proxies through the gRPC API (32 concurrent
+// clients) against a provisioner that answers every command at once, and
+// measures the time until every proxy is Running. Run it once per size:
+//
+//	go test -run '^$' -bench BenchmarkConverge -benchtime 1x ./services/orchestrator/internal/dispatch/
+//
+// It reports proxies/s (converged) and the create phase's own rate.
+func BenchmarkConverge(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for range b.N {
+				converge(b, n)
+			}
+		})
+	}
+}
+
+func converge(b *testing.B, n int) {
+	h := newHarness(b)
+	if os.Getenv("BENCH_ASYNC_COMMIT") != "" {
+		_, _ = h.store.Pool().Exec(context.Background(), "ALTER DATABASE "+strings.TrimPrefix(must(url.Parse(h.dsn)).Path, "/")+" SET synchronous_commit = off")
+	}
+	cloud := newCloud()
+	h.startProvisioner("fake", cloud.answer)
+	h.startReplica()
+
+	srv := grpc.NewServer()
+	proxyv1.RegisterProxyServiceServer(srv, h.api)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	client := proxyv1.NewProxyServiceClient(conn)
+	ctx := context.Background()
+
+	b.ResetTimer()
+	start := time.Now()
+	names := make(chan string)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range names {
+				if _, err := client.CreateProxy(ctx, managed(name)); err != nil {
+					b.Error(err)
+				}
+			}
+		}()
+	}
+	for i := range n {
+		names <- fmt.Sprintf("bench-%06d", i)
+	}
+	close(names)
+	wg.Wait()
+	created := time.Since(start)
+
+	for {
+		var running int
+		if err := h.store.Pool().QueryRow(ctx, "SELECT count(*) FROM orchestrator.proxies WHERE phase = $1",
+			int16(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING)).Scan(&running); err != nil {
+			b.Fatal(err)
+		}
+		if running == n {
+			break
+		}
+		if time.Since(start) > 10*time.Minute {
+			b.Fatalf("only %d of %d Running after 10 minutes", running, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	total := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")
+	b.ReportMetric(float64(n)/created.Seconds(), "creates/s")
+	b.ReportMetric(total.Seconds(), "s-to-converge")
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
