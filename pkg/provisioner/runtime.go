@@ -1,0 +1,308 @@
+// Package provisioner is the runtime every backend provisioner shares
+// (Proxmox, KVM, GCP, local). A backend implements Backend, and optionally
+// Checker; the runtime serves it twice over:
+//
+//   - as a NATS worker on the provider's shared durable JetStream consumer
+//     (Worker): explicit acks, heartbeats (InProgress) while an operation
+//     runs, bounded concurrency, commands past their deadline dropped, a
+//     CommandResult published for every command it executes, and in-flight
+//     work either finished or handed back (Nak) at shutdown;
+//   - as the gRPC ProvisionerService (Server).
+//
+// Both go through Runtime, which serialises Create and Delete for one proxy
+// inside the process, maps the error taxonomy once (errclass), counts and
+// times every request, opens a span continuing the caller's trace and logs
+// the outcome with provider, name and providerID. Main wires it all into a
+// service binary.
+package provisioner
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+)
+
+// Backend is one backend's implementation of the contract. Every method
+// must be idempotent and return errors classified with errclass (an
+// unclassified error counts as Transient). Create never returns NotFound.
+type Backend interface {
+	// Create creates the proxy's instance, or adopts and finishes one an
+	// earlier attempt left, and returns it once it runs.
+	Create(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, error)
+	// Get returns the instance, NotFound when it is gone or not the proxy's.
+	Get(ctx context.Context, req *provisionerv1.GetInstanceRequest) (*provisionerv1.Instance, error)
+	// Delete removes the instance and what was created with it; it reports
+	// false when there was nothing of the proxy's left.
+	Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error)
+	// List returns every instance carrying the system's mark.
+	List(ctx context.Context) ([]*provisionerv1.Instance, error)
+}
+
+// Checker is implemented by backends that can check their own health.
+type Checker interface {
+	// Check returns one verdict per target, in config order. It never
+	// fails as a whole.
+	Check(ctx context.Context) []*provisionerv1.TargetStatus
+}
+
+// Op names an operation in metrics, spans and logs.
+type Op string
+
+// The operations.
+const (
+	OpCreate Op = "create"
+	OpGet    Op = "get"
+	OpDelete Op = "delete"
+	OpList   Op = "list"
+	OpCheck  Op = "check"
+)
+
+// Runtime runs backend operations with the cross-cutting behaviour every
+// transport shares. Build it with NewRuntime.
+type Runtime struct {
+	provider string
+	backend  Backend
+	log      *slog.Logger
+	tracer   trace.Tracer
+	metrics  *Metrics
+	locks    keyedMutex
+}
+
+// RuntimeOptions configure a Runtime.
+type RuntimeOptions struct {
+	// Provider is the configured provider name this process serves.
+	Provider string
+	// Backend executes the operations.
+	Backend Backend
+	// Log receives one line per operation; provider is added to it.
+	Log *slog.Logger
+	// Metrics, when set, counts and times every request.
+	Metrics *Metrics
+	// TracerProvider opens the operation spans (the global one by default).
+	TracerProvider trace.TracerProvider
+}
+
+// NewRuntime returns a Runtime.
+func NewRuntime(o RuntimeOptions) *Runtime {
+	tp := o.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Runtime{
+		provider: o.Provider,
+		backend:  o.Backend,
+		log:      log.With("provider", o.Provider),
+		tracer:   tp.Tracer("github.com/egress-proxies/egress-proxies/pkg/provisioner"),
+		metrics:  o.Metrics,
+	}
+}
+
+// Provider is the provider name served.
+func (r *Runtime) Provider() string { return r.provider }
+
+// HasCheck reports whether the backend implements Checker.
+func (r *Runtime) HasCheck() bool {
+	_, ok := r.backend.(Checker)
+	return ok
+}
+
+func (r *Runtime) checkProvider(got string) error {
+	if got != "" && got != r.provider {
+		return errclass.New(errclass.Permanent, "this provisioner serves provider %q, not %q", r.provider, got)
+	}
+	return nil
+}
+
+// begin opens the operation's span and returns a function that ends it,
+// records metrics and logs the outcome.
+func (r *Runtime) begin(ctx context.Context, op Op, attrs ...slog.Attr) (context.Context, func(err error, more ...slog.Attr)) {
+	start := time.Now()
+	spanAttrs := []attribute.KeyValue{attribute.String("provisioner.provider", r.provider)}
+	for _, a := range attrs {
+		spanAttrs = append(spanAttrs, attribute.String("provisioner."+a.Key, a.Value.String()))
+	}
+	ctx, span := r.tracer.Start(ctx, "provisioner."+string(op), trace.WithAttributes(spanAttrs...))
+	r.metrics.inflight(r.provider, op, 1)
+	return ctx, func(err error, more ...slog.Attr) {
+		d := time.Since(start)
+		r.metrics.inflight(r.provider, op, -1)
+		r.metrics.observe(r.provider, op, err, d)
+		all := append(append([]slog.Attr{slog.String("op", string(op))}, attrs...), more...)
+		all = append(all, slog.Duration("duration", d))
+		for _, a := range more {
+			span.SetAttributes(attribute.String("provisioner."+a.Key, a.Value.String()))
+		}
+		if err != nil {
+			class := errclass.Of(err)
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(attribute.String("provisioner.error_class", class.String()))
+			all = append(all, slog.String("class", class.String()), slog.String("error", err.Error()))
+			level := slog.LevelWarn
+			if class == errclass.NotFound || errors.Is(err, context.Canceled) {
+				level = slog.LevelInfo
+			}
+			r.log.LogAttrs(ctx, level, "provisioner operation failed", all...)
+		} else {
+			r.log.LogAttrs(ctx, slog.LevelInfo, "provisioner operation done", all...)
+		}
+		span.End()
+	}
+}
+
+func instanceAttrs(in *provisionerv1.Instance) []slog.Attr {
+	if in == nil {
+		return nil
+	}
+	return []slog.Attr{
+		slog.String("name", in.GetName()),
+		slog.String("providerID", in.GetProviderId()),
+		slog.String("state", in.GetState().String()),
+	}
+}
+
+// lockKey is what Create and Delete serialise on: the proxy, whose UID
+// determines the instance's name on every backend.
+func lockKey(proxyUID, providerID string) string {
+	if proxyUID != "" {
+		return "uid/" + proxyUID
+	}
+	return "pid/" + providerID
+}
+
+// Create runs Backend.Create under the proxy's lock.
+func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (in *provisionerv1.Instance, err error) {
+	ctx, end := r.begin(ctx, OpCreate, slog.String("proxyUID", req.GetProxyUid()), slog.String("proxyName", req.GetProxyName()))
+	defer func() { end(err, instanceAttrs(in)...) }()
+	if err := r.checkProvider(req.GetProvider()); err != nil {
+		return nil, err
+	}
+	if req.GetProxyUid() == "" {
+		return nil, errclass.New(errclass.Permanent, "proxy_uid is required")
+	}
+	unlock, err := r.locks.lock(ctx, lockKey(req.GetProxyUid(), ""))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	in, err = r.backend.Create(ctx, req)
+	if errclass.Is(err, errclass.NotFound) {
+		// The contract forbids NotFound from Create; a backend that says it
+		// means something it depends on vanished mid-way.
+		err = errclass.Wrap(errclass.Transient, err)
+	}
+	return in, err
+}
+
+// Get runs Backend.Get. It takes no lock.
+func (r *Runtime) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest) (in *provisionerv1.Instance, err error) {
+	ctx, end := r.begin(ctx, OpGet, slog.String("proxyUID", req.GetProxyUid()), slog.String("providerID", req.GetProviderId()))
+	defer func() { end(err, instanceAttrs(in)...) }()
+	if err := r.checkProvider(req.GetProvider()); err != nil {
+		return nil, err
+	}
+	return r.backend.Get(ctx, req)
+}
+
+// Delete runs Backend.Delete under the proxy's lock.
+func (r *Runtime) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (deleted bool, err error) {
+	ctx, end := r.begin(ctx, OpDelete, slog.String("proxyUID", req.GetProxyUid()), slog.String("providerID", req.GetProviderId()))
+	defer func() { end(err, slog.Bool("deleted", deleted)) }()
+	if err := r.checkProvider(req.GetProvider()); err != nil {
+		return false, err
+	}
+	unlock, err := r.locks.lock(ctx, lockKey(req.GetProxyUid(), req.GetProviderId()))
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	return r.backend.Delete(ctx, req)
+}
+
+// List runs Backend.List.
+func (r *Runtime) List(ctx context.Context, req *provisionerv1.ListInstancesRequest) (out []*provisionerv1.Instance, err error) {
+	ctx, end := r.begin(ctx, OpList)
+	defer func() { end(err, slog.Int("instances", len(out))) }()
+	if err := r.checkProvider(req.GetProvider()); err != nil {
+		return nil, err
+	}
+	return r.backend.List(ctx)
+}
+
+// ErrNoCheck is returned by Check when the backend has none.
+var ErrNoCheck = errors.New("this backend has no check")
+
+// Check runs the backend's Checker.
+func (r *Runtime) Check(ctx context.Context, req *provisionerv1.CheckBackendRequest) (out []*provisionerv1.TargetStatus, err error) {
+	c, ok := r.backend.(Checker)
+	if !ok {
+		return nil, ErrNoCheck
+	}
+	ctx, end := r.begin(ctx, OpCheck)
+	defer func() {
+		ready := 0
+		for _, t := range out {
+			if t.GetReady() {
+				ready++
+			}
+		}
+		end(err, slog.Int("targets", len(out)), slog.Int("ready", ready))
+	}()
+	if err := r.checkProvider(req.GetProvider()); err != nil {
+		return nil, err
+	}
+	return c.Check(ctx), nil
+}
+
+// keyedMutex is a set of mutexes by key, each waitable with a context.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyLock
+}
+
+type keyLock struct {
+	ch   chan struct{} // holds one token while locked
+	refs int
+}
+
+func (k *keyedMutex) lock(ctx context.Context, key string) (func(), error) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyLock{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyLock{ch: make(chan struct{}, 1)}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	release := func() {
+		k.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, errclass.Wrap(errclass.Transient, context.Cause(ctx))
+	}
+}
