@@ -24,6 +24,7 @@ func TestReplicaSplit(t *testing.T) {
 		proxies[i] = proxytest.StartProxy(t, proxytest.Behaviour{})
 		e.publish(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, external(t, fmt.Sprintf("uid-%02d", i), fmt.Sprintf("proxy-%02d", i), proxies[i].Addr()))
 	}
+	events := e.followHealth(t)
 	a, _ := servicetest.Start(t, ".", e.args("replica-a", "--provider-check-interval=0"))
 	b, _ := servicetest.Start(t, ".", e.args("replica-b", "--provider-check-interval=0"))
 	bothSeen := func(m map[string]any) bool {
@@ -95,6 +96,20 @@ func TestReplicaSplit(t *testing.T) {
 	t.Logf("replica-b took over all %d proxies %s after replica-a was killed", n, took.Round(10*time.Millisecond))
 	if took > 6*time.Second {
 		t.Errorf("takeover took %s, want within the 2s membership TTL plus a few seconds", took)
+	}
+	// A proxy taken over keeps the verdict its earlier prober reached:
+	// neither b joining nor a dying made anyone publish a verdict again.
+	perProxy := map[string]int{}
+	for _, ev := range events.all() {
+		if !ev.GetTransition().GetHealthy() {
+			t.Errorf("unexpected unhealthy transition %v", ev.GetTransition())
+		}
+		perProxy[ev.GetTransition().GetProxyUid()]++
+	}
+	for i := range n {
+		if c := perProxy[fmt.Sprintf("uid-%02d", i)]; c != 1 {
+			t.Errorf("proxy-%02d has %d transitions, want its one first verdict", i, c)
+		}
 	}
 	if out := b.Output(); strings.Contains(out, "panic") {
 		t.Errorf("replica-b output has a panic:\n%s", out)

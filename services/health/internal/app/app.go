@@ -233,7 +233,21 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	rec.State = eng.Get
 	mem := &membership.Membership{ID: c.ReplicaID, TTL: c.MembershipTTL, Log: log}
 	var gone goneList
-	fl := &fleet.Fleet{Engine: eng, Defaults: c.Defaults, Owns: mem.Owns, Gone: gone.add, Log: log}
+	fl := &fleet.Fleet{Engine: eng, Defaults: c.Defaults, Owns: mem.Owns, Gone: gone.add, Log: log,
+		Prior: func(uids []string) map[string]fleet.Prior {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			vs, err := st.Verdicts(pctx, uids)
+			if err != nil {
+				log.Warn("WARNING: reading earlier verdicts failed; the proxies taken over start without one", "proxies", len(uids), "error", err)
+				return nil
+			}
+			out := make(map[string]fleet.Prior, len(vs))
+			for uid, v := range vs {
+				out[uid] = fleet.Prior{ProviderID: v.ProviderID, Verdict: engine.Verdict{Healthy: v.Healthy, LastTransition: v.LastTransition}}
+			}
+			return out
+		}}
 	mem.OnChange = func([]string) { fl.Rebalance() }
 
 	var targets []providerhealth.Target

@@ -269,6 +269,31 @@ func (e *Engine) Upsert(s Spec) {
 	}
 }
 
+// Verdict is a verdict reached earlier, possibly by another replica.
+type Verdict struct {
+	Healthy        bool
+	LastTransition time.Time
+}
+
+// Adopt is Upsert for a proxy taken over from another replica (or from
+// before a restart): when the engine does not hold it yet and v is set,
+// it starts from v, so thresholds keep applying to the verdict everyone
+// already knows instead of reaching a new first verdict.
+func (e *Engine) Adopt(s Spec, v *Verdict) {
+	e.mu.Lock()
+	_, held := e.proxies[s.UID]
+	e.mu.Unlock()
+	e.Upsert(s)
+	if held || v == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if en, ok := e.proxies[s.UID]; ok && !en.st.VerdictKnown && en.st.LastProbe.IsZero() {
+		en.st.VerdictKnown, en.st.Healthy, en.st.LastTransition = true, v.Healthy, v.LastTransition
+	}
+}
+
 // Remove drops a proxy; a probe of it still running is dropped when it
 // returns.
 func (e *Engine) Remove(uid string) {

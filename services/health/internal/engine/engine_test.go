@@ -314,6 +314,37 @@ func TestEngine_newInstanceStartsOver(t *testing.T) {
 	}
 }
 
+func TestEngine_adoptKeepsThePriorVerdict(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{now: t0}
+	rec := &recorder{}
+	e := New(rec.config(clock, nil))
+	before := t0.Add(-time.Hour)
+	e.Adopt(spec("a"), &Verdict{Healthy: true, LastTransition: before})
+	e.Adopt(spec("b"), &Verdict{Healthy: false, LastTransition: before})
+	// A verdict for a proxy already held is ignored.
+	e.Adopt(spec("a"), &Verdict{Healthy: false})
+	if st, _ := e.Get("a"); !st.VerdictKnown || !st.Healthy || !st.LastTransition.Equal(before) {
+		t.Fatalf("a = %+v, want the adopted healthy verdict", st)
+	}
+	probes := map[string]probe.Result{"a": fail, "b": pass}
+	for range 2 {
+		clock.Add(time.Second)
+		for _, j := range e.Due(clock.Now()) {
+			e.Complete(j, probes[j.Spec.UID])
+		}
+	}
+	// a: two failures under a threshold of three; b: two successes reach
+	// the success threshold, a real flip.
+	trs := rec.transitions()
+	if len(trs) != 1 || trs[0].UID != "b" || !trs[0].Healthy {
+		t.Fatalf("transitions = %+v, want only b turning healthy", trs)
+	}
+	if st, _ := e.Get("a"); !st.Healthy || st.ConsecutiveFailures != 2 {
+		t.Errorf("a = %+v, want still healthy after two failures", st)
+	}
+}
+
 func TestEngine_removeForgets(t *testing.T) {
 	t.Parallel()
 	clock := &fakeClock{now: t0}

@@ -23,8 +23,19 @@ import (
 
 // Engine is what the fleet drives.
 type Engine interface {
-	Upsert(engine.Spec)
+	Adopt(engine.Spec, *engine.Verdict)
 	Remove(uid string)
+}
+
+// PriorFunc returns the verdicts already reached for proxies this replica
+// is about to take (by an earlier owner, or before a restart), keyed by
+// UID; a verdict for another instance than the spec's is ignored.
+type PriorFunc func(uids []string) map[string]Prior
+
+// Prior is an earlier verdict and the instance it was for.
+type Prior struct {
+	ProviderID string
+	Verdict    engine.Verdict
 }
 
 // Fleet is the set of known proxies.
@@ -36,7 +47,9 @@ type Fleet struct {
 	// Gone is called when a proxy is deleted or stops being probeable, so
 	// its stored health goes too.
 	Gone func(uid string)
-	Log  *slog.Logger
+	// Prior, when set, seeds proxies taken over with their earlier verdict.
+	Prior PriorFunc
+	Log   *slog.Logger
 
 	mu      sync.Mutex
 	proxies map[string]*known
@@ -76,7 +89,7 @@ func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
 	} else {
 		k.spec, k.probe = engine.SpecFor(ev.GetProxy(), f.Defaults)
 	}
-	f.sync(uid, k)
+	f.syncAll(map[string]*known{uid: k})
 	// Stored health goes when a proxy stops being probed, and also when
 	// the first event seen says it is not probed: the service may have
 	// been down when it went.
@@ -93,9 +106,7 @@ func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
 func (f *Fleet) Rebalance() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for uid, k := range f.proxies {
-		f.sync(uid, k)
-	}
+	f.syncAll(f.proxies)
 }
 
 // Owned counts the proxies handed to the engine.
@@ -111,15 +122,38 @@ func (f *Fleet) Owned() int {
 	return n
 }
 
-func (f *Fleet) sync(uid string, k *known) {
-	own := k.probe && (f.Owns == nil || f.Owns(uid))
-	switch {
-	case own:
-		f.Engine.Upsert(k.spec)
+// syncAll hands the engine the given proxies this replica owns and takes
+// back those it no longer owns. Proxies new to the engine start from their
+// prior verdict when there is one for the same instance.
+func (f *Fleet) syncAll(ks map[string]*known) {
+	var taking []string
+	for uid, k := range ks {
+		own := k.probe && (f.Owns == nil || f.Owns(uid))
+		switch {
+		case own && !k.owned:
+			taking = append(taking, uid)
+		case own:
+			f.Engine.Adopt(k.spec, nil)
+		case k.owned:
+			f.Engine.Remove(uid)
+			k.owned = false
+		}
+	}
+	if len(taking) == 0 {
+		return
+	}
+	var prior map[string]Prior
+	if f.Prior != nil {
+		prior = f.Prior(taking)
+	}
+	for _, uid := range taking {
+		k := ks[uid]
+		var v *engine.Verdict
+		if p, ok := prior[uid]; ok && p.ProviderID == k.spec.ProviderID {
+			v = &p.Verdict
+		}
+		f.Engine.Adopt(k.spec, v)
 		k.owned = true
-	case k.owned:
-		f.Engine.Remove(uid)
-		k.owned = false
 	}
 }
 

@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -28,14 +29,24 @@ type fakeEngine struct {
 	ops   []string
 }
 
-func (f *fakeEngine) Upsert(s engine.Spec) {
+func (f *fakeEngine) Adopt(s engine.Spec, v *engine.Verdict) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.specs == nil {
 		f.specs = map[string]engine.Spec{}
 	}
 	f.specs[s.UID] = s
-	f.ops = append(f.ops, "upsert "+s.UID+" "+s.Address)
+	op := "adopt " + s.UID
+	if v != nil {
+		op += fmt.Sprintf(" healthy=%v", v.Healthy)
+	}
+	f.ops = append(f.ops, op)
+}
+
+func (f *fakeEngine) opsLog() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.ops)
 }
 
 func (f *fakeEngine) Remove(uid string) {
@@ -139,6 +150,31 @@ func TestFleet_ownershipAndRebalance(t *testing.T) {
 	f.Rebalance()
 	if _, ok := eng.has("a"); ok || eng.count() != 2 || f.Owned() != 2 {
 		t.Fatalf("after rebalance engine holds %d, owned %d; want b and c", eng.count(), f.Owned())
+	}
+}
+
+func TestFleet_priorVerdicts(t *testing.T) {
+	t.Parallel()
+	eng := &fakeEngine{}
+	var asked [][]string
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults,
+		Prior: func(uids []string) map[string]fleet.Prior {
+			asked = append(asked, slices.Sorted(slices.Values(uids)))
+			return map[string]fleet.Prior{
+				"a": {ProviderID: "vm-a", Verdict: engine.Verdict{Healthy: true}},
+				"b": {ProviderID: "vm-old", Verdict: engine.Verdict{Healthy: true}}, // another instance
+			}
+		}}
+	f.Apply(event(1, created, proxy("a", ready, "10.0.0.1")))
+	f.Apply(event(2, created, proxy("b", ready, "10.0.0.2")))
+	f.Apply(event(3, created, proxy("c", running, "10.0.0.3")))
+	f.Apply(event(4, updated, proxy("a", ready, "10.0.0.1"))) // already held: no prior asked
+	want := []string{"adopt a healthy=true", "adopt b", "adopt c", "adopt a"}
+	if got := eng.opsLog(); !slices.Equal(got, want) {
+		t.Errorf("engine calls = %v, want %v", got, want)
+	}
+	if len(asked) != 3 {
+		t.Errorf("prior asked %d times (%v), want once per proxy taken", len(asked), asked)
 	}
 }
 

@@ -136,6 +136,39 @@ func (s *Store) SaveStates(ctx context.Context, states []engine.State, prober st
 	return nil
 }
 
+// Verdicts returns the stored verdicts of the given proxies, for the
+// instance each is stored for: uid -> provider ID and verdict. Proxies
+// without a verdict are left out.
+func (s *Store) Verdicts(ctx context.Context, uids []string) (map[string]StoredVerdict, error) {
+	rows, err := s.pool.Query(ctx, `SELECT proxy_uid, provider_id, healthy, last_transition_time
+		FROM health.proxy_health WHERE verdict_known AND proxy_uid = ANY($1)`, uids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]StoredVerdict{}
+	for rows.Next() {
+		var uid string
+		var v StoredVerdict
+		var at *time.Time
+		if err := rows.Scan(&uid, &v.ProviderID, &v.Healthy, &at); err != nil {
+			return nil, err
+		}
+		if at != nil {
+			v.LastTransition = *at
+		}
+		out[uid] = v
+	}
+	return out, rows.Err()
+}
+
+// StoredVerdict is a proxy's stored verdict and the instance it is for.
+type StoredVerdict struct {
+	ProviderID     string
+	Healthy        bool
+	LastTransition time.Time
+}
+
 // DeleteProxy forgets a proxy's current health (its transitions stay until
 // retention removes them).
 func (s *Store) DeleteProxy(ctx context.Context, uid string) error {
