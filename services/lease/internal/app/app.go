@@ -266,6 +266,7 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false
+	vacuum := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -288,6 +289,12 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 		}
 		failing = false
 		met.Expired.Add(float64(res.Expired))
+		if !res.Skipped && vacuum {
+			if err := st.Vacuum(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("WARNING: vacuuming lease.proxies failed; selection slows down as dead rows pile up until autovacuum runs. Vacuuming stays off", "error", err)
+				vacuum = false
+			}
+		}
 		if res.Expired > 0 {
 			log.Debug("expired leases freed", "leases", res.Expired, "purged", res.Purged, "cooldowns_ended", res.Cooldowns)
 		}

@@ -36,7 +36,6 @@ CREATE TABLE lease.proxies (
 -- The selection order, so that picking a proxy reads the index in order
 -- and stops at the first row that qualifies.
 CREATE INDEX proxies_pick ON lease.proxies (active_leases, last_lease_time NULLS FIRST, tiebreak) WHERE leasable;
-CREATE INDEX proxies_name ON lease.proxies (name) WHERE NOT deleted;
 
 -- leases holds active leases (end_time NULL) and ended ones retained for
 -- reports.
@@ -59,9 +58,12 @@ CREATE TABLE lease.leases (
     CHECK ((end_time IS NULL) = (end_reason IS NULL))
 );
 
+-- The expiry sweep reads active leases by expiry; the purge reads old
+-- leases by acquisition (a lease ends after it starts, so every lease
+-- ended before a time was acquired before it). Few indexes: every acquire
+-- inserts a row and every release rewrites one.
 CREATE INDEX leases_expiry ON lease.leases (expire_time) WHERE end_time IS NULL;
-CREATE INDEX leases_ended ON lease.leases (end_time) WHERE end_time IS NOT NULL;
-CREATE INDEX leases_active_proxy ON lease.leases (proxy_uid) WHERE end_time IS NULL;
+CREATE INDEX leases_acquired ON lease.leases (acquire_time);
 
 -- cooldowns keep a proxy away from one target host, or from every target
 -- (target_host ''), until expire_time.

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs the lease load benchmark on this machine: a NATS server, a fresh
+# database, one lease service process, then lease-load through gRPC and
+# through REST, then pgbench with a one-row-update transaction on the same
+# PostgreSQL server. Figures go to stdout; docs/lease.md records them.
+#
+#   services/lease/bench/run.sh            # 30s per run
+#   DURATION=10s CONNS=16 services/lease/bench/run.sh
+set -euo pipefail
+
+DURATION=${DURATION:-30s}
+CONNS=${CONNS:-16}          # lease service DB pool = pgbench clients
+PROXIES=${PROXIES:-1000}
+CLIENTS=${CLIENTS:-200}
+PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
+DB=lease_bench_$$
+PGBDB=lease_pgbench_$$
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	psql "$PGURL/postgres" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
+	psql "$PGURL/postgres" -qc "DROP DATABASE IF EXISTS $PGBDB WITH (FORCE)" >/dev/null 2>&1 || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(psql "$PGURL/postgres" -Atc 'select version()' | cut -d, -f1)"
+(cd "$here" && go build -o "$work/lease" . && go build -o "$work/lease-load" ./cmd/lease-load)
+
+nats-server -js -a 127.0.0.1 -p 14222 -sd "$work/nats" >"$work/nats.log" 2>&1 &
+pids+=($!)
+psql "$PGURL/postgres" -qc "CREATE DATABASE $DB"
+echo "load-client load-token-0123456789" >"$work/tokens"
+
+"$work/lease" --database-url "$PGURL/$DB?sslmode=disable" --database-max-conns "$CONNS" \
+	--nats-url nats://127.0.0.1:14222 --auth-token-file "$work/tokens" \
+	--grpc-listen 127.0.0.1:18110 --http-listen 127.0.0.1:18111 --log-level warn 2>"$work/lease.log" &
+pids+=($!)
+for _ in $(seq 100); do
+	curl -sf http://127.0.0.1:18111/readyz >/dev/null && break
+	sleep 0.2 # polling for readiness
+done
+
+for transport in grpc rest; do
+	echo "== lease-load --transport $transport --proxies $PROXIES --clients $CLIENTS --duration $DURATION (DB pool $CONNS)"
+	"$work/lease-load" --transport "$transport" --grpc-addr 127.0.0.1:18110 --http-addr 127.0.0.1:18111 \
+		--token-file "$work/tokens" --nats-url nats://127.0.0.1:14222 --database-url "$PGURL/$DB?sslmode=disable" \
+		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" --seed="$([ $transport = grpc ] && echo true || echo false)"
+done
+
+echo "== pgbench: one-row UPDATE per transaction, $CONNS clients, $DURATION"
+psql "$PGURL/postgres" -qc "CREATE DATABASE $PGBDB"
+pgbench -q -i -s 10 "$PGURL/$PGBDB" >/dev/null 2>&1
+cat >"$work/update.sql" <<'SQL'
+\set aid random(1, 1000000)
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+SQL
+secs=${DURATION%s}
+(cd "$work" && pgbench -n -M prepared -c "$CONNS" -j 2 -T "$secs" -l --log-prefix=pgb -f update.sql "$PGURL/$PGBDB" 2>&1 | grep -E "tps|latency average|transactions actually")
+cat "$work"/pgb.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "pgbench latency p50 %.2f ms, p99 %.2f ms\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}'

@@ -1,0 +1,433 @@
+// Command lease-load simulates a crawler fleet against a running lease
+// service: it publishes a pool of Ready, healthy proxies as ProxyEvents on
+// NATS (as the orchestrator would), waits until the service lists them,
+// then runs concurrent clients that loop acquire → report → release
+// through gRPC or REST for a fixed time. It prints throughput (completed
+// acquire+release pairs per second), p50/p99/max latency of each call and
+// of the whole loop, and the capacity violations it can detect: a proxy
+// held by more clients at once than its capacity (seen by the clients),
+// and, with --database-url, leases the database granted beyond capacity.
+//
+//	lease-load --grpc-addr 127.0.0.1:8110 --token-file tokens --nats-url nats://127.0.0.1:4222 \
+//	    --proxies 1000 --clients 200 --duration 30s --transport grpc
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+)
+
+type config struct {
+	grpcAddr, httpAddr, transport string
+	tokenFile                     string
+	natsURL, natsPrefix           string
+	databaseURL                   string
+	proxies, clients, maxLeases   int
+	targets                       int
+	duration, warmup              time.Duration
+	seed                          bool
+}
+
+func main() {
+	var c config
+	fs := flag.NewFlagSet("lease-load", flag.ExitOnError)
+	fs.StringVar(&c.grpcAddr, "grpc-addr", "127.0.0.1:8110", "lease service gRPC address")
+	fs.StringVar(&c.httpAddr, "http-addr", "127.0.0.1:8111", "lease service HTTP (REST) address")
+	fs.StringVar(&c.transport, "transport", "grpc", "grpc or rest")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file whose first `<client-id> <token>` line is used; empty: no token")
+	fs.StringVar(&c.natsURL, "nats-url", "nats://127.0.0.1:4222", "NATS URL, to publish the pool")
+	fs.StringVar(&c.natsPrefix, "nats-prefix", bus.DefaultPrefix, "NATS prefix of the lease service")
+	fs.StringVar(&c.databaseURL, "database-url", "", "the lease service's database, to check capacity from the lease rows afterwards (optional)")
+	fs.IntVar(&c.proxies, "proxies", 1000, "proxies in the pool")
+	fs.IntVar(&c.clients, "clients", 200, "concurrent clients")
+	fs.IntVar(&c.maxLeases, "max-leases", 1, "capacity of each proxy (spec.lease.max_leases)")
+	fs.IntVar(&c.targets, "targets", 50, "distinct target hosts the clients fetch")
+	fs.DurationVar(&c.duration, "duration", 30*time.Second, "measured run time")
+	fs.DurationVar(&c.warmup, "warmup", 3*time.Second, "unmeasured run time before it")
+	fs.BoolVar(&c.seed, "seed", true, "publish the pool before the run")
+	_ = fs.Parse(os.Args[1:])
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "lease-load:", err)
+		os.Exit(1)
+	}
+}
+
+// client is one transport.
+type client interface {
+	acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*leasev1.Lease, error)
+	report(ctx context.Context, req *leasev1.ReportOutcomeRequest) error
+	release(ctx context.Context, id string) error
+	list(ctx context.Context) (int, error)
+}
+
+func run(c config) error {
+	ctx := context.Background()
+	token := ""
+	if c.tokenFile != "" {
+		b, err := os.ReadFile(c.tokenFile)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+				token = f[1]
+				break
+			}
+		}
+	}
+	var cl client
+	switch c.transport {
+	case "grpc":
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if token != "" {
+			opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(token)))
+		}
+		conn, err := grpc.NewClient(c.grpcAddr, opts...)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		cl = grpcClient{leasev1.NewLeaseServiceClient(conn)}
+	case "rest":
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns = c.clients * 2
+		tr.MaxIdleConnsPerHost = c.clients * 2
+		cl = &restClient{base: "http://" + c.httpAddr, token: token, hc: &http.Client{Transport: tr}}
+	default:
+		return fmt.Errorf("--transport %q: want grpc or rest", c.transport)
+	}
+
+	uids := make([]string, c.proxies)
+	for i := range uids {
+		uids[i] = fmt.Sprintf("10ad0000-0000-4000-8000-%012d", i)
+	}
+	if c.seed {
+		if err := seed(ctx, c, uids); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		n, err := cl.list(ctx)
+		if err == nil && n >= c.proxies {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the service lists %d proxies after 60s, want %d (last error: %v)", n, c.proxies, err)
+		}
+		time.Sleep(200 * time.Millisecond) // polling interval
+	}
+
+	targets := make([]string, c.targets)
+	for i := range targets {
+		targets[i] = fmt.Sprintf("site-%03d.example.com", i)
+	}
+	holders := make(map[string]*atomic.Int32, len(uids))
+	for _, u := range uids {
+		holders[u] = &atomic.Int32{}
+	}
+	var (
+		measuring   atomic.Bool
+		stop        atomic.Bool
+		pairs       atomic.Int64
+		exhausted   atomic.Int64
+		errorsN     atomic.Int64
+		violations  atomic.Int64
+		firstErr    atomic.Value
+		mu          sync.Mutex
+		latAcquire  []time.Duration
+		latReport   []time.Duration
+		latRelease  []time.Duration
+		latLoop     []time.Duration
+		wg          sync.WaitGroup
+		unknownUIDs atomic.Int64
+	)
+	for w := range c.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			var la, lr, lrel, ll []time.Duration
+			defer func() {
+				mu.Lock()
+				latAcquire = append(latAcquire, la...)
+				latReport = append(latReport, lr...)
+				latRelease = append(latRelease, lrel...)
+				latLoop = append(latLoop, ll...)
+				mu.Unlock()
+			}()
+			fail := func(err error) {
+				errorsN.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			}
+			for !stop.Load() {
+				m := measuring.Load()
+				t0 := time.Now()
+				lease, err := cl.acquire(ctx, &leasev1.AcquireLeaseRequest{
+					TargetHost: targets[rng.IntN(len(targets))],
+					Ttl:        durationpb.New(time.Minute),
+				})
+				t1 := time.Now()
+				if status.Code(err) == codes.ResourceExhausted {
+					exhausted.Add(1)
+					continue
+				}
+				if err != nil {
+					fail(err)
+					continue
+				}
+				h := holders[lease.GetProxyUid()]
+				if h == nil {
+					unknownUIDs.Add(1)
+					h = &atomic.Int32{}
+				}
+				if n := h.Add(1); c.maxLeases > 0 && int(n) > c.maxLeases {
+					violations.Add(1)
+				}
+				outcome := leasev1.Outcome_OUTCOME_SUCCESS
+				var cooldown *durationpb.Duration
+				if rng.IntN(50) == 0 {
+					outcome = leasev1.Outcome_OUTCOME_BLOCKED
+					cooldown = durationpb.New(2 * time.Second)
+				}
+				err = cl.report(ctx, &leasev1.ReportOutcomeRequest{LeaseId: lease.GetLeaseId(), Outcome: outcome, Cooldown: cooldown})
+				t2 := time.Now()
+				if err != nil {
+					fail(err)
+				}
+				h.Add(-1)
+				err = cl.release(ctx, lease.GetLeaseId())
+				t3 := time.Now()
+				if err != nil {
+					fail(err)
+					continue
+				}
+				if m && measuring.Load() {
+					pairs.Add(1)
+					la = append(la, t1.Sub(t0))
+					lr = append(lr, t2.Sub(t1))
+					lrel = append(lrel, t3.Sub(t2))
+					ll = append(ll, t3.Sub(t0))
+				}
+			}
+		}()
+	}
+	time.Sleep(c.warmup) // the warm-up is a length of run, not synchronisation
+	var startExhausted = exhausted.Load()
+	measuring.Store(true)
+	start := time.Now()
+	time.Sleep(c.duration)
+	measuring.Store(false)
+	elapsed := time.Since(start)
+	exhaustedMeasured := exhausted.Load() - startExhausted
+	stop.Store(true)
+	wg.Wait()
+
+	dbOver := int64(-1)
+	if c.databaseURL != "" {
+		conn, err := pgx.Connect(ctx, c.databaseURL)
+		if err != nil {
+			return err
+		}
+		err = conn.QueryRow(ctx, `SELECT count(*) FROM lease.leases WHERE capacity > 0 AND active_at_acquire > capacity`).Scan(&dbOver)
+		conn.Close(ctx)
+		if err != nil {
+			return err
+		}
+	}
+	res := map[string]any{
+		"transport":               c.transport,
+		"proxies":                 c.proxies,
+		"clients":                 c.clients,
+		"max_leases":              c.maxLeases,
+		"duration_s":              elapsed.Seconds(),
+		"pairs":                   pairs.Load(),
+		"pairs_per_s":             float64(pairs.Load()) / elapsed.Seconds(),
+		"exhausted":               exhaustedMeasured,
+		"errors":                  errorsN.Load(),
+		"client_seen_violations":  violations.Load(),
+		"db_leases_over_capacity": dbOver,
+		"acquire_ms":              pct(latAcquire),
+		"report_ms":               pct(latReport),
+		"release_ms":              pct(latRelease),
+		"loop_ms":                 pct(latLoop),
+	}
+	if v := firstErr.Load(); v != nil {
+		res["first_error"] = v
+	}
+	if unknownUIDs.Load() > 0 {
+		res["leases_on_other_proxies"] = unknownUIDs.Load()
+	}
+	out, _ := json.MarshalIndent(res, "", "  ")
+	fmt.Println(string(out))
+	if violations.Load() > 0 || dbOver > 0 {
+		return fmt.Errorf("capacity violations: %d seen by clients, %d in the database", violations.Load(), dbOver)
+	}
+	return nil
+}
+
+func pct(d []time.Duration) map[string]float64 {
+	if len(d) == 0 {
+		return nil
+	}
+	slices.Sort(d)
+	at := func(q float64) float64 {
+		return float64(d[min(len(d)-1, int(q*float64(len(d))))].Microseconds()) / 1000
+	}
+	return map[string]float64{"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": float64(d[len(d)-1].Microseconds()) / 1000}
+}
+
+// seed publishes the pool as ProxyEvents, with revisions above any the
+// stream holds for these proxies.
+func seed(ctx context.Context, c config, uids []string) error {
+	nc, err := nats.Connect(c.natsURL, nats.Name("lease-load"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	names := bus.Names{Prefix: c.natsPrefix}
+	if err := bus.EnsureStreams(ctx, js, names); err != nil {
+		return err
+	}
+	base := time.Now().UnixNano()
+	healthTime := timestamppb.New(time.Now().Add(-time.Minute))
+	for i, uid := range uids {
+		p := &proxyv1.Proxy{
+			Uid:    uid,
+			Name:   fmt.Sprintf("load-%05d", i),
+			Labels: map[string]string{"pool": "load"},
+			Spec: &proxyv1.ProxySpec{
+				Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "load",
+				Placement: &proxyv1.Placement{Region: "r1", Zone: "z1"},
+				Lease:     &proxyv1.LeaseSpec{MaxLeases: proto.Uint32(uint32(c.maxLeases))},
+			},
+			Status: &proxyv1.ProxyStatus{
+				Phase: proxyv1.ProxyPhase_PROXY_PHASE_READY, Healthy: true, HealthTransitionTime: healthTime,
+				ProviderId: "load/" + uid, Ip: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), Port: 3128,
+			},
+		}
+		ev := &busv1.ProxyEvent{Revision: base + int64(i), Type: proxyv1.ChangeType_CHANGE_TYPE_CREATED, Proxy: p, ChangeTime: timestamppb.Now()}
+		if _, err := bus.Publish(ctx, js, names.ProxyEventSubject(uid), ev); err != nil {
+			return fmt.Errorf("publishing the pool: %w", err)
+		}
+	}
+	return nil
+}
+
+type grpcClient struct{ c leasev1.LeaseServiceClient }
+
+func (g grpcClient) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*leasev1.Lease, error) {
+	r, err := g.c.AcquireLease(ctx, req)
+	return r.GetLease(), err
+}
+
+func (g grpcClient) report(ctx context.Context, req *leasev1.ReportOutcomeRequest) error {
+	_, err := g.c.ReportOutcome(ctx, req)
+	return err
+}
+
+func (g grpcClient) release(ctx context.Context, id string) error {
+	_, err := g.c.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id})
+	return err
+}
+
+func (g grpcClient) list(ctx context.Context) (int, error) {
+	r, err := g.c.ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}})
+	return len(r.GetProxies()), err
+}
+
+type restClient struct {
+	base, token string
+	hc          *http.Client
+}
+
+func (r *restClient) do(ctx context.Context, method, path string, body, out proto.Message) error {
+	var data []byte
+	if body != nil {
+		var err error
+		if data, err = protojson.Marshal(body); err != nil {
+			return err
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, r.base+path, bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return protojson.Unmarshal(b, out)
+	case http.StatusConflict:
+		return status.Error(codes.ResourceExhausted, "no proxy available")
+	default:
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
+	}
+}
+
+func (r *restClient) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*leasev1.Lease, error) {
+	out := &leasev1.AcquireLeaseResponse{}
+	err := r.do(ctx, http.MethodPost, "/v1/leases", req, out)
+	return out.GetLease(), err
+}
+
+func (r *restClient) report(ctx context.Context, req *leasev1.ReportOutcomeRequest) error {
+	body := proto.Clone(req).(*leasev1.ReportOutcomeRequest)
+	body.LeaseId = ""
+	return r.do(ctx, http.MethodPost, "/v1/leases/"+req.GetLeaseId()+":report", body, &leasev1.ReportOutcomeResponse{})
+}
+
+func (r *restClient) release(ctx context.Context, id string) error {
+	return r.do(ctx, http.MethodPost, "/v1/leases/"+id+":release", &leasev1.ReleaseLeaseRequest{}, &leasev1.ReleaseLeaseResponse{})
+}
+
+func (r *restClient) list(ctx context.Context) (int, error) {
+	out := &leasev1.ListProxiesResponse{}
+	err := r.do(ctx, http.MethodGet, "/v1/leasable-proxies?selector.labels%5Bpool%5D=load", nil, out)
+	return len(out.GetProxies()), err
+}
