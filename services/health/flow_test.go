@@ -317,6 +317,28 @@ func TestFlow(t *testing.T) {
 		t.Errorf("GET a provisioning proxy = %d, want 404", code)
 	}
 
+	// The watch over REST: newline-delimited JSON, resuming after the
+	// first transition.
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	req, _ := http.NewRequestWithContext(wctx, http.MethodGet, base+"/v1/health/proxies:watch?since_sequence=1", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line struct {
+		Result struct {
+			Transition struct {
+				Sequence  string `json:"sequence"`
+				ProxyName string `json:"proxyName"`
+			} `json:"transition"`
+		} `json:"result"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&line); err != nil || line.Result.Transition.Sequence != "2" || line.Result.Transition.ProxyName == "" {
+		t.Errorf("first watched transition = %+v (%v), want sequence 2", line, err)
+	}
+	wcancel()
+	_ = resp.Body.Close()
+
 	// The Go proxy starts refusing: after the failure threshold it flips.
 	good.SetBehaviour(proxytest.Behaviour{Status: http.StatusBadGateway})
 	waitFor(t, 20*time.Second, verdict("uid-go", false), "Go proxy unhealthy after it breaks")
