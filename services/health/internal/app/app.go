@@ -19,6 +19,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -58,6 +62,7 @@ type Config struct {
 	StateFlushInterval time.Duration
 	Retention          time.Duration
 	MigrateAtStart     bool
+	TraceProbes        bool
 }
 
 // provisionerFlag is the repeated --provisioner provider=host:port.
@@ -112,6 +117,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StateFlushInterval, "state-flush-interval", 2*time.Second, "how often changed proxy states are written for the read API")
 	fs.DurationVar(&c.Retention, "transition-retention", 7*24*time.Hour, "how long transitions are kept for WatchProxyHealth")
 	fs.BoolVar(&c.MigrateAtStart, "migrate", true, "apply the database migrations at start")
+	fs.BoolVar(&c.TraceProbes, "trace-health-probes", false, "emit one trace span per probe; off by default: probes run about once a second per proxy and would dominate trace volume")
 }
 
 // Validate checks the configuration.
@@ -223,8 +229,22 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	pub := &transitions.Publisher{Store: st, JS: js, Names: names, Log: log}
 	hub := &transitions.Hub{Store: st, Log: log}
 	rec.Stored = func() { pub.Wake(); hub.Wake() }
+	probeFn := prober.Probe
+	if c.TraceProbes {
+		tracer := otel.Tracer("egress/health")
+		probeFn = func(ctx context.Context, addr string) probe.Result {
+			ctx, span := tracer.Start(ctx, "health.probe", trace.WithAttributes(attribute.String("proxy.address", addr)))
+			defer span.End()
+			r := prober.Probe(ctx, addr)
+			span.SetAttributes(attribute.String("probe.reason", r.Reason), attribute.Bool("probe.ok", r.OK))
+			if !r.OK {
+				span.SetStatus(codes.Error, r.Reason)
+			}
+			return r
+		}
+	}
 	eng := engine.New(engine.Config{
-		Probe:         prober.Probe,
+		Probe:         probeFn,
 		OnTransition:  rec.Add,
 		OnResult:      metrics.Observe,
 		OnRemove:      metrics.Forget,

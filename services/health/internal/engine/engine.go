@@ -239,6 +239,10 @@ func New(cfg Config) *Engine {
 func (e *Engine) Upsert(s Spec) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.upsertLocked(s)
+}
+
+func (e *Engine) upsertLocked(s Spec) {
 	now := e.cfg.Now()
 	en, ok := e.proxies[s.UID]
 	switch {
@@ -281,17 +285,16 @@ type Verdict struct {
 // already knows instead of reaching a new first verdict.
 func (e *Engine) Adopt(s Spec, v *Verdict) {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	_, held := e.proxies[s.UID]
-	e.mu.Unlock()
-	e.Upsert(s)
+	e.upsertLocked(s)
 	if held || v == nil {
 		return
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if en, ok := e.proxies[s.UID]; ok && !en.st.VerdictKnown && en.st.LastProbe.IsZero() {
-		en.st.VerdictKnown, en.st.Healthy, en.st.LastTransition = true, v.Healthy, v.LastTransition
-	}
+	// Seeded under the same lock as the insert, so no flush ever sees the
+	// proxy without its verdict.
+	en := e.proxies[s.UID]
+	en.st.VerdictKnown, en.st.Healthy, en.st.LastTransition = true, v.Healthy, v.LastTransition
 }
 
 // Remove drops a proxy; a probe of it still running is dropped when it

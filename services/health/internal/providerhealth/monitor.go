@@ -18,6 +18,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -281,6 +283,8 @@ func (m *Monitor) Snapshot() []Result {
 // write is logged and retried by the next round.
 func (m *Monitor) CheckOnce(ctx context.Context) {
 	m.setDefaults()
+	ctx, span := otel.Tracer("egress/health").Start(ctx, "providerhealth.check")
+	defer span.End()
 	checkCtx, cancel := context.WithTimeout(ctx, m.Timeout)
 	defer cancel()
 	results := make([]Result, len(m.Targets))
@@ -303,7 +307,13 @@ func (m *Monitor) CheckOnce(ctx context.Context) {
 	if err != nil {
 		m.Log.Error("reading provider health failed; this round is not stored", "error", err)
 	}
+	notReady := 0
 	for _, r := range results {
+		for _, ts := range r.Targets {
+			if !ts.Ready {
+				notReady++
+			}
+		}
 		m.logTransitions(r)
 		if err != nil {
 			continue
@@ -312,6 +322,7 @@ func (m *Monitor) CheckOnce(ctx context.Context) {
 			m.Log.Error("writing provider health failed", "provider", r.Provider, "error", err)
 		}
 	}
+	span.SetAttributes(attribute.Int("providerhealth.providers", len(results)), attribute.Int("providerhealth.targets_not_ready", notReady))
 }
 
 func (m *Monitor) run(ctx context.Context, t Target) Result {
