@@ -1,0 +1,88 @@
+package proxmox
+
+import (
+	"strings"
+	"testing"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
+)
+
+func TestCreateFresh(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := ctxT(t)
+	uid := "0f3a6c1e-2b4d-4c8e-9a7f-1d2e3f4a5b6c"
+	in, err := e.be.Create(ctx, createReq(uid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := e.onlyVM(t)
+	name := "proxy-" + uid
+	if in.GetProviderId() != providerID(vm.VMID, name) || in.GetName() != name || in.GetProxyUid() != uid {
+		t.Errorf("instance = %v, VM %d", in, vm.VMID)
+	}
+	if vm.VMID != vmidFor(uid, VMIDRange{DefaultVMIDMin, DefaultVMIDMax}, 0) {
+		t.Errorf("VMID %d is not the UID's first candidate", vm.VMID)
+	}
+	if in.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING || vm.Status != "running" {
+		t.Errorf("state %v, VM status %s", in.GetState(), vm.Status)
+	}
+	m := parseMark(vm.Config["description"])
+	if !m.managed || m.uid != uid || m.createdAt.IsZero() {
+		t.Errorf("mark = %+v from %q", m, vm.Config["description"])
+	}
+	// The config write, field by field.
+	form := e.fake.LastForm("PUT /nodes/{node}/qemu/{vmid}/config")
+	want := map[string]string{
+		"cores": "1", "memory": "1024", "agent": "1", "tags": "proxy_operator",
+		"ide2": "proxy-seeds:iso/" + name + "-seed.iso,media=cdrom",
+	}
+	for k, v := range want {
+		if form.Get(k) != v {
+			t.Errorf("config write %s = %q, want %q", k, form.Get(k), v)
+		}
+	}
+	net0 := form.Get("net0")
+	if !strings.HasPrefix(net0, "virtio=BC:24:11:") || !strings.Contains(net0, ",bridge=vmbr1,") || !strings.Contains(net0, "firewall=1") || !strings.HasSuffix(net0, ",tag=4") {
+		t.Errorf("net0 = %q: want the cloned model and MAC, bridge replaced, firewall kept, tag appended", net0)
+	}
+	if len(form) != 6 {
+		t.Errorf("config write carries %d keys, want 6: %v", len(form), form)
+	}
+	if vm.Config["agent"] != "1" || vm.Config["boot"] != "order=scsi0;ide2" {
+		t.Errorf("agent %q boot %q", vm.Config["agent"], vm.Config["boot"])
+	}
+	// The seed, read back from the uploaded ISO.
+	iso := e.fake.File("pv1-1", "proxy-seeds", "iso/"+name+"-seed.iso")
+	label, files, err := nocloud.ReadSeedISO(iso)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if label != "cidata" || string(files["user-data"]) != cloudInit ||
+		string(files["meta-data"]) != "instance-id: "+name+"\nlocal-hostname: "+name+"\n" ||
+		string(files["vendor-data"]) != nocloud.GuestAgentScript {
+		t.Errorf("seed: label %q files %q", label, files)
+	}
+	// The number of API calls of a fresh Create (tasks end at once on the
+	// fake, so each is one start and one status poll).
+	calls := e.fake.Calls()
+	wantCalls := map[string]int{
+		"GET /cluster/resources":                       2, // name lookup, template check
+		"GET /nodes/{node}/qemu/{vmid}/config":         2, // template, clone
+		"POST /nodes/{node}/qemu/{vmid}/clone":         1,
+		"GET /nodes/{node}/tasks/{upid}/status":        3, // clone, upload, start
+		"GET /nodes/{node}/qemu/{vmid}/status/current": 2,
+		"POST /nodes/{node}/storage/{storage}/upload":  1,
+		"PUT /nodes/{node}/qemu/{vmid}/config":         1,
+		"POST /nodes/{node}/qemu/{vmid}/status/start":  1,
+	}
+	for k, v := range wantCalls {
+		if calls[k] != v {
+			t.Errorf("%s: %d calls, want %d", k, calls[k], v)
+		}
+	}
+	if n := e.fake.TotalCalls(); n != 13 {
+		t.Errorf("a fresh Create made %d calls, want 13: %v", n, calls)
+	}
+}

@@ -1,0 +1,102 @@
+package proxmox
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+)
+
+// Delete stops (a paused VM too) and destroys the VM with its disks, then
+// deletes its seed on the VM's node. A VM already gone, not ours or
+// unmarked is left alone, and the seed is looked for on every node.
+func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error) {
+	_, name, err := parseProviderID(req.GetProviderId())
+	if err != nil {
+		return false, err
+	}
+	loc, gone, err := be.locate(ctx, req.GetProviderId(), req.GetProxyUid())
+	if err != nil {
+		return false, classify(err)
+	}
+	if gone != nil {
+		be.log.DebugContext(ctx, "proxmox vm already gone", "providerID", req.GetProviderId(), "reason", gone.reason)
+		be.deleteSeedEverywhere(ctx, name)
+		be.log.DebugContext(ctx, "proxmox vm deleted", "providerID", req.GetProviderId(), "destroyed", false)
+		return false, nil
+	}
+	log := be.log.With("vmid", loc.vmid, "name", loc.name, "node", loc.node)
+	if lock := loc.cfg["lock"]; lock == "suspended" {
+		return false, errclass.New(errclass.Permanent, "VM %d (%s) is hibernated (lock: suspended); resume or destroy it in Proxmox", loc.vmid, loc.name).
+			WithMetadata("vmid", strconv.Itoa(loc.vmid), "node", loc.node)
+	} else if lock != "" {
+		return false, errclass.New(errclass.Transient, "VM %d is locked (%s)", loc.vmid, lock).WithMetadata("vmid", strconv.Itoa(loc.vmid), "lock", lock)
+	}
+	st, err := be.status(ctx, loc.node, loc.vmid)
+	if err != nil {
+		return false, be.deleteClass(err)
+	}
+	if st.Status != "stopped" {
+		err := be.task(ctx, call{name: "Stop", method: http.MethodPost, path: vmPath(loc.node, loc.vmid) + "/status/stop", attrs: []any{"node", loc.node, "vmid", loc.vmid}}, loc.node, be.b.Stop)
+		if err != nil {
+			return false, be.deleteClass(err)
+		}
+	}
+	err = be.task(ctx, call{name: "Destroy", method: http.MethodDelete, path: vmPath(loc.node, loc.vmid),
+		form: url.Values{"purge": {"1"}, "destroy-unreferenced-disks": {"1"}}, attrs: []any{"node", loc.node, "vmid", loc.vmid}}, loc.node, be.b.Destroy)
+	if err != nil {
+		return false, be.deleteClass(err)
+	}
+	if err := be.deleteSeed(ctx, loc.node, name); err != nil {
+		return false, classify(err)
+	}
+	log.DebugContext(ctx, "proxmox vm deleted", "destroyed", true)
+	return true, nil
+}
+
+// deleteClass classifies a failure during Delete; a VM that vanished
+// meanwhile is not an error for the caller to retry forever, but the next
+// attempt finds it gone, so it stays Transient here.
+func (be *Backend) deleteClass(err error) error {
+	err = classify(err)
+	if errclass.Is(err, errclass.NotFound) {
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	return err
+}
+
+// deleteSeed deletes <name>-seed.iso on node's isoStorage. A seed that is
+// not there is done; a 403 (no Datastore.Allocate) is Permanent.
+func (be *Backend) deleteSeed(ctx context.Context, node, name string) error {
+	volid := be.cfg.ISOStorage + ":iso/" + name + "-seed.iso"
+	err := be.task(ctx, call{name: "DeleteVolume", method: http.MethodDelete,
+		path:  "/nodes/" + url.PathEscape(node) + "/storage/" + url.PathEscape(be.cfg.ISOStorage) + "/content/" + url.PathEscape(volid),
+		attrs: []any{"node", node, "storage", be.cfg.ISOStorage, "volid", volid}}, node, be.b.SeedDelete)
+	var te *TaskError
+	if errors.As(err, &te) && !te.TimedOut && seedAbsent(te.ExitStatus) {
+		return nil
+	}
+	if err != nil && apiStatus(err) == 500 && seedAbsent(apiMessage(err)) {
+		return nil
+	}
+	return err
+}
+
+func seedAbsent(msg string) bool {
+	return strings.Contains(msg, "No such file or directory") || strings.Contains(msg, "does not exist")
+}
+
+// deleteSeedEverywhere looks for the seed on every configured node; a node
+// that fails is logged and skipped.
+func (be *Backend) deleteSeedEverywhere(ctx context.Context, name string) {
+	for _, n := range be.cfg.Nodes {
+		if err := be.deleteSeed(ctx, n, name); err != nil {
+			be.log.DebugContext(ctx, "proxmox seed delete failed on a node, skipped", "node", n, "name", name, "error", err.Error())
+		}
+	}
+}
