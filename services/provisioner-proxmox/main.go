@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/proxmox"
 )
