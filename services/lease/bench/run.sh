@@ -9,7 +9,7 @@
 set -euo pipefail
 
 DURATION=${DURATION:-30s}
-CONNS=${CONNS:-16}          # lease service DB pool = pgbench clients
+CONNS=${CONNS:-32}          # lease service DB pool = pgbench clients
 PROXIES=${PROXIES:-1000}
 CLIENTS=${CLIENTS:-200}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}

@@ -43,6 +43,7 @@ type Config struct {
 	OrchestratorToken string
 	ResyncInterval    time.Duration
 	SweepInterval     time.Duration
+	VacuumInterval    time.Duration
 	Retention         time.Duration
 	DefaultMaxLeases  int
 	API               api.Config
@@ -59,6 +60,7 @@ func DefaultConfig() Config {
 		NATSPrefix:       bus.DefaultPrefix,
 		ResyncInterval:   5 * time.Minute,
 		SweepInterval:    time.Second,
+		VacuumInterval:   250 * time.Millisecond,
 		Retention:        time.Hour,
 		DefaultMaxLeases: 1,
 		API:              api.DefaultConfig(),
@@ -80,6 +82,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"file holding the bearer token for the orchestrator")
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "period of the safety-net full resync; 0 turns it off")
 	fs.DurationVar(&c.SweepInterval, "sweep-interval", c.SweepInterval, "how often expired leases are ended and freed")
+	fs.DurationVar(&c.VacuumInterval, "vacuum-interval", c.VacuumInterval,
+		"how often the proxies table is vacuumed to keep lease selection fast; 0 leaves it to autovacuum")
 	fs.DurationVar(&c.Retention, "lease-retention", c.Retention, "how long ended leases are kept so that late reports count")
 	fs.IntVar(&c.DefaultMaxLeases, "default-max-leases", c.DefaultMaxLeases,
 		"capacity of a proxy whose spec.lease.max_leases is unset; 0 means unlimited. Use the same value on every replica")
@@ -250,6 +254,12 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 		sweep(ctx, st, c.SweepInterval, met, s.Log)
 		return nil
 	})
+	if c.VacuumInterval > 0 {
+		s.Go(func(ctx context.Context) error {
+			vacuum(ctx, st, c.VacuumInterval, s.Log)
+			return nil
+		})
+	}
 	s.Go(func(ctx context.Context) error {
 		<-ctx.Done()
 		nc.Close()
@@ -266,7 +276,6 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false
-	vacuum := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -289,14 +298,30 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 		}
 		failing = false
 		met.Expired.Add(float64(res.Expired))
-		if !res.Skipped && vacuum {
-			if err := st.Vacuum(ctx); err != nil && ctx.Err() == nil {
-				log.Warn("WARNING: vacuuming lease.proxies failed; selection slows down as dead rows pile up until autovacuum runs. Vacuuming stays off", "error", err)
-				vacuum = false
-			}
-		}
+
 		if res.Expired > 0 {
 			log.Debug("expired leases freed", "leases", res.Expired, "purged", res.Purged, "cooldowns_ended", res.Cooldowns)
+		}
+	}
+}
+
+// vacuum keeps the selection index free of dead entries; see
+// store.Vacuum. Replicas need no coordination: a VACUUM that would wait for
+// another one skips instead.
+func vacuum(ctx context.Context, st *store.Store, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := st.Vacuum(ctx); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("WARNING: vacuuming lease.proxies failed; acquires slow down as dead index entries pile up between autovacuum runs. Vacuuming stays off", "error", err)
+			}
+			return
 		}
 	}
 }

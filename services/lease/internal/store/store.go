@@ -603,7 +603,8 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 // release rewrites its proxy's row and the selection index entry, so
 // between autovacuum runs (a minute apart at best) the index fills with
 // dead entries that each pick has to step over; vacuuming the proxies
-// (a few thousand rows) every second keeps a pick at tens of microseconds.
+// (a few thousand rows) several times a second keeps a pick at tens of
+// microseconds.
 // The fresh statistics also keep the planner on the selection index.
 func (s *Store) Vacuum(ctx context.Context) error {
 	_, err := s.pool.Exec(ctx, `VACUUM (ANALYZE, SKIP_LOCKED) lease.proxies, lease.cooldowns`)
