@@ -76,8 +76,10 @@ func (e *env) args(replica string, extra ...string) []string {
 		"--nats-prefix=" + e.names.Prefix,
 		"--probe-target=" + e.target.URL + "/healthz",
 		"--probe-ca-file=" + e.caFile,
-		"--probe-interval=200ms",
-		"--probe-timeout=200ms",
+		// Roomy for a loaded CI machine running three race-enabled
+		// processes; the tests wait on outcomes, not on these timings.
+		"--probe-interval=500ms",
+		"--probe-timeout=500ms",
 		"--success-threshold=2",
 		"--failure-threshold=2",
 		"--state-flush-interval=100ms",
