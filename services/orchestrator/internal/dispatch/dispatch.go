@@ -163,24 +163,43 @@ func (d *Dispatcher) RunResults(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(d.poll()))
-		if err != nil {
-			if ctx.Err() == nil {
-				d.Log.Warn("fetching results failed", "error", err)
-				time.Sleep(100 * time.Millisecond)
-			}
-			continue
+	return consumeBatches(ctx, cons, 256, func(msgs []jetstream.Msg) { d.applyResults(ctx, msgs) })
+}
+
+// consumeBatches delivers the consumer's messages to handle in batches:
+// whatever has arrived (up to max) as soon as one message is there, so a
+// lone message is handled at once and a burst shares one transaction.
+func consumeBatches(ctx context.Context, cons jetstream.Consumer, max int, handle func([]jetstream.Msg)) error {
+	ch := make(chan jetstream.Msg, 2*max)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case ch <- m:
+		case <-ctx.Done(): // unacked: redelivered to another replica
 		}
-		var msgs []jetstream.Msg
-		for m := range batch.Messages() {
-			msgs = append(msgs, m)
-		}
-		if len(msgs) > 0 {
-			d.applyResults(ctx, msgs)
-		}
+	}, jetstream.PullMaxMessages(max))
+	if err != nil {
+		return err
 	}
-	return nil
+	defer cc.Stop()
+	for {
+		var batch []jetstream.Msg
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-ch:
+			batch = append(batch, m)
+		}
+	drain:
+		for len(batch) < max {
+			select {
+			case m := <-ch:
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		handle(batch)
+	}
 }
 
 type decoded struct {
@@ -303,43 +322,39 @@ func (d *Dispatcher) RunHealth(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(d.poll()))
-		if err != nil {
-			if ctx.Err() == nil {
-				time.Sleep(100 * time.Millisecond)
-			}
-			continue
+	return consumeBatches(ctx, cons, 256, func(msgs []jetstream.Msg) {
+		for _, m := range msgs {
+			d.applyHealth(ctx, m)
 		}
-		for m := range batch.Messages() {
-			ev := &busv1.HealthTransitionEvent{}
-			if _, err := bus.Decode(ctx, m, ev); err != nil {
-				d.Log.Error("dropping an undecodable health event", "error", err)
-				_ = m.Term()
-				continue
-			}
-			tr := ev.GetTransition()
-			err := d.Store.Write(ctx, func(tx *store.Tx) error {
-				r, err := tx.Lock(ctx, tr.GetProxyUid())
-				if errors.Is(err, store.ErrNotFound) {
-					return nil
-				}
-				if err != nil {
-					return err
-				}
-				if d.Engine.ApplyHealth(r, tr, tx.Now()) {
-					tx.Update(r)
-				}
-				return nil
-			})
-			if err != nil {
-				_ = m.Nak()
-				continue
-			}
-			_ = m.Ack()
-		}
+	})
+}
+
+func (d *Dispatcher) applyHealth(ctx context.Context, m jetstream.Msg) {
+	ev := &busv1.HealthTransitionEvent{}
+	if _, err := bus.Decode(ctx, m, ev); err != nil {
+		d.Log.Error("dropping an undecodable health event", "error", err)
+		_ = m.Term()
+		return
 	}
-	return nil
+	tr := ev.GetTransition()
+	err := d.Store.Write(ctx, func(tx *store.Tx) error {
+		r, err := tx.Lock(ctx, tr.GetProxyUid())
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if d.Engine.ApplyHealth(r, tr, tx.Now()) {
+			tx.Update(r)
+		}
+		return nil
+	})
+	if err != nil {
+		_ = m.Nak()
+		return
+	}
+	_ = m.Ack()
 }
 
 // outboxLockKey is the advisory lock the ProxyEvent publisher holds.
