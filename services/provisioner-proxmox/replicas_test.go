@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
+)
+
+const (
+	tokenUser   = "proxy-operator@pve!operator"
+	tokenSecret = "7d3c1b2a-0e9f-4a8b-b6c5-5ec4e75ec4e7"
+	cloudSecret = "cl0ud-1n1t-pr0c3ss-s3cr3t"
+)
+
+// cluster is a fake Proxmox, NATS and the providers file for processes.
+type cluster struct {
+	fake   *pvefake.Server
+	nats   *natstest.Server
+	js     jetstream.JetStream
+	names  bus.Names
+	config string
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	fake, err := pvefake.Start(pvefake.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	fake.AddToken(tokenUser, tokenSecret, fake.OperatorACL())
+	fake.AddTemplate(9001, "pv1-1", pvefake.DebianTemplate(), false)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	token := write("token", tokenUser+"="+tokenSecret+"\n")
+	ca := write("ca.pem", string(fake.CAPEM))
+	cfg := write("providers.yaml", fmt.Sprintf(`providers:
+  - name: pve
+    type: proxmox
+    proxmox:
+      url: %s
+      tokenFile: %s
+      caFile: %s
+      nodes: [pv1-1]
+      isoStorage: proxy-seeds
+      vlanTag: 4
+      templates: {debian-13: {vmid: 9001}}
+      machineTypes: {small: {cores: 1, memoryMiB: 1024}}
+`, fake.URL, token, ca))
+	ns := natstest.New(t)
+	c := &cluster{fake: fake, nats: ns, js: ns.JetStream(t), names: bus.Names{Prefix: "it"}, config: cfg}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := bus.EnsureStreams(ctx, c.js, c.names); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *cluster) start(t *testing.T, replica string, extra ...string) *proctest.Process {
+	t.Helper()
+	args := append([]string{"--providers-config=" + c.config, "--provider=pve", "--nats-url=" + c.nats.URL(),
+		"--nats-prefix=" + c.names.Prefix, "--replica-id=" + replica, "--log-level=debug-4"}, extra...)
+	p, _ := servicetest.Start(t, ".", args)
+	p.WaitLog(t, 30*time.Second, proctest.Msg("taking provisioner commands"))
+	return p
+}
+
+func (c *cluster) publishCreate(t *testing.T, id, uid string) {
+	t.Helper()
+	cmd := &busv1.Command{
+		CommandId: id, ProxyUid: uid, Provider: "pve", SpecHash: "h", Operation: busv1.Operation_OPERATION_CREATE, Attempt: 1,
+		Deadline: timestamppb.New(time.Now().Add(5 * time.Minute)), IssueTime: timestamppb.Now(),
+		Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{
+			Provider: "pve", ProxyUid: uid, ProxyName: "p", CloudInit: "#cloud-config\n# " + cloudSecret + "\n", Port: 3128,
+			Placement: &proxyv1.Placement{MachineType: "small", Image: "debian-13"},
+		}},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := bus.Publish(ctx, c.js, c.names.CommandSubject("pve"), cmd, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) results(t *testing.T, n int, timeout time.Duration) []*busv1.CommandResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.names.ResultStream(), jetstream.ConsumerConfig{
+		Durable: "test", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: c.names.ResultSubjects(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*busv1.CommandResult
+	for len(out) < n {
+		if ctx.Err() != nil {
+			t.Fatalf("%d results within %s, want %d", len(out), timeout, n)
+		}
+		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			continue
+		}
+		for m := range batch.Messages() {
+			r := &busv1.CommandResult{}
+			if _, err := bus.Decode(ctx, m, r); err != nil {
+				t.Fatal(err)
+			}
+			_ = m.Ack()
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func assertNoSecrets(t *testing.T, c *cluster, procs ...*proctest.Process) {
+	t.Helper()
+	for _, p := range procs {
+		out := p.Output()
+		for what, s := range map[string]string{"token secret": tokenSecret, "cloud-init": cloudSecret, "CA content": strings.Split(string(c.fake.CAPEM), "\n")[1]} {
+			if strings.Contains(out, s) {
+				t.Errorf("the %s reached a process log", what)
+			}
+		}
+	}
+}
+
+// Two provisioner processes on one consumer share 50 Creates: every proxy
+// gets exactly one VM, no VMID twice, and both replicas work.
+func TestTwoProcessesShareFiftyCreates(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	// Hold the clones until eight run at once: both replicas (four each)
+	// are then busy, so the split cannot be one-sided.
+	c.fake.HoldClones()
+	started := c.fake.CloneStarted()
+	a := c.start(t, "a", "--max-concurrent=4")
+	b := c.start(t, "b", "--max-concurrent=4")
+	for i := range 50 {
+		c.publishCreate(t, fmt.Sprintf("cmd-%02d", i), fmt.Sprintf("0f3a6c1e-2b4d-4c8e-9a7f-%012d", i))
+	}
+	deadline := time.After(60 * time.Second)
+	for range 8 {
+		select {
+		case <-started:
+		case <-deadline:
+			t.Fatal("eight clones never ran at once")
+		}
+	}
+	c.fake.ReleaseClones()
+	res := c.results(t, 50, 120*time.Second)
+	byReplica := map[string]int{}
+	pids := map[string]bool{}
+	for _, r := range res {
+		byReplica[r.GetHandledBy()]++
+		if e := r.GetError(); e != nil {
+			t.Errorf("%s failed: %v", r.GetCommandId(), e)
+			continue
+		}
+		pid := r.GetCreate().GetInstance().GetProviderId()
+		if pids[pid] {
+			t.Errorf("providerID %s answered twice", pid)
+		}
+		pids[pid] = true
+	}
+	vms := c.fake.VMs()
+	if len(vms) != 50 {
+		t.Errorf("%d VMs on Proxmox, want 50", len(vms))
+	}
+	names := map[string]int{}
+	for id, v := range vms {
+		names[v.Config["name"]]++
+		if !pids[fmt.Sprintf("vms/%d/%s", id, v.Config["name"])] {
+			t.Errorf("VM %d (%s) is in no result", id, v.Config["name"])
+		}
+	}
+	for n, k := range names {
+		if k != 1 {
+			t.Errorf("%d VMs named %s", k, n)
+		}
+	}
+	if byReplica["a"] == 0 || byReplica["b"] == 0 {
+		t.Errorf("results by replica = %v, want both", byReplica)
+	}
+	t.Logf("results by replica: %v", byReplica)
+	assertNoSecrets(t, c, a, b)
+}
+
+// A process killed mid-Create (the clone running) leaves the command to be
+// redelivered; the other process waits out the clone's lock, adopts the VM
+// and finishes: one VM.
+func TestKilledMidCreateIsFinishedByTheOther(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	c.fake.HoldClones()
+	started := c.fake.CloneStarted()
+	a := c.start(t, "a", "--ack-wait=2s")
+	c.publishCreate(t, "cmd-1", "0f3a6c1e-2b4d-4c8e-9a7f-000000000001")
+	var vmid int
+	select {
+	case vmid = <-started:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the clone never started")
+	}
+	b := c.start(t, "b", "--ack-wait=2s")
+	a.Kill(t)
+	// b takes the redelivered command and finds the VM locked by the clone:
+	// it waits on the lock (reading the VM's config) until the clone ends.
+	configReads := func() int { return c.fake.Calls()["GET /nodes/{node}/qemu/{vmid}/config"] }
+	before := configReads()
+	waitFor(t, 60*time.Second, "b reading the locked VM's config", func() bool { return configReads() > before })
+	if v := c.fake.VMs()[vmid]; v.Config["lock"] != "clone" {
+		t.Fatalf("VM %d is not locked by its clone: %v", vmid, v.Config)
+	}
+	c.fake.ReleaseClones()
+	res := c.results(t, 1, 60*time.Second)[0]
+	if res.GetHandledBy() != "b" || res.GetError() != nil {
+		t.Fatalf("result = %v, want b's success", res)
+	}
+	if got, want := res.GetCreate().GetInstance().GetProviderId(), fmt.Sprintf("vms/%d/proxy-0f3a6c1e-2b4d-4c8e-9a7f-000000000001", vmid); got != want {
+		t.Errorf("providerID %s, want %s (the VM a's clone made)", got, want)
+	}
+	vms := c.fake.VMs()
+	if len(vms) != 1 || vms[vmid].Status != "running" {
+		t.Errorf("VMs = %v, want VM %d alone, running", vms, vmid)
+	}
+	b.WaitLog(t, 10*time.Second, func(m map[string]any) bool { return m["msg"] == "proxmox vm adopted" })
+	assertNoSecrets(t, c, a, b)
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %s", what, timeout)
+		}
+		<-tick.C
+	}
+}
