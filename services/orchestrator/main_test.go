@@ -22,6 +22,9 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
@@ -121,6 +124,26 @@ func TestRESTWithAuth(t *testing.T) {
 			t.Errorf("%s %s %s = %d %v; want %d with %q", tc.method, tc.path, tc.body, code, body, tc.want, tc.wantMsg)
 		}
 	}
+	metrics, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(metrics.Body)
+	metrics.Body.Close()
+	// The proxy is Pending, or Provisioning once a worker claimed it.
+	if !strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PENDING"} 1`) &&
+		!strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PROVISIONING"} 1`) {
+		t.Errorf("/metrics does not count the proxy by phase")
+	}
+	for _, want := range []string{
+		`egress_orchestrator_proxies{phase="PROXY_PHASE_READY"} 0`,
+		`egress_orchestrator_commands_in_flight`,
+		`egress_orchestrator_reconciles_total`,
+	} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 	code, body = call("GET", "/v1/proxies?labels[pool]=eu", "tok-ops", "")
 	if list, _ := body["proxies"].([]any); code != 200 || len(list) != 1 {
 		t.Errorf("list by label = %d %v", code, body)
@@ -130,6 +153,29 @@ func TestRESTWithAuth(t *testing.T) {
 	}
 	if code, _ := call("DELETE", "/v1/proxies/p1", "tok-ops", ""); code != 200 {
 		t.Errorf("delete = %d", code)
+	}
+}
+
+// `orchestrator migrate` brings an empty database to the current schema.
+func TestMigrateSubcommand(t *testing.T) {
+	t.Parallel()
+	empty := pgtest.NewDatabase(t, pgtest.Template{
+		Name: "empty", Fingerprint: "none", Migrate: func(context.Context, string) error { return nil },
+	})
+	bin := proctest.Build(t, ".")
+	p := proctest.Start(t, bin, []string{"migrate", "--database-url=" + empty})
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("migrate exit code %d:\n%s", code, p.Output())
+	}
+	p.WaitLog(t, time.Second, proctest.Msg("migrations applied"))
+	pool, err := postgres.Connect(context.Background(), empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var rev int64
+	if err := pool.QueryRow(context.Background(), "SELECT value FROM orchestrator.revision").Scan(&rev); err != nil {
+		t.Errorf("schema not migrated: %v", err)
 	}
 }
 
