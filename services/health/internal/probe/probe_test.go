@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -171,4 +172,61 @@ func TestParseTarget(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzProbe_proxyAnswer feeds arbitrary bytes as a proxy's answer: the
+// probe must never panic or hang, and must never call garbage a success.
+func FuzzProbe_proxyAnswer(f *testing.F) {
+	for _, seed := range []string{
+		"HTTP/1.1 200 Connection established\r\n\r\n",
+		"HTTP/1.1 200 OK\r\n\r\nextra bytes right after the tunnel opens",
+		"HTTP/1.1 403 Forbidden\r\nContent-Length: 3\r\n\r\nno!",
+		"HTTP/1.0 502 Bad Gateway\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+		"SSH-2.0-OpenSSH_9.6\r\n",
+		"\x16\x03\x01\x00\x05hello",
+		"",
+	} {
+		f.Add([]byte(seed))
+	}
+	tg := newTargetsF(f)
+	f.Fuzz(func(t *testing.T, answer []byte) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 4096)
+			_, _ = c.Read(buf) // the CONNECT
+			_, _ = c.Write(answer)
+		}()
+		p := newProber(t, tg.URL+"/ok", nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r := p.Probe(ctx, ln.Addr().String())
+		if r.OK {
+			t.Fatalf("answer %q passed as a healthy tunnel: %+v", answer, r)
+		}
+		switch r.Reason {
+		case probe.ReasonConnectFailed, probe.ReasonConnectRefused, probe.ReasonBadStatus, probe.ReasonTLSFailed, probe.ReasonTimeout:
+		default:
+			t.Fatalf("answer %q: reason %q", answer, r.Reason)
+		}
+		_ = ln.Close()
+		<-done
+	})
+}
+
+func newTargetsF(f *testing.F) *httptest.Server {
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	f.Cleanup(ts.Close)
+	return ts
 }
