@@ -57,7 +57,7 @@ check-generated: generate
 
 ## lint: gofmt, go vet, buf lint, buf format, helm lint
 lint: tools third-party
-	@out=$$(gofmt -l pkg services); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l pkg services cmd); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
 	go vet $(MODULE)/...
 	$(BUF) lint
 	$(BUF) format --diff --exit-code proto
@@ -72,10 +72,11 @@ breaking: tools third-party
 api-baseline: tools third-party
 	$(BUF) build proto --exclude-source-info -o $(API_BASELINE)
 
-## build: every service binary into bin/
+## build: every service binary and egressctl into bin/
 build:
 	@mkdir -p bin
 	for s in $(SERVICES); do go build -o bin/$$s ./services/$$s || exit 1; done
+	go build -o bin/egressctl ./cmd/egressctl
 
 ## test: unit and integration tests with the race detector (needs PostgreSQL)
 test:

@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+)
+
+// run executes egressctl in-process and returns exit code, stdout, stderr.
+func run(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := Main(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// orchestrator starts the real orchestrator binary with a token file and
+// returns its gRPC address and its NATS server.
+func orchestrator(t *testing.T) (string, *natstest.Server) {
+	t.Helper()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	providers := filepath.Join(dir, "providers.yaml")
+	if err := os.WriteFile(tokens, []byte("ops tok-ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(providers, []byte("providers:\n  - {name: local, type: local}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := natstest.New(t)
+	// An empty database: the orchestrator migrates it at start.
+	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "empty", Fingerprint: "none",
+		Migrate: func(context.Context, string) error { return nil }})
+	_, addrs := servicetest.Start(t, "../../../../services/orchestrator", []string{
+		"--auth-token-file=" + tokens, "--providers-config=" + providers, "--database-url=" + dsn, "--nats-url=" + ns.URL(),
+	})
+	return addrs.GRPC, ns
+}
+
+func TestProxiesCommands(t *testing.T) {
+	t.Parallel()
+	addr, _ := orchestrator(t)
+	base := []string{"--orchestrator", addr, "--token", "tok-ops"}
+	cmd := func(args ...string) (int, string, string) { return run(append(base, args...)...) }
+
+	code, out, errOut := cmd("proxies", "create", "p1", "--provider", "local", "--zone", "z1", "-l", "pool=eu")
+	if code != 0 || !strings.Contains(out, "p1") || !strings.Contains(out, "Managed") || !strings.Contains(out, "local") {
+		t.Fatalf("create = %d\n%s%s", code, out, errOut)
+	}
+	if !strings.HasPrefix(out, "NAME") {
+		t.Errorf("table without a header:\n%s", out)
+	}
+	cmd("proxies", "create", "p2", "--provider", "local")
+
+	code, out, _ = cmd("proxies", "get", "p1", "-o", "json")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil {
+		t.Fatalf("get -o json = %d %v\n%s", code, err, out)
+	}
+	spec, _ := got["spec"].(map[string]any)
+	if got["name"] != "p1" || spec["provider"] != "local" || spec["placement"].(map[string]any)["zone"] != "z1" {
+		t.Errorf("json = %v", got)
+	}
+	code, out, _ = cmd("proxies", "list", "-o", "yaml")
+	var list []map[string]any
+	if err := yaml.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list) != 2 {
+		t.Fatalf("list -o yaml = %d %v (%d items)\n%s", code, err, len(list), out)
+	}
+	code, out, _ = cmd("proxies", "list", "--label", "pool=eu")
+	if code != 0 || !strings.Contains(out, "p1") || strings.Contains(out, "p2") {
+		t.Errorf("list --label = %d\n%s", code, out)
+	}
+
+	errorCases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxies", "create", "p3", "--provider", "local", "-l", "bad"}, `egressctl: --label "bad": want key=value`},
+		{[]string{"proxies", "create", "Bad_Name", "--provider", "local"}, "egressctl: invalidArgument: invalid request: name:"},
+		{[]string{"proxies", "create", "p4", "--provider", "nope"}, `spec.provider: "nope" is not configured`},
+		{[]string{"proxies", "create", "p5", "--mode", "external", "--endpoint", "no-port"}, `--endpoint "no-port": want host:port`},
+		{[]string{"proxies", "create", "p1", "--provider", "local", "--port", "9999"}, "egressctl: alreadyExists:"},
+		{[]string{"proxies", "get", "ghost"}, `egressctl: notFound: proxy "ghost" not found`},
+		{[]string{"proxies", "list", "--phase", "sleeping"}, `--phase "sleeping"`},
+	}
+	for _, tc := range errorCases {
+		code, _, errOut := cmd(tc.args...)
+		if code != 1 || !strings.Contains(errOut, tc.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%v = %d %q; want one line with %q", tc.args, code, errOut, tc.want)
+		}
+	}
+
+	// No token; unreachable service.
+	if code, _, errOut := run("--orchestrator", addr, "proxies", "list"); code != 1 || !strings.Contains(errOut, "missing bearer token") || !strings.Contains(errOut, "EGRESS_TOKEN") {
+		t.Errorf("without a token: %d %q", code, errOut)
+	}
+	if code, _, errOut := run("--orchestrator", "127.0.0.1:1", "--token", "x", "proxies", "list"); code != 1 || !strings.Contains(errOut, "cannot reach the orchestrator at 127.0.0.1:1") {
+		t.Errorf("unreachable: %d %q", code, errOut)
+	}
+
+	if code, out, errOut := cmd("proxies", "delete", "p2"); code != 0 || !strings.Contains(out, "p2") {
+		t.Errorf("delete = %d %s %s", code, out, errOut)
+	}
+}
+
+// create --wait shows progress and returns once the proxy is Ready.
+func TestCreateWait(t *testing.T) {
+	t.Parallel()
+	addr, ns := orchestrator(t)
+	js := ns.JetStream(t)
+	done := make(chan struct{})
+	var code int
+	var out, errOut string
+	go func() {
+		defer close(done)
+		code, out, errOut = run("--orchestrator", addr, "--token", "tok-ops", "--timeout", "60s",
+			"proxies", "create", "ext", "--mode", "external", "--endpoint", "127.0.0.1:3128", "--wait")
+	}()
+	// Find the proxy, then tell the orchestrator health found it healthy.
+	var uid string
+	deadline := time.Now().Add(30 * time.Second)
+	for uid == "" {
+		c, o, _ := run("--orchestrator", addr, "--token", "tok-ops", "-o", "json", "proxies", "get", "ext")
+		if c == 0 {
+			var p map[string]any
+			_ = json.Unmarshal([]byte(o), &p)
+			uid, _ = p["uid"].(string)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy never appeared")
+		}
+	}
+	ev := &busv1.HealthTransitionEvent{Transition: &healthv1.HealthTransition{
+		Sequence: 1, ProxyUid: uid, Healthy: true, Reason: "ProbeSucceeded", TransitionTime: timestamppb.Now(),
+	}}
+	if _, err := bus.Publish(context.Background(), js, bus.Names{}.HealthEventSubject(uid), ev); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("--wait did not return after the proxy became Ready")
+	}
+	if code != 0 || !strings.Contains(out, "Ready") {
+		t.Fatalf("create --wait = %d\n%s\n%s", code, out, errOut)
+	}
+	// Progress ends on Ready; a Running line comes first unless the
+	// verdict landed before the command looked.
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if lines[len(lines)-1] != "ext\tReady\tHealthy" || (len(lines) == 2 && !strings.HasPrefix(lines[0], "ext\tRunning")) || len(lines) > 2 {
+		t.Errorf("progress lines:\n%s", errOut)
+	}
+}

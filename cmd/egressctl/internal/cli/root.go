@@ -1,0 +1,211 @@
+// Package cli is egressctl's commands. Every command talks gRPC to one
+// service, prints a table for people or the messages as JSON or YAML with
+// -o, and fails with one line naming what went wrong.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+)
+
+// options are the global flags.
+type options struct {
+	orchestrator string
+	lease        string
+	health       string
+	token        string
+	output       string
+	timeout      time.Duration
+
+	out, errOut io.Writer
+	// target names the service the command talks to, for errors.
+	target string
+}
+
+// usageError is bad input: its message is printed as is.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// Main runs egressctl with args and returns the exit code.
+func Main(args []string, out, errOut io.Writer) int {
+	o := &options{out: out, errOut: errOut}
+	root := newRoot(o)
+	root.SetArgs(args)
+	root.SetOut(out)
+	root.SetErr(errOut)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(errOut, "egressctl: "+describe(err, o))
+		return 1
+	}
+	return 0
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func newRoot(o *options) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "egressctl",
+		Short:         "Manage egress proxies, leases and health",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	f := root.PersistentFlags()
+	f.StringVar(&o.orchestrator, "orchestrator", envOr("EGRESS_ORCHESTRATOR_ADDR", "localhost:8100"), "orchestrator gRPC address (env EGRESS_ORCHESTRATOR_ADDR)")
+	f.StringVar(&o.lease, "lease", envOr("EGRESS_LEASE_ADDR", "localhost:8110"), "lease service gRPC address (env EGRESS_LEASE_ADDR)")
+	f.StringVar(&o.health, "health", envOr("EGRESS_HEALTH_ADDR", "localhost:8120"), "health service gRPC address (env EGRESS_HEALTH_ADDR)")
+	f.StringVar(&o.token, "token", os.Getenv("EGRESS_TOKEN"), "bearer token (env EGRESS_TOKEN)")
+	f.StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "time limit of one call")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		switch o.output {
+		case "table", "json", "yaml":
+			return nil
+		}
+		return usagef("--output %q: want table, json or yaml", o.output)
+	}
+	root.AddCommand(proxiesCommand(o), leasesCommand(o), healthCommand(o))
+	return root
+}
+
+// dial connects to the service at addr with the token, if any.
+func (o *options) dial(service, addr string) (*grpc.ClientConn, error) {
+	o.target = service + " at " + addr
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if o.token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(o.token)))
+	}
+	return grpc.NewClient(addr, opts...)
+}
+
+func (o *options) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), o.timeout)
+}
+
+// describe turns an error into one line a person can act on.
+func describe(err error, o *options) string {
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return ue.msg
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err.Error()
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		msg := st.Message()
+		var opErr *net.OpError
+		if errors.As(err, &opErr) || strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection error") {
+			return "cannot reach the " + o.target + ": " + shorten(msg)
+		}
+		return "the " + o.target + " is unavailable: " + msg
+	case codes.Unauthenticated:
+		return st.Message() + " (set --token or EGRESS_TOKEN)"
+	case codes.DeadlineExceeded:
+		return fmt.Sprintf("no answer within %s (--timeout)", o.timeout)
+	}
+	return strings.ToLower(st.Code().String()[:1]) + st.Code().String()[1:] + ": " + st.Message()
+}
+
+// shorten keeps the useful end of gRPC's connection errors, e.g.
+// "dial tcp 127.0.0.1:8100: connect: connection refused".
+func shorten(msg string) string {
+	if i := strings.Index(msg, "dial tcp"); i >= 0 {
+		return strings.TrimSuffix(msg[i:], `"`)
+	}
+	return msg
+}
+
+// printMessages prints msgs as JSON or YAML, or calls table for people.
+func (o *options) printMessages(msgs []proto.Message, single bool, table func(*tabwriter.Writer)) error {
+	switch o.output {
+	case "json", "yaml":
+		var values []any
+		for _, m := range msgs {
+			b, err := protojson.MarshalOptions{UseProtoNames: false, EmitUnpopulated: false}.Marshal(m)
+			if err != nil {
+				return err
+			}
+			var v any
+			if err := json.Unmarshal(b, &v); err != nil {
+				return err
+			}
+			values = append(values, v)
+		}
+		var doc any = values
+		if single && len(values) == 1 {
+			doc = values[0]
+		}
+		if o.output == "json" {
+			enc := json.NewEncoder(o.out)
+			enc.SetIndent("", "  ")
+			return enc.Encode(doc)
+		}
+		enc := yaml.NewEncoder(o.out)
+		enc.SetIndent(2)
+		defer enc.Close()
+		return enc.Encode(doc)
+	}
+	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+// parseLabels reads k=v pairs.
+func parseLabels(flag string, pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, usagef("--%s %q: want key=value", flag, p)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func age(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := time.Since(t).Round(time.Second)
+	switch {
+	case d < time.Minute:
+		return d.String()
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
