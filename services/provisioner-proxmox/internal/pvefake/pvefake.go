@@ -31,6 +31,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"mime"
 	"mime/multipart"
@@ -89,6 +90,8 @@ type Server struct {
 	ipSeq     int
 	cloneWait []chan int
 	bodies    int64 // bytes of upload bodies received
+
+	stopOnStart map[int]bool
 }
 
 type token struct {
@@ -218,6 +221,7 @@ func Start(opts Options) (*Server, error) {
 	s.srv = &http.Server{
 		Handler:           s.routes(),
 		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          log.New(io.Discard, "", 0),
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){}, // HTTP/1.1 only, like pveproxy
 	}
 	go func() { _ = s.srv.Serve(s.lis) }()
@@ -429,13 +433,15 @@ func (s *Server) SetAgent(vmid int, mode AgentMode) {
 	}
 }
 
-// SetStartStops makes a VM stop right after every start.
+// SetStartStops makes the VM at vmid (now or once cloned) stop right
+// after every start.
 func (s *Server) SetStartStops(vmid int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if v := s.vms[vmid]; v != nil {
-		v.startsOK = false
+	if s.stopOnStart == nil {
+		s.stopOnStart = map[int]bool{}
 	}
+	s.stopOnStart[vmid] = true
 }
 
 // Inject adds a fault.
@@ -646,7 +652,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, pattern string, h
 			select {
 			case <-t.C:
 			case <-r.Context().Done():
+				// The client gave up: answer nothing.
 				t.Stop()
+				if hj, ok := w.(http.Hijacker); ok {
+					if conn, _, err := hj.Hijack(); err == nil {
+						_ = conn.Close()
+					}
+				}
 				return
 			}
 		}
@@ -1213,7 +1225,7 @@ func (s *Server) start(q *request) (any, *apiError) {
 		if v.Status == "running" && v.QMP == "running" {
 			return "OK"
 		}
-		if !v.startsOK {
+		if !v.startsOK || s.stopOnStart[v.VMID] {
 			v.Status, v.QMP = "stopped", "stopped"
 			return "OK"
 		}
