@@ -72,6 +72,16 @@ func BenchmarkProbeAt1Hz(b *testing.B) {
 			warm := time.NewTimer(2 * time.Second)
 			<-warm.C
 
+			farmCPU := func() float64 {
+				logs := farm.Logs()
+				for i := len(logs) - 1; i >= 0; i-- {
+					if v, ok := logs[i]["cpu_seconds"].(float64); ok {
+						return v
+					}
+				}
+				return 0
+			}
+			fc0 := farmCPU()
 			p0, f0, c0, t0 := probes.Load(), failures.Load(), cpuTime(), time.Now()
 			slowest.Store(0)
 			b.ResetTimer()
@@ -80,7 +90,7 @@ func BenchmarkProbeAt1Hz(b *testing.B) {
 				<-tick.C
 			}
 			b.StopTimer()
-			elapsed, cpu := time.Since(t0), cpuTime()-c0
+			elapsed, cpu, fc1 := time.Since(t0), cpuTime()-c0, farmCPU()
 			got, failed := probes.Load()-p0, failures.Load()-f0
 			cancel()
 			<-done
@@ -91,6 +101,7 @@ func BenchmarkProbeAt1Hz(b *testing.B) {
 				b.ReportMetric(float64(cpu.Microseconds())/float64(got), "cpu-µs/probe")
 			}
 			b.ReportMetric(cpu.Seconds()/elapsed.Seconds(), "cores")
+			b.ReportMetric((fc1-fc0)/elapsed.Seconds(), "load-cores")
 			b.ReportMetric(float64(failed), "failures")
 			b.ReportMetric(float64(time.Duration(slowest.Load()).Milliseconds()), "max-ms")
 		})

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/egress-proxies/egress-proxies/services/health/internal/proxytest"
 )
@@ -45,7 +46,20 @@ func main() {
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: target.Certificate().Raw})
 	logger.Info("farm ready", "target", target.URL+"/healthz", "ca", string(ca), "proxies", addrs)
 
+	// The farm's own CPU, so the benchmark can tell how much of the
+	// machine the load took.
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
-	<-sig
+	for {
+		select {
+		case <-sig:
+			return
+		case <-tick.C:
+			var ru syscall.Rusage
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			logger.Info("farm cpu", "cpu_seconds", float64(ru.Utime.Nano()+ru.Stime.Nano())/1e9)
+		}
+	}
 }
