@@ -49,6 +49,7 @@ type Result struct {
 // Prober probes proxies against one target. It is safe for concurrent use.
 type Prober struct {
 	target    *url.URL
+	redacted  string
 	tlsConfig *tls.Config
 	userAgent string
 	dialer    net.Dialer
@@ -96,7 +97,11 @@ func New(o Options) (*Prober, error) {
 	if ua == "" {
 		ua = "egress-health"
 	}
-	return &Prober{target: u, tlsConfig: cfg, userAgent: ua}, nil
+	redacted := u.Scheme + "://" + u.Host + u.EscapedPath()
+	if u.RawQuery != "" {
+		redacted += "?…"
+	}
+	return &Prober{target: u, redacted: redacted, tlsConfig: cfg, userAgent: ua}, nil
 }
 
 // ParseTarget checks a probe target URL: http or https, a host, no user
@@ -124,8 +129,9 @@ func ParseTarget(raw string) (*url.URL, error) {
 	return u, nil
 }
 
-// Target is the probe target URL.
-func (p *Prober) Target() string { return p.target.String() }
+// Target is the probe target URL as it may be logged: without its query,
+// which could carry a token.
+func (p *Prober) Target() string { return p.redacted }
 
 func (p *Prober) targetHostPort() string {
 	port := p.target.Port()
@@ -224,7 +230,7 @@ func (p *Prober) request(ctx context.Context, conn net.Conn, uri string) Result 
 	_, _ = io.CopyN(io.Discard, resp.Body, 4096)
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 399 {
-		return Result{Reason: ReasonBadStatus, Message: "GET " + p.target.String() + ": " + resp.Status}
+		return Result{Reason: ReasonBadStatus, Message: "GET " + p.redacted + ": " + resp.Status}
 	}
 	return Result{OK: true, Reason: ReasonSucceeded, Message: resp.Status}
 }

@@ -144,6 +144,18 @@ func TestProbe_squid(t *testing.T) {
 	})
 }
 
+func TestProbe_targetQueryNeverInMessages(t *testing.T) {
+	t.Parallel()
+	tg := newTargets(t)
+	p := newProber(t, tg.tls.URL+"/fail?token=s3cret", tg.roots)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := p.Probe(ctx, proxytest.StartProxy(t, proxytest.Behaviour{}).Addr())
+	if r.Reason != probe.ReasonBadStatus || strings.Contains(r.Message, "s3cret") || strings.Contains(p.Target(), "s3cret") {
+		t.Errorf("result %+v, target %q: want BadStatus without the query", r, p.Target())
+	}
+}
+
 func TestParseTarget(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
