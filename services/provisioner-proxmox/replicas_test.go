@@ -10,15 +10,19 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
-	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
 )
 
@@ -37,7 +41,7 @@ type cluster struct {
 	config string
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	fake, err := pvefake.Start(pvefake.Options{})
 	if err != nil {
@@ -79,16 +83,25 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
-func (c *cluster) start(t *testing.T, replica string, extra ...string) *proctest.Process {
-	t.Helper()
-	args := append([]string{"--providers-config=" + c.config, "--provider=pve", "--nats-url=" + c.nats.URL(),
-		"--nats-prefix=" + c.names.Prefix, "--replica-id=" + replica, "--log-level=debug-4"}, extra...)
-	p, _ := servicetest.Start(t, ".", args)
-	p.WaitLog(t, 30*time.Second, proctest.Msg("taking provisioner commands"))
+// start runs one provisioner process and returns it with its gRPC address.
+func (c *cluster) start(t testing.TB, replica string, extra ...string) *proctest.Process {
+	p, _ := c.startAddr(t, replica, extra...)
 	return p
 }
 
-func (c *cluster) publishCreate(t *testing.T, id, uid string) {
+func (c *cluster) startAddr(t testing.TB, replica string, extra ...string) (*proctest.Process, string) {
+	t.Helper()
+	args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
+		"--providers-config=" + c.config, "--provider=pve", "--nats-url=" + c.nats.URL(),
+		"--nats-prefix=" + c.names.Prefix, "--replica-id=" + replica, "--log-level=debug-4"}, extra...)
+	p := proctest.Start(t, proctest.Build(t, "."), args)
+	serving := p.WaitLog(t, 60*time.Second, proctest.Msg("serving"))
+	p.WaitLog(t, 30*time.Second, proctest.Msg("taking provisioner commands"))
+	addr, _ := serving["grpc"].(string)
+	return p, addr
+}
+
+func (c *cluster) publishCreate(t testing.TB, id, uid string) {
 	t.Helper()
 	cmd := &busv1.Command{
 		CommandId: id, ProxyUid: uid, Provider: "pve", SpecHash: "h", Operation: busv1.Operation_OPERATION_CREATE, Attempt: 1,
@@ -105,7 +118,7 @@ func (c *cluster) publishCreate(t *testing.T, id, uid string) {
 	}
 }
 
-func (c *cluster) results(t *testing.T, n int, timeout time.Duration) []*busv1.CommandResult {
+func (c *cluster) results(t testing.TB, n int, timeout time.Duration) []*busv1.CommandResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -261,5 +274,45 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 			t.Fatalf("no %s within %s", what, timeout)
 		}
 		<-tick.C
+	}
+}
+
+// The same backend over gRPC: CheckBackend for the health service, and the
+// error classes as status codes with ErrorInfo.
+func TestGRPCOnTheBinary(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	_, addr := c.startAddr(t, "a")
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := provisionerv1.NewProvisionerServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	check, err := client.CheckBackend(ctx, &provisionerv1.CheckBackendRequest{Provider: "pve"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(check.GetTargets()) != 1 || check.GetTargets()[0].GetReason() != "Reachable" || check.GetTargets()[0].GetDetails()["tokenID"] != tokenUser {
+		t.Errorf("check = %v", check)
+	}
+	created, err := client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "9c9c9c9c-0000-4000-8000-000000000001",
+		CloudInit: "#cloud-config\n", Placement: &proxyv1.Placement{MachineType: "small", Image: "debian-13"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: created.GetInstance().GetProviderId(), ProxyUid: "9c9c9c9c-0000-4000-8000-000000000001"})
+	if err != nil || got.GetInstance().GetIp() == "" {
+		t.Fatalf("get = %v, %v", got, err)
+	}
+	_, err = client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/150000/proxy-gone", ProxyUid: "x"})
+	if status.Code(err) != codes.NotFound || errclass.Of(errclass.FromStatus(err)) != errclass.NotFound {
+		t.Errorf("get of a missing VM = %v", err)
+	}
+	_, err = client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u", Placement: &proxyv1.Placement{MachineType: "huge", Image: "debian-13"}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), `placement.machineType "huge" is not in proxmox.machineTypes`) {
+		t.Errorf("create with a bad placement = %v", err)
 	}
 }

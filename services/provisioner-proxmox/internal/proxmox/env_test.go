@@ -69,7 +69,7 @@ func testBudgets() Budgets {
 
 // newEnv starts a fake with the seed's template, token and ACL, and a
 // backend configured for it; mut adjusts the config first.
-func newEnv(t *testing.T, mut func(*Config), opts ...func(*pvefake.Options)) *env {
+func newEnv(t testing.TB, mut func(*Config), opts ...func(*pvefake.Options)) *env {
 	t.Helper()
 	o := pvefake.Options{}
 	for _, f := range opts {
@@ -104,7 +104,7 @@ func newEnv(t *testing.T, mut func(*Config), opts ...func(*pvefake.Options)) *en
 	return e
 }
 
-func writeFile(t *testing.T, path, content string) {
+func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
