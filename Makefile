@@ -3,7 +3,9 @@
 
 SHELL  := /bin/bash
 MODULE := github.com/egress-proxies/egress-proxies
-SERVICES := orchestrator lease health provisioner-proxmox provisioner-kvm provisioner-gcp
+SERVICES := orchestrator lease health provisioner-local provisioner-proxmox provisioner-kvm provisioner-gcp
+# What `make run` starts: the suite with the local backend.
+RUN_SERVICES := orchestrator lease health provisioner-local
 
 # Tools are built from the versions pinned in tools/ and cached outside the
 # checkout, keyed by those pins, so fresh clones (CI) reuse them.
@@ -84,7 +86,7 @@ test:
 
 ## run: build and start the suite on this machine; Ctrl-C stops it
 run: build
-	scripts/run-local.sh $(SERVICES)
+	scripts/run-local.sh $(RUN_SERVICES)
 
 clean:
 	rm -rf bin third_party

@@ -25,11 +25,19 @@ export EGRESS_ORCHESTRATOR_ADDR=${EGRESS_ORCHESTRATOR_ADDR:-localhost:8100}
 # Health probes fetch this through every proxy: the orchestrator's own
 # /healthz, a target this machine runs.
 export EGRESS_PROBE_TARGET=${EGRESS_PROBE_TARGET:-http://127.0.0.1:8101/healthz}
+# Read instances every 30 s, so a local proxy stopped with the last run is
+# started again soon after this one starts.
+export EGRESS_RESYNC_INTERVAL=${EGRESS_RESYNC_INTERVAL:-30s}
+# provisioner-local serves the `local` provider; health checks it.
+export EGRESS_PROVIDER=${EGRESS_PROVIDER:-local}
+export EGRESS_PROVISIONER=${EGRESS_PROVISIONER:-local=localhost:8160}
 # Local runs accept unauthenticated calls (each service logs a WARNING).
 export EGRESS_AUTH_DISABLED=${EGRESS_AUTH_DISABLED:-true}
 
 logdir=${EGRESS_RUN_LOG_DIR:-.run}
 mkdir -p "$logdir"
+# squid drops to its own user, which must reach the local instances.
+chmod 755 "$logdir"
 pids=()
 stop() {
 	trap - INT TERM
@@ -37,6 +45,10 @@ stop() {
 	echo "stopping…"
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
 	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+	# The local proxies run in sessions of their own (they outlive a
+	# provisioner restart); stop them too. The next run starts them again
+	# when it reads their instances.
+	pkill -TERM -f "$PWD/.run/local/" 2>/dev/null
 	echo "stopped"
 	exit 0
 }

@@ -1,0 +1,519 @@
+// Package local is the backend that runs proxies on this machine, for local
+// runs and end-to-end tests. An instance is a real forward proxy process —
+// Debian's squid when installed, otherwise the built-in Go proxy (this
+// binary's `forward-proxy` subcommand) — listening on the proxy's port at a
+// loopback address of its own (127.0.0.0/8 is all loopback on Linux), so
+// every instance has its own IP like a VM and listens on spec.port.
+//
+// Instances live in the state directory, one directory per proxy UID with
+// an instance.json; that file is the instance's mark. Proxy processes run
+// in their own session, so they outlive the provisioner as VMs outlive
+// theirs; a provisioner that starts again finds them there, and starts a
+// proxy whose process died when the instance is next read.
+package local
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/providers"
+)
+
+// Config is the `local:` block of a provider.
+type Config struct {
+	// StateDir holds the instances. Default: <tmp>/egress-local-<provider>.
+	StateDir string `yaml:"stateDir"`
+	// Network is the loopback prefix instance addresses come from.
+	// Default 127.77.0.0/16.
+	Network string `yaml:"network"`
+	// Proxy is squid, builtin, or auto (squid when installed). Default auto.
+	Proxy string `yaml:"proxy"`
+	// SquidPath is the squid binary. Default: squid on PATH or /usr/sbin/squid.
+	SquidPath string `yaml:"squidPath"`
+	// StartTimeout bounds how long a new proxy may take to listen. Default 30s.
+	StartTimeout time.Duration `yaml:"startTimeout"`
+}
+
+// Backend implements provisioner.Backend on this machine.
+type Backend struct {
+	provider string
+	dir      string
+	network  netip.Prefix
+	kind     string // squid or builtin
+	squid    string
+	self     string // this binary, for the builtin proxy
+	timeout  time.Duration
+	log      *slog.Logger
+}
+
+// FromProvider builds the backend from its provider block.
+func FromProvider(p providers.Provider, log *slog.Logger) (*Backend, error) {
+	var c Config
+	if err := p.DecodeBackend(&c); err != nil {
+		return nil, err
+	}
+	b := &Backend{provider: p.Name, log: log.With("provider", p.Name), timeout: c.StartTimeout}
+	if b.timeout <= 0 {
+		b.timeout = 30 * time.Second
+	}
+	b.dir = c.StateDir
+	if b.dir == "" {
+		b.dir = filepath.Join(os.TempDir(), "egress-local-"+p.Name)
+	}
+	dir, err := filepath.Abs(b.dir)
+	if err != nil {
+		return nil, err
+	}
+	b.dir = dir
+	network := c.Network
+	if network == "" {
+		network = "127.77.0.0/16"
+	}
+	if b.network, err = netip.ParsePrefix(network); err != nil || !b.network.Addr().Is4() || !b.network.Addr().IsLoopback() || b.network.Bits() > 24 {
+		return nil, fmt.Errorf("%s.local.network: %q must be an IPv4 loopback prefix of /24 or wider", p.Path, network)
+	}
+	b.network = b.network.Masked()
+	squid := c.SquidPath
+	if squid == "" {
+		if path, err := exec.LookPath("squid"); err == nil {
+			squid = path
+		} else if _, err := os.Stat("/usr/sbin/squid"); err == nil {
+			squid = "/usr/sbin/squid"
+		}
+	}
+	switch c.Proxy {
+	case "", "auto":
+		b.kind = "builtin"
+		if squid != "" {
+			b.kind, b.squid = "squid", squid
+		}
+	case "squid":
+		if squid == "" {
+			return nil, fmt.Errorf("%s.local.proxy: squid is not installed (apt-get install squid) and squidPath is not set", p.Path)
+		}
+		b.kind, b.squid = "squid", squid
+	case "builtin":
+		b.kind = "builtin"
+	default:
+		return nil, fmt.Errorf("%s.local.proxy: %q is not squid, builtin or auto", p.Path, c.Proxy)
+	}
+	if b.self, err = os.Executable(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(b.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("%s.local.stateDir: %w", p.Path, err)
+	}
+	b.log.Info("local backend ready", "stateDir", b.dir, "proxy", b.kind, "network", b.network.String())
+	return b, nil
+}
+
+// state is an instance's record: its mark.
+type state struct {
+	UID       string    `json:"uid"`
+	Name      string    `json:"name"`
+	ProxyName string    `json:"proxyName"`
+	Address   string    `json:"address"`
+	Port      uint32    `json:"port"`
+	Kind      string    `json:"kind"`
+	CreatedAt time.Time `json:"createdAt"`
+	PID       int       `json:"pid"`
+}
+
+func providerID(uid string) string { return "instances/" + uid }
+
+func (b *Backend) instDir(uid string) string { return filepath.Join(b.dir, uid) }
+
+func (b *Backend) read(uid string) (*state, error) {
+	raw, err := os.ReadFile(filepath.Join(b.instDir(uid), "instance.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errclass.New(errclass.NotFound, "instance %s does not exist", providerID(uid))
+	}
+	if err != nil {
+		return nil, errclass.Wrap(errclass.Transient, err)
+	}
+	var s state
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, errclass.New(errclass.Permanent, "instance %s has an unreadable record: %v", providerID(uid), err)
+	}
+	return &s, nil
+}
+
+func (b *Backend) write(s *state) error {
+	raw, _ := json.MarshalIndent(s, "", "  ")
+	tmp := filepath.Join(b.instDir(s.UID), "instance.json.tmp")
+	if err := os.WriteFile(tmp, raw, 0o644); err != nil {
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	return errclass.Wrap(errclass.Transient, os.Rename(tmp, filepath.Join(b.instDir(s.UID), "instance.json")))
+}
+
+// uidFromProviderID checks the providerID and that it is the proxy's.
+func uidFromProviderID(pid, proxyUID string) (string, error) {
+	uid, ok := strings.CutPrefix(pid, "instances/")
+	if !ok || uid == "" || strings.ContainsAny(uid, "/.") {
+		return "", errclass.New(errclass.Permanent, "providerID %q is not instances/<uid>", pid)
+	}
+	if proxyUID != "" && uid != proxyUID {
+		return "", errclass.New(errclass.NotFound, "instance %s belongs to proxy %s, not %s", pid, uid, proxyUID)
+	}
+	return uid, nil
+}
+
+func (b *Backend) instance(s *state, st provisionerv1.InstanceState) *provisionerv1.Instance {
+	return &provisionerv1.Instance{
+		ProviderId: providerID(s.UID),
+		ProxyUid:   s.UID,
+		Name:       s.Name,
+		State:      st,
+		Ip:         s.Address,
+		CreateTime: timestamppb.New(s.CreatedAt),
+		Details: map[string]string{
+			"proxy": s.Kind, "port": strconv.Itoa(int(s.Port)), "pid": strconv.Itoa(s.PID),
+		},
+	}
+}
+
+// Create implements provisioner.Backend: idempotent per proxy UID.
+func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, error) {
+	uid := req.GetProxyUid()
+	if uid == "" || strings.ContainsAny(uid, "/.") {
+		return nil, errclass.New(errclass.Permanent, "proxy UID %q is not usable", uid)
+	}
+	port := req.GetPort()
+	if port == 0 || port > 65535 {
+		return nil, errclass.New(errclass.Permanent, "port %d is not a TCP port", port)
+	}
+	unlock, err := b.lock()
+	if err != nil {
+		return nil, err
+	}
+	s, err := b.read(uid)
+	if errclass.Is(err, errclass.NotFound) {
+		s, err = b.allocate(uid, req.GetProxyName(), port)
+	}
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.ensureRunning(ctx, s); err != nil {
+		return nil, err
+	}
+	return b.instance(s, provisionerv1.InstanceState_INSTANCE_STATE_RUNNING), nil
+}
+
+// allocate picks the instance's address (from the UID's hash, probing on
+// from a taken one) and records it. Called under the state lock.
+func (b *Backend) allocate(uid, proxyName string, port uint32) (*state, error) {
+	taken := map[string]bool{}
+	all, err := b.all()
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range all {
+		taken[s.Address] = true
+	}
+	size := uint32(1) << (32 - b.network.Bits())
+	base := binary.BigEndian.Uint32(b.network.Addr().AsSlice())
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(uid))
+	start := h.Sum32()
+	for i := uint32(0); i < size; i++ {
+		host := (start + i) % size
+		if host == 0 || host == size-1 {
+			continue // network and broadcast-style addresses
+		}
+		var ip [4]byte
+		binary.BigEndian.PutUint32(ip[:], base+host)
+		addr := netip.AddrFrom4(ip).String()
+		if taken[addr] || !free(addr, port) {
+			continue
+		}
+		s := &state{UID: uid, Name: "proxy-" + uid, ProxyName: proxyName, Address: addr, Port: port, Kind: b.kind,
+			CreatedAt: time.Now().UTC().Truncate(time.Second)}
+		if err := os.MkdirAll(b.instDir(uid), 0o777); err != nil {
+			return nil, errclass.Wrap(errclass.Transient, err)
+		}
+		// squid started as root drops privileges and writes here.
+		_ = os.Chmod(b.instDir(uid), 0o777)
+		if err := b.write(s); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	return nil, errclass.New(errclass.QuotaExceeded, "no free address in %s for port %d", b.network, port)
+}
+
+func free(addr string, port uint32) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(int(port))))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
+}
+
+// lock serialises allocations across provisioner replicas sharing the
+// state directory.
+func (b *Backend) lock() (func(), error) {
+	f, err := os.OpenFile(filepath.Join(b.dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, errclass.Wrap(errclass.Transient, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, errclass.Wrap(errclass.Transient, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// alive reports whether s's proxy process runs: the PID exists and its
+// command line names the instance directory (so a reused PID is not taken
+// for ours).
+func (b *Backend) alive(s *state) bool {
+	if s.PID <= 0 || syscall.Kill(s.PID, 0) != nil {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.PID))
+	if err != nil {
+		return false
+	}
+	if strings.Contains(string(cmdline), b.instDir(s.UID)) {
+		// A zombie still matches; check it is not one.
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.PID))
+		return err == nil && !strings.Contains(string(stat), ") Z ")
+	}
+	return false
+}
+
+// ensureRunning starts the proxy process unless it runs, and waits until it
+// accepts connections.
+func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
+	addr := net.JoinHostPort(s.Address, strconv.Itoa(int(s.Port)))
+	if b.alive(s) {
+		return b.waitListening(ctx, s, addr)
+	}
+	dir := b.instDir(s.UID)
+	logf, err := os.OpenFile(filepath.Join(dir, "proxy.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	defer logf.Close()
+	var cmd *exec.Cmd
+	switch s.Kind {
+	case "squid":
+		conf := filepath.Join(dir, "squid.conf")
+		if err := os.WriteFile(conf, []byte(squidConf(s, dir)), 0o644); err != nil {
+			return errclass.Wrap(errclass.Transient, err)
+		}
+		cmd = exec.Command(b.squid, "-N", "-f", conf)
+	default:
+		cmd = exec.Command(b.self, "forward-proxy", "--listen", addr, "--instance-dir", dir)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = dir
+	// Its own session: the proxy outlives the provisioner, like a VM.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return errclass.New(errclass.Transient, "starting the %s proxy: %v", s.Kind, err)
+	}
+	go func() { _ = cmd.Wait() }() // reap it if it dies while we run
+	s.PID = cmd.Process.Pid
+	if err := b.write(s); err != nil {
+		return err
+	}
+	b.log.Info("local proxy started", "name", s.Name, "providerID", providerID(s.UID), "address", addr, "proxy", s.Kind, "pid", s.PID)
+	return b.waitListening(ctx, s, addr)
+}
+
+func (b *Backend) waitListening(ctx context.Context, s *state, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	for {
+		c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", addr)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		if !b.alive(s) {
+			log, _ := os.ReadFile(filepath.Join(b.instDir(s.UID), "proxy.log"))
+			return errclass.New(errclass.Transient, "the %s proxy for %s exited before listening on %s: %s",
+				s.Kind, providerID(s.UID), addr, tail(string(log), 400))
+		}
+		select {
+		case <-ctx.Done():
+			return errclass.New(errclass.Transient, "the %s proxy for %s is not listening on %s after %s", s.Kind, providerID(s.UID), addr, b.timeout)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+func squidConf(s *state, dir string) string {
+	return fmt.Sprintf(`http_port %s:%d
+pid_filename %[3]s/squid.pid
+cache_log %[3]s/cache.log
+access_log %[3]s/access.log
+cache_store_log none
+coredump_dir %[3]s
+cache deny all
+max_filedescriptors 1024
+visible_hostname %[4]s
+shutdown_lifetime 0 seconds
+dns_v4_first on
+acl localnet src 127.0.0.0/8
+http_access allow localnet
+http_access deny all
+`, s.Address, s.Port, dir, s.Name)
+}
+
+// Get implements provisioner.Backend. A record whose process died is
+// started again: the instance exists; its proxy crashed.
+func (b *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest) (*provisionerv1.Instance, error) {
+	uid, err := uidFromProviderID(req.GetProviderId(), req.GetProxyUid())
+	if err != nil {
+		return nil, err
+	}
+	s, err := b.read(uid)
+	if err != nil {
+		return nil, err
+	}
+	if !b.alive(s) {
+		b.log.Warn("local proxy process is gone; starting it again", "name", s.Name, "providerID", providerID(uid))
+		if err := b.ensureRunning(ctx, s); err != nil {
+			return nil, err
+		}
+	}
+	return b.instance(s, provisionerv1.InstanceState_INSTANCE_STATE_RUNNING), nil
+}
+
+// Delete implements provisioner.Backend.
+func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error) {
+	uid, err := uidFromProviderID(req.GetProviderId(), req.GetProxyUid())
+	if errclass.Is(err, errclass.NotFound) {
+		return false, nil // another proxy's instance: left alone
+	}
+	if err != nil {
+		return false, err
+	}
+	s, err := b.read(uid)
+	if errclass.Is(err, errclass.NotFound) {
+		return false, nil
+	}
+	if err != nil && !errclass.Is(err, errclass.Permanent) {
+		return false, err
+	}
+	if s != nil && b.alive(s) {
+		_ = syscall.Kill(-s.PID, syscall.SIGTERM) // its whole session
+		deadline := time.Now().Add(10 * time.Second)
+		for b.alive(s) && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		if b.alive(s) {
+			_ = syscall.Kill(-s.PID, syscall.SIGKILL)
+		}
+	}
+	if err := os.RemoveAll(b.instDir(uid)); err != nil {
+		return false, errclass.Wrap(errclass.Transient, err)
+	}
+	b.log.Info("local instance deleted", "providerID", providerID(uid))
+	return true, nil
+}
+
+// all reads every instance record; unreadable ones are skipped.
+func (b *Backend) all() ([]*state, error) {
+	entries, err := os.ReadDir(b.dir)
+	if err != nil {
+		return nil, errclass.Wrap(errclass.Transient, err)
+	}
+	var out []*state
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		s, err := b.read(e.Name())
+		if err != nil {
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// List implements provisioner.Backend.
+func (b *Backend) List(context.Context) ([]*provisionerv1.Instance, error) {
+	all, err := b.all()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*provisionerv1.Instance, 0, len(all))
+	for _, s := range all {
+		st := provisionerv1.InstanceState_INSTANCE_STATE_RUNNING
+		if !b.alive(s) {
+			st = provisionerv1.InstanceState_INSTANCE_STATE_STOPPED
+		}
+		out = append(out, b.instance(s, st))
+	}
+	return out, nil
+}
+
+// Check implements provisioner.Checker: the state directory is usable and
+// the proxy program is there.
+func (b *Backend) Check(context.Context) []*provisionerv1.TargetStatus {
+	start := time.Now()
+	t := &provisionerv1.TargetStatus{Name: "localhost", Address: b.dir, Ready: true, Reason: "Reachable",
+		Details: map[string]string{"proxy": b.kind, "network": b.network.String()}}
+	probe := filepath.Join(b.dir, ".check")
+	if err := os.WriteFile(probe, []byte("ok"), 0o644); err != nil {
+		t.Ready, t.Reason, t.Message = false, "StateDirNotWritable", err.Error()
+	} else {
+		_ = os.Remove(probe)
+	}
+	bin := b.self
+	if b.kind == "squid" {
+		bin = b.squid
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Ready, t.Reason, t.Message = false, "ProxyMissing", err.Error()
+	}
+	if all, err := b.all(); err == nil {
+		t.Details["instances"] = strconv.Itoa(len(all))
+	}
+	t.Latency = durationSince(start)
+	return []*provisionerv1.TargetStatus{t}
+}
+
+func durationSince(t time.Time) *durationpb.Duration { return durationpb.New(time.Since(t)) }

@@ -1,0 +1,251 @@
+package local
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/services/provisioner-local/internal/forward"
+)
+
+// TestMain lets the test binary be the built-in proxy too: the backend
+// starts os.Executable() with `forward-proxy`, which here is this binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "forward-proxy" {
+		listen := ""
+		for i, a := range os.Args {
+			if a == "--listen" && i+1 < len(os.Args) {
+				listen = os.Args[i+1]
+			}
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		defer stop()
+		if err := forward.Serve(ctx, listen, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func newBackend(t *testing.T, kind, dir string) *Backend {
+	t.Helper()
+	if kind == "squid" {
+		if _, err := exec.LookPath("squid"); err != nil {
+			if _, err := os.Stat("/usr/sbin/squid"); err != nil {
+				t.Fatal("squid is not installed: run scripts/ensure-deps.sh")
+			}
+		}
+	}
+	// squid drops to its own user, which must reach the state directory.
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		_ = os.Chmod(d, 0o755)
+	}
+	// Each test its own /24, so parallel tests never share addresses.
+	h := uuid.New()
+	network := fmt.Sprintf("127.%d.%d.0/24", 100+int(h[0])%100, h[1])
+	cfg, err := providers.Parse([]byte(fmt.Sprintf(
+		"providers:\n  - name: local\n    type: local\n    local: {stateDir: %q, proxy: %s, network: %q, startTimeout: 30s}\n", dir, kind, network)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := FromProvider(cfg.Providers[0], slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// cleanup kills every proxy the test started, whatever the test did.
+func cleanup(t *testing.T, b *Backend) {
+	t.Cleanup(func() {
+		all, _ := b.all()
+		for _, s := range all {
+			if b.alive(s) {
+				_ = syscall.Kill(-s.PID, syscall.SIGKILL)
+			}
+		}
+	})
+}
+
+// fetchThrough fetches the TLS server's page through the proxy at addr.
+func fetchThrough(t *testing.T, proxyAddr string, target *httptest.Server) error {
+	t.Helper()
+	pool := target.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: proxyAddr}),
+		TLSClientConfig: &tls.Config{RootCAs: pool},
+	}}
+	resp, err := client.Get(target.URL)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if string(body) != "hello through the proxy" {
+		return fmt.Errorf("body %q", body)
+	}
+	return nil
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	target := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("hello through the proxy"))
+	}))
+	t.Cleanup(target.Close) // the parallel subtests run after this function returns
+	for _, kind := range []string{"builtin", "squid"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir := t.TempDir()
+			b := newBackend(t, kind, dir)
+			cleanup(t, b)
+			uid := uuid.NewString()
+			req := &provisionerv1.CreateInstanceRequest{Provider: "local", ProxyUid: uid, ProxyName: "p1", Port: 3128}
+			inst, err := b.Create(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if inst.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_RUNNING || inst.GetProviderId() != "instances/"+uid ||
+				!strings.HasPrefix(inst.GetIp(), "127.") || inst.GetCreateTime() == nil || inst.GetProxyUid() != uid {
+				t.Fatalf("instance %v", inst)
+			}
+			addr := net.JoinHostPort(inst.GetIp(), "3128")
+			if err := fetchThrough(t, addr, target); err != nil {
+				t.Fatalf("HTTPS through the %s proxy: %v", kind, err)
+			}
+
+			// Create again: the same instance, the same process.
+			again, err := b.Create(ctx, req)
+			if err != nil || again.GetIp() != inst.GetIp() || again.GetDetails()["pid"] != inst.GetDetails()["pid"] {
+				t.Errorf("second create: %v %v (first %v)", again, err, inst)
+			}
+
+			// A new provisioner process on the same state directory finds it.
+			b2 := newBackend(t, kind, dir)
+			got, err := b2.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid})
+			if err != nil || got.GetDetails()["pid"] != inst.GetDetails()["pid"] {
+				t.Fatalf("get after a restart: %v %v", got, err)
+			}
+			list, err := b2.List(ctx)
+			if err != nil || len(list) != 1 || list[0].GetProxyUid() != uid {
+				t.Errorf("list: %v %v", list, err)
+			}
+
+			// Get for another proxy's UID is NotFound.
+			if _, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uuid.NewString()}); !errclass.Is(err, errclass.NotFound) {
+				t.Errorf("get as another proxy: %v", err)
+			}
+
+			// The proxy process dies: the next Get starts it again.
+			s, _ := b.read(uid)
+			_ = syscall.Kill(-s.PID, syscall.SIGKILL)
+			waitDead(t, b, s)
+			revived, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid})
+			if err != nil || revived.GetDetails()["pid"] == inst.GetDetails()["pid"] {
+				t.Fatalf("get after the proxy died: %v %v", revived, err)
+			}
+			if err := fetchThrough(t, addr, target); err != nil {
+				t.Fatalf("HTTPS through the restarted proxy: %v", err)
+			}
+
+			deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid})
+			if err != nil || !deleted {
+				t.Fatalf("delete: %v %v", deleted, err)
+			}
+			s, _ = b2.read(uid)
+			if s != nil {
+				t.Error("the record survived the delete")
+			}
+			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+				c.Close()
+				t.Error("the proxy still listens after the delete")
+			}
+			if _, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid}); !errclass.Is(err, errclass.NotFound) {
+				t.Errorf("get after delete: %v", err)
+			}
+			if deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid}); err != nil || deleted {
+				t.Errorf("second delete: %v %v", deleted, err)
+			}
+		})
+	}
+}
+
+func waitDead(t *testing.T, b *Backend, s *state) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.alive(s) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not die")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Many proxies on the same port get addresses of their own.
+func TestDistinctAddresses(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t, "builtin", t.TempDir())
+	cleanup(t, b)
+	seen := map[string]bool{}
+	for range 5 {
+		inst, err := b.Create(context.Background(), &provisionerv1.CreateInstanceRequest{ProxyUid: uuid.NewString(), Port: 3128})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[inst.GetIp()] {
+			t.Errorf("address %s given twice", inst.GetIp())
+		}
+		seen[inst.GetIp()] = true
+	}
+	checks := b.Check(context.Background())
+	if len(checks) != 1 || !checks[0].GetReady() || checks[0].GetDetails()["instances"] != "5" {
+		t.Errorf("check: %v", checks)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	b := newBackend(t, "builtin", t.TempDir())
+	ctx := context.Background()
+	if _, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "../etc", Port: 3128}); !errclass.Is(err, errclass.Permanent) {
+		t.Errorf("path-like UID: %v", err)
+	}
+	if _, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: uuid.NewString(), Port: 70000}); !errclass.Is(err, errclass.Permanent) {
+		t.Errorf("bad port: %v", err)
+	}
+	if _, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: "vms/101/x"}); !errclass.Is(err, errclass.Permanent) {
+		t.Errorf("foreign providerID: %v", err)
+	}
+	for _, block := range []string{"{proxy: podman}", "{network: 10.0.0.0/8}", "{network: 127.0.0.0/30}", "{stateDri: /x}"} {
+		cfg, err := providers.Parse([]byte("providers:\n  - name: l\n    type: local\n    local: " + block + "\n"))
+		if err == nil {
+			_, err = FromProvider(cfg.Providers[0], slog.New(slog.NewTextHandler(io.Discard, nil)))
+		}
+		if err == nil {
+			t.Errorf("config %s accepted", block)
+		}
+	}
+
+}

@@ -1,0 +1,23 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+)
+
+func TestBinaryLifecycle(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	providers := filepath.Join(dir, "providers.yaml")
+	conf := "providers:\n  - name: local\n    type: local\n    local: {stateDir: " + filepath.Join(dir, "state") + ", proxy: builtin}\n"
+	if err := os.WriteFile(providers, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	servicetest.AssertLifecycle(t, ".", "provisioner-local", []string{
+		"--providers-config=" + providers, "--provider=local", "--nats-url=" + natstest.New(t).URL(),
+	})
+}
