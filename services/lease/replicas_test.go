@@ -67,8 +67,6 @@ func TestTwoReplicasNeverOverLease(t *testing.T) {
 	// The pool: 30 proxies with capacities 1 to 4 and the default (2),
 	// published as the orchestrator does.
 	capacity := map[string]int{}
-	env := &lt.Env{NATS: nsrv}
-	env.Config.NATSPrefix = "egress"
 	for i := range 30 {
 		uid := fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
 		p := lt.Proxy(uid, fmt.Sprintf("proxy-%02d", i))
@@ -78,7 +76,7 @@ func TestTwoReplicasNeverOverLease(t *testing.T) {
 			capacity[uid] = i%4 + 1
 			lt.MaxLeases(uint32(capacity[uid]))(p)
 		}
-		env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, p, int64(i+1))
+		lt.PublishProxy(t, nsrv, "egress", proxyv1.ChangeType_CHANGE_TYPE_CREATED, p, int64(i+1))
 	}
 	total := 0
 	for _, c := range capacity {

@@ -51,6 +51,10 @@ for transport in grpc rest; do
 		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" --seed="$([ $transport = grpc ] && echo true || echo false)"
 done
 
+echo "== pgbench: the service's own acquire → report → release statements (bench/pair.sql) on its database, $CONNS clients, $DURATION"
+secs=${DURATION%s}
+pgbench -n -M prepared -c "$CONNS" -j 2 -T "$secs" -f "$here/bench/pair.sql" "$PGURL/$DB?sslmode=disable" 2>&1 | grep -E "tps|latency average|transactions actually|failed"
+
 echo "== pgbench: one-row UPDATE per transaction, $CONNS clients, $DURATION"
 psql "$PGURL/postgres" -qc "CREATE DATABASE $PGBDB"
 pgbench -q -i -s 10 "$PGURL/$PGBDB" >/dev/null 2>&1
@@ -58,6 +62,5 @@ cat >"$work/update.sql" <<'SQL'
 \set aid random(1, 1000000)
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 SQL
-secs=${DURATION%s}
 (cd "$work" && pgbench -n -M prepared -c "$CONNS" -j 2 -T "$secs" -l --log-prefix=pgb -f update.sql "$PGURL/$PGBDB" 2>&1 | grep -E "tps|latency average|transactions actually")
 cat "$work"/pgb.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "pgbench latency p50 %.2f ms, p99 %.2f ms\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}'

@@ -311,17 +311,22 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 func vacuum(ctx context.Context, st *store.Store, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var analyzed time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := st.Vacuum(ctx); err != nil {
+		analyze := time.Since(analyzed) >= 5*time.Second
+		if err := st.Vacuum(ctx, analyze); err != nil {
 			if ctx.Err() == nil {
 				log.Warn("WARNING: vacuuming lease.proxies failed; acquires slow down as dead index entries pile up between autovacuum runs. Vacuuming stays off", "error", err)
 			}
 			return
+		}
+		if analyze {
+			analyzed = time.Now()
 		}
 	}
 }

@@ -419,8 +419,14 @@ func (e *Env) Apply(t testing.TB, p *proxyv1.Proxy, revision int64) {
 // PublishProxy publishes a ProxyEvent as the orchestrator does.
 func (e *Env) PublishProxy(t testing.TB, typ proxyv1.ChangeType, p *proxyv1.Proxy, revision int64) {
 	t.Helper()
-	js := e.NATS.JetStream(t)
-	names := bus.Names{Prefix: e.Config.NATSPrefix}
+	PublishProxy(t, e.NATS, e.Config.NATSPrefix, typ, p, revision)
+}
+
+// PublishProxy publishes a ProxyEvent on nsrv under prefix.
+func PublishProxy(t testing.TB, nsrv *natstest.Server, prefix string, typ proxyv1.ChangeType, p *proxyv1.Proxy, revision int64) {
+	t.Helper()
+	js := nsrv.JetStream(t)
+	names := bus.Names{Prefix: prefix}
 	ev := &busv1.ProxyEvent{Revision: revision, Type: typ, Proxy: p, ChangeTime: timestamppb.Now()}
 	if _, err := bus.Publish(context.Background(), js, names.ProxyEventSubject(p.GetUid()), ev); err != nil {
 		t.Fatal(err)

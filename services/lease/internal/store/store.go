@@ -599,15 +599,20 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	return res, nil
 }
 
-// Vacuum vacuums and analyzes the small, hot tables. Every acquire and
-// release rewrites its proxy's row and the selection index entry, so
-// between autovacuum runs (a minute apart at best) the index fills with
-// dead entries that each pick has to step over; vacuuming the proxies
-// (a few thousand rows) several times a second keeps a pick at tens of
-// microseconds.
-// The fresh statistics also keep the planner on the selection index.
-func (s *Store) Vacuum(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, `VACUUM (ANALYZE, SKIP_LOCKED) lease.proxies, lease.cooldowns`)
+// Vacuum vacuums the small, hot tables, and analyzes them too when
+// analyze is set. Every acquire and release rewrites its proxy's row and
+// the selection index entry, so between autovacuum runs (a minute apart at
+// best) the index fills with dead entries that each pick has to step over;
+// vacuuming the proxies (a few thousand rows) several times a second keeps
+// a pick at tens of microseconds. ANALYZE keeps the planner on the
+// selection index, but it also makes every connection re-plan its prepared
+// statements, so callers run it far less often.
+func (s *Store) Vacuum(ctx context.Context, analyze bool) error {
+	q := `VACUUM (SKIP_LOCKED) lease.proxies, lease.cooldowns`
+	if analyze {
+		q = `VACUUM (ANALYZE, SKIP_LOCKED) lease.proxies, lease.cooldowns`
+	}
+	_, err := s.pool.Exec(ctx, q)
 	return err
 }
 
