@@ -800,3 +800,57 @@ func TestWorkerContinuesTheCommandsTrace(t *testing.T) {
 		t.Error("no provisioner.create span")
 	}
 }
+
+func TestWorkerBoundsConcurrency(t *testing.T) {
+	t.Parallel()
+	env := newNATS(t)
+	b := newMem()
+	b.started = make(chan string, 20)
+	b.hold = make(chan struct{})
+	var mu sync.Mutex
+	running, most := 0, 0
+	rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: countingBackend{b, func(d int) {
+		mu.Lock()
+		running += d
+		most = max(most, running)
+		mu.Unlock()
+	}}})
+	runWorker(t, &Worker{RT: rt, JS: env.js, Names: env.names, ReplicaID: "r1", MaxConcurrent: 3})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 10 {
+		env.publish(t, ctx, createCmd(fmt.Sprintf("c%d", i), fmt.Sprintf("u%d", i)))
+	}
+	for range 3 {
+		<-b.started
+	}
+	// Three run; the fourth must wait for a slot. Give the worker the
+	// chance to (wrongly) start it: the consumer holds 7 more messages.
+	waitFor(t, 10*time.Second, "seven pending commands", func() bool {
+		cons, err := env.js.Consumer(ctx, env.names.CommandStream(), env.names.ProvisionerConsumer("pve"))
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == 7 && info.NumAckPending == 3
+	})
+	close(b.hold)
+	env.results(t, 10, 20*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if most != 3 {
+		t.Errorf("at most %d creates ran at once, want 3", most)
+	}
+}
+
+// countingBackend reports entries and exits of Create.
+type countingBackend struct {
+	*memBackend
+	delta func(int)
+}
+
+func (c countingBackend) Create(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, error) {
+	c.delta(1)
+	defer c.delta(-1)
+	return c.memBackend.Create(ctx, req)
+}

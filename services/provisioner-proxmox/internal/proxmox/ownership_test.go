@@ -159,6 +159,10 @@ func TestCreateResumesAfterACrashAtEachStep(t *testing.T) {
 			if n := e.fake.Calls()["POST /nodes/{node}/qemu/{vmid}/clone"]; n > 2 {
 				t.Errorf("%d clone requests", n)
 			}
+			// The upload overwrites: the seed is never deleted first.
+			if n := e.fake.Calls()["DELETE /nodes/{node}/storage/{storage}/content/{volume...}"]; n != 0 {
+				t.Errorf("%d seed deletes during Create", n)
+			}
 		})
 	}
 }
