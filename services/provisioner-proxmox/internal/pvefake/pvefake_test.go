@@ -259,7 +259,10 @@ func TestUploadAndAgent(t *testing.T) {
 		want  string
 	}{
 		{func() {}, "VM 300 is not running"},
-		{func() { s.SetVM(300, func(v *VM) { v.Status, v.QMP = "running", "running" }); s.SetAgent(300, AgentNotRunning) }, "QEMU guest agent is not running"},
+		{func() {
+			s.SetVM(300, func(v *VM) { v.Status, v.QMP = "running", "running" })
+			s.SetAgent(300, AgentNotRunning)
+		}, "QEMU guest agent is not running"},
 		{func() { s.SetVM(300, func(v *VM) { delete(v.Config, "agent") }) }, "No QEMU guest agent configured"},
 	} {
 		tc.setup()
