@@ -3,6 +3,8 @@ package transitions_test
 import (
 	"context"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,4 +111,69 @@ func TestRecordAndPublish(t *testing.T) {
 	if m.Header.Get("Nats-Msg-Id") != "health-transition-3" {
 		t.Errorf("message id = %q", m.Header.Get("Nats-Msg-Id"))
 	}
+}
+
+// TestRecorder_retriesUntilStored: a transition the database refuses is
+// retried, not dropped, and stored once the database takes it.
+func TestRecorder_retriesUntilStored(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, st := storetest.New(t)
+	if _, err := st.Pool().Exec(ctx, "ALTER TABLE health.transitions RENAME TO transitions_away"); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	stored := make(chan struct{}, 1)
+	rec := &transitions.Recorder{Store: st, Prober: "replica-a", Log: slog.New(slog.NewJSONHandler(&logs, nil)),
+		Stored: func() { stored <- struct{}{} }}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rec.Run(rctx) }()
+	rec.Add(engine.Transition{UID: "u1", Name: "p1", ProviderID: "vm-1", Healthy: true, Reason: "ProbeSucceeded", Time: t0})
+
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "storing a health transition failed") {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed attempt logged")
+		}
+		select {
+		case <-stored:
+			t.Fatal("stored while the table is away")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if _, err := st.Pool().Exec(ctx, "ALTER TABLE health.transitions_away RENAME TO transitions"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stored:
+	case <-ctx.Done():
+		t.Fatal("the transition was never stored after the database recovered")
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ts, err := st.TransitionsAfter(ctx, 0, 10)
+	if err != nil || len(ts) != 1 || ts[0].GetProxyUid() != "u1" {
+		t.Fatalf("stored transitions = %v, %v; want exactly the one", ts, err)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
