@@ -224,6 +224,7 @@ func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) 
 		ExpireTime:  now.Add(req.TTL),
 	}
 	labels := req.Selector.labelsJSON()
+	// pick runs one selection; it returns the lease when it granted one.
 	pick := func(q string) (bool, error) {
 		var port int32
 		err := retry(ctx, func() error {
@@ -242,8 +243,10 @@ func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) 
 	}
 	var u Unavailable
 	for attempt := 0; attempt < 3; attempt++ {
-		if ok, err := pick(pickSkipLocked); ok || err != nil {
-			return l, err
+		if ok, err := pick(pickSkipLocked); err != nil {
+			return Lease{}, err
+		} else if ok {
+			return l, nil
 		}
 		var err error
 		if u, err = s.unavailable(ctx, req.Selector, req.TargetHost, now); err != nil {
@@ -254,8 +257,10 @@ func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) 
 		}
 		// A proxy with capacity left was locked by another transaction (or
 		// a lease ended meanwhile): wait for the locks this time.
-		if ok, err := pick(pickWait); ok || err != nil {
-			return l, err
+		if ok, err := pick(pickWait); err != nil {
+			return Lease{}, err
+		} else if ok {
+			return l, nil
 		}
 	}
 	return Lease{}, &NoProxyError{u}
