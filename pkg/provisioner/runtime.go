@@ -157,7 +157,13 @@ func (r *Runtime) begin(ctx context.Context, op Op, attrs ...slog.Attr) (context
 			}
 			r.log.LogAttrs(ctx, level, "provisioner operation failed", all...)
 		} else {
-			r.log.LogAttrs(ctx, slog.LevelInfo, "provisioner operation done", all...)
+			// Create and Delete change things: INFO. Reads are frequent
+			// (the orchestrator polls Get while a proxy provisions): DEBUG.
+			level := slog.LevelDebug
+			if op == OpCreate || op == OpDelete {
+				level = slog.LevelInfo
+			}
+			r.log.LogAttrs(ctx, level, "provisioner operation done", all...)
 		}
 		span.End()
 	}
