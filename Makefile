@@ -22,7 +22,7 @@ BREAKING_AGAINST ?= $(API_BASELINE)
 
 GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: all tools third-party generate check-generated lint breaking api-baseline build test run helm-lint clean
+.PHONY: all tools third-party generate check-generated lint breaking api-baseline build test test-e2e run helm-lint clean
 
 all: lint build test
 
@@ -59,8 +59,9 @@ check-generated: generate
 
 ## lint: gofmt, go vet, buf lint, buf format, helm lint
 lint: tools third-party
-	@out=$$(gofmt -l pkg services cmd); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l pkg services cmd tests); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
 	go vet $(MODULE)/...
+	go vet -tags e2e ./tests/e2e/
 	$(BUF) lint
 	$(BUF) format --diff --exit-code proto
 	$(HELM) lint deploy/helm/egress-proxies --set database.url=postgres://db/egress
@@ -83,6 +84,10 @@ build:
 ## test: unit and integration tests with the race detector (needs PostgreSQL)
 test:
 	go test $(GO_TEST_FLAGS) $(MODULE)/...
+
+## test-e2e: every service as a real process over real PostgreSQL and NATS (needs squid or uses the built-in proxy)
+test-e2e:
+	go test -tags e2e -count=1 -timeout 20m ./tests/e2e/
 
 ## run: build and start the suite on this machine; Ctrl-C stops it
 run: build

@@ -1,0 +1,268 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+)
+
+// The whole flow: 20 proxies Ready and healthy, leased over gRPC and REST
+// and used for HTTPS, a ban keeping one away from its target only, and
+// deletion ending instances and leases.
+func TestFlow(t *testing.T) {
+	s := newSuite(t)
+	s.startAll()
+	s.createProxies("flow", 20)
+	all := s.waitAll("flow", 20, "Ready and healthy", 3*time.Minute, ready)
+	if dirs := s.instanceDirs(); len(dirs) != 20 {
+		t.Errorf("local instances = %d, want 20", len(dirs))
+	}
+
+	// Lease one through gRPC and fetch through it.
+	leases := s.leases()
+	var grpcLease *leasev1.Lease
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{
+			TargetHost: "shop.example", Ttl: durationpb.New(time.Minute),
+			Selector: &leasev1.ProxySelector{Labels: map[string]string{"id": "flow-03"}},
+		})
+		if err == nil {
+			grpcLease = resp.GetLease()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acquire over gRPC: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond) // the pool learns Ready proxies from events
+	}
+	a := grpcLease.GetAddress()
+	if body, err := s.fetchThrough(a.GetHost(), a.GetPort(), "/via-grpc-lease"); err != nil || body != "hello from the site, /via-grpc-lease" {
+		t.Fatalf("fetch through the gRPC-leased proxy %v: %q %v", a, body, err)
+	}
+
+	// Lease another through REST.
+	req, _ := http.NewRequest("POST", "http://"+s.lease.HTTP+"/v1/leases",
+		strings.NewReader(`{"targetHost":"news.example","ttl":"60s","selector":{"labels":{"id":"flow-07"}}}`))
+	req.Header.Set("Authorization", "Bearer "+crawlerToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rest struct {
+		Lease struct {
+			LeaseID string `json:"leaseId"`
+			Address struct {
+				Host string `json:"host"`
+				Port uint32 `json:"port"`
+			} `json:"address"`
+		} `json:"lease"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&rest)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || rest.Lease.LeaseID == "" {
+		t.Fatalf("acquire over REST = %d %+v", resp.StatusCode, rest)
+	}
+	if body, err := s.fetchThrough(rest.Lease.Address.Host, rest.Lease.Address.Port, "/via-rest-lease"); err != nil || !strings.Contains(body, "/via-rest-lease") {
+		t.Fatalf("fetch through the REST-leased proxy: %q %v", body, err)
+	}
+
+	// A ban on flow-03 for shop.example keeps it from that target only.
+	if _, err := leases.ReportOutcome(ctx(t, 10*time.Second), &leasev1.ReportOutcomeRequest{
+		LeaseId: grpcLease.GetLeaseId(), Outcome: leasev1.Outcome_OUTCOME_BANNED, Cooldown: durationpb.New(10 * time.Minute),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leases.ReleaseLease(ctx(t, 10*time.Second), &leasev1.ReleaseLeaseRequest{LeaseId: grpcLease.GetLeaseId()}); err != nil {
+		t.Fatal(err)
+	}
+	only03 := &leasev1.ProxySelector{Labels: map[string]string{"id": "flow-03"}}
+	_, err = leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{TargetHost: "shop.example", Selector: only03})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("acquiring the banned proxy for its target: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	other, err := leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{TargetHost: "other.example", Selector: only03})
+	if err != nil || other.GetLease().GetProxyName() != "flow-03" {
+		t.Fatalf("acquiring the banned proxy for another target: %v %v", other, err)
+	}
+	// Without a selector, shop.example never gets flow-03.
+	for range 10 {
+		l, err := leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{TargetHost: "shop.example"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.GetLease().GetProxyName() == "flow-03" {
+			t.Fatal("a proxy banned for shop.example was leased for it")
+		}
+	}
+
+	// Delete flow-07 (leased over REST): its instance goes, its lease ends.
+	c := s.proxies()
+	var uid07 string
+	for _, p := range all {
+		if p.GetName() == "flow-07" {
+			uid07 = p.GetUid()
+		}
+	}
+	if _, err := c.DeleteProxy(ctx(t, 10*time.Second), &proxyv1.DeleteProxyRequest{Name: "flow-07"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "flow-07 gone with its instance", time.Minute, func() bool {
+		_, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "flow-07"})
+		_, statErr := os.Stat(filepath.Join(s.stateDir, uid07))
+		return status.Code(err) == codes.NotFound && os.IsNotExist(statErr)
+	})
+	if _, err := s.fetchThrough(rest.Lease.Address.Host, rest.Lease.Address.Port, "/after-delete"); err == nil {
+		t.Error("the deleted proxy still forwards")
+	}
+	waitFor(t, "the lease on the deleted proxy ended", 10*time.Second, func() bool {
+		_, err := leases.RenewLease(ctx(t, 10*time.Second), &leasev1.RenewLeaseRequest{LeaseId: rest.Lease.LeaseID})
+		return err != nil
+	})
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within %s", what, timeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// The provisioner dies in the middle of Creates; a second replica finishes
+// them with no duplicate instance.
+func TestProvisionerKilledMidCreates(t *testing.T) {
+	s := newSuite(t)
+	// One command at a time, so most creates are still to do at the kill.
+	first := s.startProvisioner("prov-1", "--max-concurrent=1")
+	s.startOrchestrator()
+	s.createProxies("kill", 10)
+	waitFor(t, "a first instance", time.Minute, func() bool { return len(s.instanceDirs()) > 0 })
+	first.Kill(t)
+	atKill := len(s.instanceDirs())
+	t.Logf("provisioner killed with %d of 10 instances made", atKill)
+	if atKill == 10 {
+		t.Fatal("every create finished before the kill; the test proves nothing")
+	}
+	s.startProvisioner("prov-2")
+	s.waitAll("kill", 10, "Running", 3*time.Minute, running)
+	if dirs := s.instanceDirs(); len(dirs) != 10 {
+		t.Errorf("local instances = %d, want 10: %v", len(dirs), dirs)
+	}
+	assertDistinctAddresses(t, s, "kill", 10)
+}
+
+func assertDistinctAddresses(t *testing.T, s *suite, prefix string, n int) {
+	t.Helper()
+	resp, err := s.proxies().ListProxies(ctx(t, 10*time.Second), &proxyv1.ListProxiesRequest{PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, p := range resp.GetProxies() {
+		if !strings.HasPrefix(p.GetName(), prefix) {
+			continue
+		}
+		if other, dup := seen[p.GetStatus().GetIp()]; dup {
+			t.Errorf("%s and %s share %s", p.GetName(), other, p.GetStatus().GetIp())
+		}
+		seen[p.GetStatus().GetIp()] = p.GetName()
+	}
+	if len(seen) != n {
+		t.Errorf("%d distinct addresses, want %d", len(seen), n)
+	}
+}
+
+// The orchestrator restarts in the middle of provisioning; everything
+// converges with one instance per proxy.
+func TestOrchestratorRestartMidFlight(t *testing.T) {
+	s := newSuite(t)
+	s.startProvisioner("prov-1")
+	orch := s.startOrchestrator()
+	s.createProxies("restart", 10)
+	waitFor(t, "a first instance", time.Minute, func() bool { return len(s.instanceDirs()) > 0 })
+	orch.Kill(t)
+	t.Logf("orchestrator killed with %d of 10 instances made", len(s.instanceDirs()))
+	s.startOrchestrator()
+	s.waitAll("restart", 10, "Running", 3*time.Minute, running)
+	if dirs := s.instanceDirs(); len(dirs) != 10 {
+		t.Errorf("local instances = %d, want 10", len(dirs))
+	}
+	assertDistinctAddresses(t, s, "restart", 10)
+}
+
+// One of two health replicas dies; the other probes every proxy.
+func TestHealthReplicaKilled(t *testing.T) {
+	s := newSuite(t)
+	s.startProvisioner("prov-1")
+	s.startOrchestrator()
+	h1, _ := s.startHealth("health-1")
+	_, a2 := s.startHealth("health-2")
+	s.createProxies("hr", 6)
+	s.waitAll("hr", 6, "Ready and healthy", 3*time.Minute, ready)
+	h1.Kill(t)
+	// The survivor must probe all six: each one's last probe must be fresh
+	// and made by health-2.
+	killed := time.Now()
+	client := s.health(a2.GRPC)
+	waitFor(t, "every proxy probed by health-2 after the kill", time.Minute, func() bool {
+		resp, err := client.ListProxyHealth(ctx(t, 10*time.Second), &healthv1.ListProxyHealthRequest{PageSize: 100})
+		if err != nil {
+			return false
+		}
+		n := 0
+		for _, h := range resp.GetProxies() {
+			if strings.HasPrefix(h.GetProxyName(), "hr-") && h.GetProber() == "health-2" &&
+				h.GetLastProbeTime().AsTime().After(killed) && h.GetHealthy() {
+				n++
+			}
+		}
+		return n == 6
+	})
+	s.waitAll("hr", 6, "still Ready", 10*time.Second, ready)
+}
+
+// An instance whose proxy was deleted behind the system's back (its row
+// removed from the store) is an orphan; GC deletes it.
+func TestOrphanGC(t *testing.T) {
+	s := newSuite(t)
+	s.startProvisioner("prov-1")
+	s.startOrchestrator()
+	created := s.createProxies("gc", 2)
+	s.waitAll("gc", 2, "Running", 2*time.Minute, running)
+	victim := created[0].GetUid()
+	conn, err := pgx.Connect(context.Background(), s.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "DELETE FROM orchestrator.proxies WHERE uid = $1", victim); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the orphan deleted", time.Minute, func() bool {
+		_, err := os.Stat(filepath.Join(s.stateDir, victim))
+		return os.IsNotExist(err)
+	})
+	if _, err := os.Stat(filepath.Join(s.stateDir, created[1].GetUid())); err != nil {
+		t.Errorf("the live proxy's instance: %v", err)
+	}
+}
