@@ -222,13 +222,13 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 		}
 		if c.OrchestratorToken != "" {
-			tok, err := os.ReadFile(c.OrchestratorToken)
-			if err != nil {
+			tok := fileToken{path: c.OrchestratorToken}
+			if _, err := tok.read(); err != nil {
 				nc.Close()
 				db.Close()
-				return nil, fmt.Errorf("--orchestrator-token-file: %w", errors.Unwrap(err))
+				return nil, err
 			}
-			opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(strings.TrimSpace(string(tok)))))
+			opts = append(opts, grpc.WithPerRPCCredentials(&tok))
 		}
 		orch, err = grpc.NewClient(c.OrchestratorAddr, opts...)
 		if err != nil {
@@ -330,6 +330,35 @@ func vacuum(ctx context.Context, st *store.Store, every time.Duration, log *slog
 		}
 	}
 }
+
+// fileToken sends the bearer token held in a file, re-read on every call
+// (resyncs are rare), so a rotated Secret takes effect without a restart.
+// The token never appears in errors or logs.
+type fileToken struct{ path string }
+
+func (f *fileToken) read() (string, error) {
+	b, err := os.ReadFile(f.path)
+	if err != nil {
+		return "", fmt.Errorf("--orchestrator-token-file: %w", errors.Unwrap(err))
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", errors.New("--orchestrator-token-file: the file is empty")
+	}
+	return tok, nil
+}
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (f *fileToken) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	tok, err := f.read()
+	if err != nil {
+		return nil, err
+	}
+	return auth.BearerToken(tok).GetRequestMetadata(ctx, uri...)
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials.
+func (f *fileToken) RequireTransportSecurity() bool { return false }
 
 // Options are the service options the lease service needs.
 func Options() []service.Option {

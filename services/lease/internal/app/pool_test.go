@@ -149,18 +149,20 @@ type fakeOrchestrator struct {
 	revision int64
 	pageSize int
 
-	mu      sync.Mutex
-	proxies []*proxyv1.Proxy
-	calls   int
+	mu       sync.Mutex
+	proxies  []*proxyv1.Proxy
+	calls    int
+	rejected int
 }
 
 func (f *fakeOrchestrator) ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest) (*proxyv1.ListProxiesResponse, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer "+f.token {
-		return nil, status.Error(codes.Unauthenticated, "invalid bearer token")
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	md, _ := metadata.FromIncomingContext(ctx)
+	if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer "+f.token {
+		f.rejected++
+		return nil, status.Error(codes.Unauthenticated, "invalid bearer token")
+	}
 	f.calls++
 	start := 0
 	if req.GetPageToken() != "" {
@@ -237,4 +239,20 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	lt.Eventually(t, 10*time.Second, "proxy-a is gone after the second resync", func() bool {
 		return !listed(t, env.Client("grpc", "crawler-a"))["proxy-a"]
 	})
+
+	// A rotated token file is picked up without a restart.
+	done := env.Parts.Syncer.Resyncs()
+	fake.mu.Lock()
+	fake.token = "rotated-orchestrator-token"
+	fake.mu.Unlock()
+	if err := os.WriteFile(tokenFile, []byte("rotated-orchestrator-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env.Parts.Syncer.RequestResync("test")
+	lt.Eventually(t, 10*time.Second, "a resync with the rotated token", func() bool { return env.Parts.Syncer.Resyncs() > done })
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if fake.rejected != 0 {
+		t.Errorf("the orchestrator rejected %d calls", fake.rejected)
+	}
 }

@@ -88,6 +88,15 @@ func (s *Syncer) Resyncs() int {
 
 // Run consumes both event streams and runs resyncs until ctx ends.
 func (s *Syncer) Run(ctx context.Context) error {
+	err := s.run(ctx)
+	if ctx.Err() != nil {
+		// Stopped while starting: not a failure.
+		return nil
+	}
+	return err
+}
+
+func (s *Syncer) run(ctx context.Context) error {
 	proxies, err := s.js.OrderedConsumer(ctx, s.cfg.Names.ProxyEventStream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{s.cfg.Names.ProxyEventSubjects()},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
