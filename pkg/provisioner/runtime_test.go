@@ -854,3 +854,45 @@ func (c countingBackend) Create(ctx context.Context, req *provisionerv1.CreateIn
 	defer c.delta(-1)
 	return c.memBackend.Create(ctx, req)
 }
+
+// panicBackend panics in Get.
+type panicBackend struct{ *memBackend }
+
+func (panicBackend) Get(context.Context, *provisionerv1.GetInstanceRequest) (*provisionerv1.Instance, error) {
+	panic("boom")
+}
+
+func TestWorkerTerminatesBadCommandsAndSurvivesPanics(t *testing.T) {
+	t.Parallel()
+	env := newNATS(t)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: panicBackend{newMem()}})
+	runWorker(t, &Worker{RT: rt, JS: env.js, Names: env.names, ReplicaID: "r1", Metrics: m})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Not a protobuf Command.
+	if _, err := env.js.Publish(ctx, env.names.CommandSubject("pve"), []byte{0xff, 0xff, 0xff}); err != nil {
+		t.Fatal(err)
+	}
+	// A command naming another provider on this provider's subject.
+	wrong := createCmd("w1", "u1")
+	wrong.Provider = "other"
+	m1, err := bus.Message(ctx, env.names.CommandSubject("pve"), wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.js.PublishMsg(ctx, m1); err != nil {
+		t.Fatal(err)
+	}
+	// A Get whose backend panics.
+	env.publish(t, ctx, &busv1.Command{CommandId: "p1", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_GET,
+		Request: &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/1/x", ProxyUid: "u1"}}})
+	res := env.results(t, 1, 15*time.Second)[0]
+	if res.GetCommandId() != "p1" || res.GetError().GetReason() != errclass.Transient {
+		t.Errorf("result = %v, want p1's Transient error", res)
+	}
+	waitFor(t, 10*time.Second, "two invalid commands", func() bool {
+		return testutil.ToFloat64(m.Commands.WithLabelValues("pve", "invalid")) == 2
+	})
+}

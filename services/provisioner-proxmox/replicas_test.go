@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,11 +87,12 @@ func newCluster(t testing.TB) *cluster {
 
 // start runs one provisioner process and returns it with its gRPC address.
 func (c *cluster) start(t testing.TB, replica string, extra ...string) *proctest.Process {
-	p, _ := c.startAddr(t, replica, extra...)
+	p, _, _ := c.startAddr(t, replica, extra...)
 	return p
 }
 
-func (c *cluster) startAddr(t testing.TB, replica string, extra ...string) (*proctest.Process, string) {
+// startAddr also returns the gRPC and HTTP addresses.
+func (c *cluster) startAddr(t testing.TB, replica string, extra ...string) (*proctest.Process, string, string) {
 	t.Helper()
 	args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
 		"--providers-config=" + c.config, "--provider=pve", "--nats-url=" + c.nats.URL(),
@@ -97,8 +100,9 @@ func (c *cluster) startAddr(t testing.TB, replica string, extra ...string) (*pro
 	p := proctest.Start(t, proctest.Build(t, "."), args)
 	serving := p.WaitLog(t, 60*time.Second, proctest.Msg("serving"))
 	p.WaitLog(t, 30*time.Second, proctest.Msg("taking provisioner commands"))
-	addr, _ := serving["grpc"].(string)
-	return p, addr
+	grpcAddr, _ := serving["grpc"].(string)
+	httpAddr, _ := serving["http"].(string)
+	return p, grpcAddr, httpAddr
 }
 
 func (c *cluster) publishCreate(t testing.TB, id, uid string) {
@@ -261,6 +265,10 @@ func TestKilledMidCreateIsFinishedByTheOther(t *testing.T) {
 		t.Errorf("VMs = %v, want VM %d alone, running", vms, vmid)
 	}
 	b.WaitLog(t, 10*time.Second, func(m map[string]any) bool { return m["msg"] == "proxmox vm adopted" })
+	handled := b.WaitLog(t, 10*time.Second, proctest.Msg("command handled"))
+	if d, _ := handled["deliveries"].(float64); d < 2 {
+		t.Errorf("b handled delivery %v, want a redelivery", handled["deliveries"])
+	}
 	assertNoSecrets(t, c, a, b)
 }
 
@@ -282,7 +290,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 func TestGRPCOnTheBinary(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
-	_, addr := c.startAddr(t, "a")
+	_, addr, httpAddr := c.startAddr(t, "a")
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -314,5 +322,21 @@ func TestGRPCOnTheBinary(t *testing.T) {
 	_, err = client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u", Placement: &proxyv1.Placement{MachineType: "huge", Image: "debian-13"}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), `placement.machineType "huge" is not in proxmox.machineTypes`) {
 		t.Errorf("create with a bad placement = %v", err)
+	}
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`egress_provisioner_requests_total{class="none",op="create",provider="pve",result="ok"} 1`,
+		`egress_provisioner_requests_total{class="ERROR_REASON_NOT_FOUND",op="get",provider="pve",result="error"} 1`,
+		`egress_provisioner_requests_total{class="ERROR_REASON_PERMANENT",op="create",provider="pve",result="error"} 1`,
+		`egress_provisioner_request_duration_seconds_count{op="check",provider="pve",result="ok"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }
