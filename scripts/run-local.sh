@@ -31,8 +31,14 @@ export EGRESS_RESYNC_INTERVAL=${EGRESS_RESYNC_INTERVAL:-30s}
 # provisioner-local serves the `local` provider; health checks it.
 export EGRESS_PROVIDER=${EGRESS_PROVIDER:-local}
 export EGRESS_PROVISIONER=${EGRESS_PROVISIONER:-local=localhost:8160}
-# Local runs accept unauthenticated calls (each service logs a WARNING).
-export EGRESS_AUTH_DISABLED=${EGRESS_AUTH_DISABLED:-true}
+# Local runs accept unauthenticated calls (each service logs a WARNING),
+# unless EGRESS_LOCAL_AUTH=1 asks for the sample tokens in deploy/local.
+if [ "${EGRESS_LOCAL_AUTH:-}" = 1 ]; then
+	export EGRESS_AUTH_TOKEN_FILE=${EGRESS_AUTH_TOKEN_FILE:-deploy/local/tokens}
+	export EGRESS_ORCHESTRATOR_TOKEN_FILE=${EGRESS_ORCHESTRATOR_TOKEN_FILE:-deploy/local/admin-token}
+else
+	export EGRESS_AUTH_DISABLED=${EGRESS_AUTH_DISABLED:-true}
+fi
 
 logdir=${EGRESS_RUN_LOG_DIR:-.run}
 mkdir -p "$logdir"
