@@ -267,3 +267,23 @@ func TestApplyHealth(t *testing.T) {
 		t.Errorf("provisioning proxy: phase %v healthy %v", p.Phase, p.Healthy)
 	}
 }
+
+// JetStream delivers at least once: the same result twice changes the proxy
+// once.
+func TestApplyIgnoresDuplicateResults(t *testing.T) {
+	t.Parallel()
+	e := engine()
+	r := row()
+	dec := e.Decide(r, t0)
+	res := result(dec.Command, nil, running)
+	if got := e.Apply(r, res, t0); got != Applied {
+		t.Fatalf("first delivery: %v", got)
+	}
+	before := *r
+	if got := e.Apply(r, res, t0.Add(time.Second)); got != Stale {
+		t.Fatalf("second delivery: %v, want Stale", got)
+	}
+	if r.Phase != before.Phase || r.ProviderID != before.ProviderID || r.NextAttemptTime != before.NextAttemptTime {
+		t.Errorf("a duplicate result changed the proxy")
+	}
+}
