@@ -67,7 +67,9 @@ func New(provider string, cfg Config, log *slog.Logger, opts Options) (*Backend,
 	}
 	be := &Backend{name: provider, cfg: cfg, b: b, log: log, now: now,
 		c: &client{base: cfg.URL + "/api2/json", tokenFile: cfg.TokenFile, caFile: cfg.CAFile, insecure: cfg.InsecureSkipTLSVerify, budgets: b, log: log}}
-	if _, err := os.Stat(cfg.TokenFile); err != nil {
+	if f, err := os.Open(cfg.TokenFile); err == nil {
+		_ = f.Close()
+	} else {
 		reason := err.Error()
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
@@ -223,7 +225,9 @@ func (be *Backend) status(ctx context.Context, node string, vmid int) (vmStatus,
 	if err != nil {
 		return vmStatus{}, err
 	}
-	return vmStatus{Status: str(raw["status"]), QMP: str(raw["qmpstatus"]), Lock: str(raw["lock"])}, nil
+	st := vmStatus{Status: str(raw["status"]), QMP: str(raw["qmpstatus"]), Lock: str(raw["lock"])}
+	be.log.Log(ctx, LevelTrace, "proxmox api call", "call", "Status", "node", node, "vmid", vmid, "status", st.Status, "qmpstatus", st.QMP, "lock", st.Lock)
+	return st, nil
 }
 
 // task starts a task with one request and waits for it within budget.
@@ -251,6 +255,9 @@ func (be *Backend) waitTask(ctx context.Context, node, upid string, budget time.
 		var st map[string]any
 		err := be.c.do(ctx, call{name: "TaskStatus", method: http.MethodGet, path: "/nodes/" + url.PathEscape(node) + "/tasks/" + url.PathEscape(upid) + "/status",
 			attrs: []any{"node", node, "upid", upid}}, &st)
+		if err == nil {
+			be.log.Log(ctx, LevelTrace, "proxmox api call", "call", "TaskStatus", "node", node, "upid", upid, "status", str(st["status"]), "exitstatus", str(st["exitstatus"]))
+		}
 		switch {
 		case err == nil && str(st["status"]) == "stopped":
 			exit := str(st["exitstatus"])

@@ -632,7 +632,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, pattern string, h
 	// Authentication first, as pveproxy does.
 	auth := r.Header.Get("Authorization")
 	if auth == "" {
-		s.authFail(w, "No ticket")
+		s.authFail(w, r, "No ticket")
 		return
 	}
 	rest, ok := strings.CutPrefix(auth, "PVEAPIToken=")
@@ -641,7 +641,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, pattern string, h
 	tok := s.tokens[id]
 	s.mu.Unlock()
 	if !ok || !ok2 || tok == nil || tok.secret != secret {
-		s.authFail(w, "Authentication failed!")
+		s.authFail(w, r, "Authentication failed!")
 		return
 	}
 	q.user = id
@@ -671,7 +671,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, pattern string, h
 			return
 		}
 		if f.Status != 0 {
-			writeError(w, &apiError{status: f.Status, message: f.Message, errors: f.Errors, emptyBody: f.EmptyBody})
+			fail(w, r, &apiError{status: f.Status, message: f.Message, errors: f.Errors, emptyBody: f.EmptyBody})
 			return
 		}
 	}
@@ -680,21 +680,21 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, pattern string, h
 		nd := s.nodes[n]
 		s.mu.Unlock()
 		if nd == nil {
-			writeError(w, errf(500, "hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", n, n))
+			fail(w, r, errf(500, "hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", n, n))
 			return
 		}
 		if nd.down == 595 {
-			writeError(w, errf(595, "Errors during connection establishment, proxy handler: No route to host"))
+			fail(w, r, errf(595, "Errors during connection establishment, proxy handler: No route to host"))
 			return
 		}
 		if nd.down != 0 {
-			writeError(w, errf(nd.down, "Connection timed out"))
+			fail(w, r, errf(nd.down, "Connection timed out"))
 			return
 		}
 	}
 	if !strings.HasPrefix(pattern, "POST /nodes/{node}/storage/{storage}/upload") {
 		if err := r.ParseForm(); err != nil {
-			writeError(w, errf(400, "Parameter verification failed."))
+			fail(w, r, errf(400, "Parameter verification failed."))
 			return
 		}
 		q.form = r.Form
@@ -712,17 +712,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, pattern string, h
 	}
 	data, apiErr := h(s, q)
 	if apiErr != nil {
-		writeError(w, apiErr)
+		fail(w, r, apiErr)
 		return
 	}
 	writeData(w, data)
 }
 
-func (s *Server) authFail(w http.ResponseWriter, msg string) {
+func (s *Server) authFail(w http.ResponseWriter, r *http.Request, msg string) {
 	if s.opts.AuthFailDelay > 0 {
 		time.Sleep(s.opts.AuthFailDelay) // pveproxy's own delay, not synchronisation
 	}
-	writeError(w, &apiError{status: 401, message: msg, emptyBody: true})
+	fail(w, r, &apiError{status: 401, message: msg, emptyBody: true})
 }
 
 func (s *Server) matchFault(r *http.Request) *Fault {
@@ -1458,4 +1458,11 @@ func cloneValues(v url.Values) url.Values {
 		out[k] = append([]string(nil), vs...)
 	}
 	return out
+}
+
+// fail reads what is left of the request body, as pveproxy does before it
+// answers (an upload is staged whole), then writes the error.
+func fail(w http.ResponseWriter, r *http.Request, e *apiError) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 256<<20))
+	writeError(w, e)
 }
