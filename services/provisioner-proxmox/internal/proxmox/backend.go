@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 )
@@ -34,6 +36,8 @@ type Backend struct {
 type Options struct {
 	Budgets *Budgets
 	Now     func() time.Time
+	// TracerProvider traces the API requests (the global one by default).
+	TracerProvider trace.TracerProvider
 }
 
 // FromProvider decodes the provider's proxmox block and builds the backend.
@@ -66,7 +70,7 @@ func New(provider string, cfg Config, log *slog.Logger, opts Options) (*Backend,
 		now = time.Now
 	}
 	be := &Backend{name: provider, cfg: cfg, b: b, log: log, now: now,
-		c: &client{base: cfg.URL + "/api2/json", tokenFile: cfg.TokenFile, caFile: cfg.CAFile, insecure: cfg.InsecureSkipTLSVerify, budgets: b, log: log}}
+		c: &client{base: cfg.URL + "/api2/json", tokenFile: cfg.TokenFile, caFile: cfg.CAFile, insecure: cfg.InsecureSkipTLSVerify, budgets: b, log: log, tp: opts.TracerProvider}}
 	if f, err := os.Open(cfg.TokenFile); err == nil {
 		_ = f.Close()
 	} else {

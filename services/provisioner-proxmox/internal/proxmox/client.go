@@ -68,6 +68,7 @@ type client struct {
 	insecure  bool
 	budgets   Budgets
 	log       *slog.Logger
+	tp        trace.TracerProvider // nil: the global one
 
 	mu   sync.Mutex
 	http *http.Client // built once the CA is loaded
@@ -139,7 +140,11 @@ func (c *client) httpClient() (*http.Client, error) {
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	c.http = &http.Client{Transport: parentGated{plain: tr, traced: otelhttp.NewTransport(tr)}}
+	var otelOpts []otelhttp.Option
+	if c.tp != nil {
+		otelOpts = append(otelOpts, otelhttp.WithTracerProvider(c.tp))
+	}
+	c.http = &http.Client{Transport: parentGated{plain: tr, traced: otelhttp.NewTransport(tr, otelOpts...)}}
 	return c.http, nil
 }
 
