@@ -86,3 +86,21 @@ func TestCreateFresh(t *testing.T) {
 		t.Errorf("a fresh Create made %d calls, want 13: %v", n, calls)
 	}
 }
+
+// Real tasks take a while: each status poll that answers "no such task" or
+// "running" is one more call, and Create still finishes.
+func TestCreateWithSlowTasks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	e.fake.SetTaskTiming(1, 2)
+	if _, err := e.be.Create(ctxT(t), createReq("5105e000-0000-4000-8000-000000000001")); err != nil {
+		t.Fatal(err)
+	}
+	if vm := e.onlyVM(t); vm.Status != "running" {
+		t.Fatalf("VM = %v", vm)
+	}
+	// 13 calls, plus three more polls for each of the three tasks.
+	if n := e.fake.TotalCalls(); n != 13+3*3 {
+		t.Errorf("%d calls, want 22: %v", n, e.fake.Calls())
+	}
+}

@@ -92,6 +92,8 @@ type Server struct {
 	bodies    int64 // bytes of upload bodies received
 
 	stopOnStart map[int]bool
+	taskUnknown int // new tasks answer "no such task" this many times
+	taskRunning int // new tasks answer running this many times
 }
 
 type token struct {
@@ -467,6 +469,15 @@ func (s *Server) FailNextTask(kind, exit string) {
 	s.taskFails = append(s.taskFails, taskFail{kind, exit})
 }
 
+// SetTaskTiming makes every new task's status answer 400 "no such task"
+// unknown times (as right after a real task starts), then "running"
+// running times, before it ends (such a task ends only by being polled).
+func (s *Server) SetTaskTiming(unknown, running int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.taskUnknown, s.taskRunning = unknown, running
+}
+
 // HoldClones keeps every clone started from now on running (its VM locked
 // with lock: clone) until ReleaseClones.
 func (s *Server) HoldClones() {
@@ -787,7 +798,8 @@ func (s *Server) newTaskLocked(nodeName, kind, id, user string, finish func() st
 	s.taskSeq++
 	now := time.Now().Unix()
 	upid := fmt.Sprintf("UPID:%s:%08X:%08X:%08X:%s:%s:%s:", nodeName, 0x30000+s.taskSeq, 0x2000000+s.taskSeq*7, now, kind, id, user)
-	t := &task{upid: upid, node: nodeName, kind: kind, user: user, running: true, finish: finish}
+	t := &task{upid: upid, node: nodeName, kind: kind, user: user, running: true, finish: finish,
+		unknownFor: s.taskUnknown, pollsLeft: s.taskRunning}
 	for i, f := range s.taskFails {
 		if f.kind == kind {
 			exit := f.exit
@@ -830,14 +842,16 @@ func (s *Server) taskStatus(q *request) (any, *apiError) {
 		t.unknownFor--
 		return nil, &apiError{status: 400, message: "Parameter verification failed.", errors: map[string]string{"upid": "no such task"}}
 	}
-	if t.pollsLeft > 0 {
+	running := t.pollsLeft > 0
+	if running {
 		t.pollsLeft--
+	} else {
+		s.advanceLocked()
 	}
-	s.advanceLocked()
 	parts := strings.Split(upid, ":")
 	out := map[string]any{"upid": upid, "node": t.node, "type": t.kind, "id": parts[6], "user": t.user, "status": "running",
 		"pid": 1, "pstart": 1, "starttime": time.Now().Unix(), "tokenid": strings.SplitN(t.user, "!", 2)[len(strings.SplitN(t.user, "!", 2))-1]}
-	if !t.running {
+	if !t.running && !running {
 		out["status"] = "stopped"
 		out["exitstatus"] = t.exit
 	}
