@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -339,4 +340,40 @@ func TestGRPCOnTheBinary(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// SIGTERM with a Create in flight: after --drain-timeout the process hands
+// the command back (Nak) and exits 0; the other replica finishes it long
+// before the ack wait would have redelivered it.
+func TestSIGTERMHandsTheInFlightCreateToTheOther(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	c.fake.HoldClones()
+	started := c.fake.CloneStarted()
+	a := c.start(t, "a", "--ack-wait=5m", "--drain-timeout=300ms")
+	c.publishCreate(t, "cmd-1", "0f3a6c1e-2b4d-4c8e-9a7f-0000000000aa")
+	var vmid int
+	select {
+	case vmid = <-started:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the clone never started")
+	}
+	b := c.start(t, "b", "--ack-wait=5m")
+	a.Signal(t, syscall.SIGTERM)
+	if code := a.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	a.WaitLog(t, time.Second, proctest.Msg("handing an unfinished command back for redelivery"))
+	configReads := func() int { return c.fake.Calls()["GET /nodes/{node}/qemu/{vmid}/config"] }
+	before := configReads()
+	waitFor(t, 60*time.Second, "b waiting on the clone's lock", func() bool { return configReads() > before })
+	c.fake.ReleaseClones()
+	res := c.results(t, 1, 60*time.Second)[0]
+	if res.GetHandledBy() != "b" || res.GetError() != nil || res.GetCreate().GetInstance().GetProviderId() != fmt.Sprintf("vms/%d/proxy-0f3a6c1e-2b4d-4c8e-9a7f-0000000000aa", vmid) {
+		t.Fatalf("result = %v", res)
+	}
+	if n := len(c.fake.VMs()); n != 1 {
+		t.Errorf("%d VMs, want 1", n)
+	}
+	assertNoSecrets(t, c, a, b)
 }
