@@ -42,11 +42,13 @@ type Config struct {
 	OrchestratorAddr  string
 	OrchestratorToken string
 	ResyncInterval    time.Duration
-	SweepInterval     time.Duration
-	VacuumInterval    time.Duration
-	Retention         time.Duration
-	DefaultMaxLeases  int
-	API               api.Config
+	// InitialResyncTimeout bounds the resync before serving; 0 skips it.
+	InitialResyncTimeout time.Duration
+	SweepInterval        time.Duration
+	VacuumInterval       time.Duration
+	Retention            time.Duration
+	DefaultMaxLeases     int
+	API                  api.Config
 
 	// Now replaces the clock, for tests.
 	Now func() time.Time
@@ -55,15 +57,16 @@ type Config struct {
 // DefaultConfig is the configuration the flags default to.
 func DefaultConfig() Config {
 	return Config{
-		MigrateOnStart:   true,
-		DatabaseMaxConns: 16,
-		NATSPrefix:       bus.DefaultPrefix,
-		ResyncInterval:   5 * time.Minute,
-		SweepInterval:    time.Second,
-		VacuumInterval:   250 * time.Millisecond,
-		Retention:        time.Hour,
-		DefaultMaxLeases: 1,
-		API:              api.DefaultConfig(),
+		MigrateOnStart:       true,
+		DatabaseMaxConns:     16,
+		NATSPrefix:           bus.DefaultPrefix,
+		ResyncInterval:       5 * time.Minute,
+		InitialResyncTimeout: 10 * time.Second,
+		SweepInterval:        time.Second,
+		VacuumInterval:       250 * time.Millisecond,
+		Retention:            time.Hour,
+		DefaultMaxLeases:     1,
+		API:                  api.DefaultConfig(),
 	}
 }
 
@@ -81,6 +84,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.OrchestratorToken, "orchestrator-token-file", c.OrchestratorToken,
 		"file holding the bearer token for the orchestrator")
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "period of the safety-net full resync; 0 turns it off")
+	fs.DurationVar(&c.InitialResyncTimeout, "initial-resync-timeout", c.InitialResyncTimeout,
+		"how long the start waits for the first resync from the orchestrator before serving anyway; 0: do not wait")
 	fs.DurationVar(&c.SweepInterval, "sweep-interval", c.SweepInterval, "how often expired leases are ended and freed")
 	fs.DurationVar(&c.VacuumInterval, "vacuum-interval", c.VacuumInterval,
 		"how often the proxies table is vacuumed to keep lease selection fast; 0 leaves it to autovacuum")
@@ -239,6 +244,17 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 		lister = proxyv1.NewProxyServiceClient(orch)
 	}
 	syncer := pool.New(st, js, pool.Config{Names: names, Lister: lister, ResyncInterval: c.ResyncInterval}, met, s.Log)
+	if lister != nil && c.InitialResyncTimeout > 0 {
+		// Learn the whole pool before serving, so the first acquires do
+		// not see a partial one; an unreachable orchestrator only delays
+		// the start, and the syncer keeps retrying in the background.
+		rctx, cancel := context.WithTimeout(ctx, c.InitialResyncTimeout)
+		err := syncer.Resync(rctx)
+		cancel()
+		if err != nil {
+			s.Log.Warn("WARNING: the initial resync from the orchestrator failed; serving with the pool the event streams hold and retrying in the background", "error", err)
+		}
+	}
 	nc.SetReconnectHandler(func(*nats.Conn) { syncer.RequestResync("NATS reconnected") })
 	nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) {
 		if err != nil {

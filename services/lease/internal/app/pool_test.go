@@ -211,7 +211,10 @@ func TestResyncFromOrchestrator(t *testing.T) {
 		c.OrchestratorAddr = lis.Addr().String()
 		c.OrchestratorToken = tokenFile
 	}})
-	lt.Eventually(t, 10*time.Second, "a resync completes", func() bool { return env.Parts.Syncer.Resyncs() >= 1 })
+	// The first resync completes before the service serves.
+	if n := env.Parts.Syncer.Resyncs(); n < 1 {
+		t.Fatalf("the service serves after %d resyncs, want the initial one done", n)
+	}
 	got := listed(t, env.Client("grpc", "crawler-a"))
 	want := map[string]bool{"proxy-a": true, "proxy-b": true}
 	if len(got) != len(want) || !got["proxy-a"] || !got["proxy-b"] {
@@ -258,4 +261,29 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	if fake.rejected != 0 {
 		t.Errorf("the orchestrator rejected %d calls", fake.rejected)
 	}
+}
+
+// TestStartsWithoutOrchestrator: an unreachable orchestrator delays the
+// start at most by the initial resync timeout; the pool still comes from
+// events.
+func TestStartsWithoutOrchestrator(t *testing.T) {
+	t.Parallel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // nothing listens there now
+	start := time.Now()
+	env := lt.Start(t, lt.Options{Config: func(c *app.Config) {
+		c.OrchestratorAddr = addr
+		c.InitialResyncTimeout = time.Second
+	}})
+	t.Logf("started in %v", time.Since(start))
+	if n := env.Parts.Syncer.Resyncs(); n != 0 {
+		t.Fatalf("%d resyncs against a closed port", n)
+	}
+	c := env.Client("grpc", "crawler-a")
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidA, "proxy-a"), 1)
+	lt.Eventually(t, 5*time.Second, "proxy-a is leasable from its event", func() bool { return listed(t, c)["proxy-a"] })
 }

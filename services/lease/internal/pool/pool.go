@@ -136,7 +136,9 @@ func (s *Syncer) run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	s.RequestResync("start")
+	if s.Resyncs() == 0 {
+		s.RequestResync("start")
+	}
 	var tick <-chan time.Time
 	if s.cfg.ResyncInterval > 0 {
 		t := time.NewTicker(s.cfg.ResyncInterval)
