@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -85,46 +86,41 @@ func healthProviders(o *options) *cobra.Command {
 		Short: "Backend checks of every provider, or of one with its targets",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			client, closeConn, err := o.healthClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			var all []*healthv1.ProviderHealth
-			if len(args) == 1 {
-				resp, err := client.GetProviderHealth(ctx, &healthv1.GetProviderHealthRequest{Provider: args[0]})
-				if err != nil {
-					return err
-				}
-				all = append(all, resp.GetHealth())
-			} else {
-				resp, err := client.ListProviderHealth(ctx, &healthv1.ListProviderHealthRequest{})
-				if err != nil {
-					return err
-				}
-				all = resp.GetProviders()
-			}
-			msgs := make([]proto.Message, len(all))
-			for i, h := range all {
-				msgs[i] = h
-			}
-			return o.printMessages(msgs, len(args) == 1, func(tw *tabwriter.Writer) {
-				fmt.Fprintln(tw, "PROVIDER\tTYPE\tREADY\tREASON\tTARGETS\tLAST CHECK")
-				for _, h := range all {
-					ready := strings.TrimPrefix(h.GetReadiness().String(), "PROVIDER_READINESS_")
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", h.GetProvider(), h.GetType(), ready, h.GetReason(),
-						h.GetTargetsReady(), age(h.GetLastCheckTime().AsTime()))
-				}
-				if len(args) == 1 && len(all) == 1 {
-					fmt.Fprintln(tw)
-					fmt.Fprintln(tw, "TARGET\tADDRESS\tREADY\tREASON\tLATENCY\tMESSAGE")
-					for _, t := range all[0].GetTargets() {
-						fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\n", t.GetName(), t.GetAddress(), t.GetReady(), t.GetReason(),
-							t.GetLatency().AsDuration(), t.GetMessage())
+			return call(o, o.healthClient, func(ctx context.Context, client healthv1.HealthServiceClient) error {
+				var all []*healthv1.ProviderHealth
+				if len(args) == 1 {
+					resp, err := client.GetProviderHealth(ctx, &healthv1.GetProviderHealthRequest{Provider: args[0]})
+					if err != nil {
+						return err
 					}
+					all = append(all, resp.GetHealth())
+				} else {
+					resp, err := client.ListProviderHealth(ctx, &healthv1.ListProviderHealthRequest{})
+					if err != nil {
+						return err
+					}
+					all = resp.GetProviders()
 				}
+				msgs := make([]proto.Message, len(all))
+				for i, h := range all {
+					msgs[i] = h
+				}
+				return o.printMessages(msgs, len(args) == 1, func(tw *tabwriter.Writer) {
+					fmt.Fprintln(tw, "PROVIDER\tTYPE\tREADY\tREASON\tTARGETS\tLAST CHECK")
+					for _, h := range all {
+						ready := strings.TrimPrefix(h.GetReadiness().String(), "PROVIDER_READINESS_")
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", h.GetProvider(), h.GetType(), ready, h.GetReason(),
+							h.GetTargetsReady(), age(h.GetLastCheckTime().AsTime()))
+					}
+					if len(args) == 1 && len(all) == 1 {
+						fmt.Fprintln(tw)
+						fmt.Fprintln(tw, "TARGET\tADDRESS\tREADY\tREASON\tLATENCY\tMESSAGE")
+						for _, t := range all[0].GetTargets() {
+							fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\n", t.GetName(), t.GetAddress(), t.GetReady(), t.GetReason(),
+								t.GetLatency().AsDuration(), t.GetMessage())
+						}
+					}
+				})
 			})
 		},
 	}

@@ -74,21 +74,16 @@ func leasesAcquire(o *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			client, closeConn, err := o.leaseClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			resp, err := client.AcquireLease(ctx, &leasev1.AcquireLeaseRequest{
-				TargetHost: target, Ttl: ttlFlag(ttl),
-				Selector: &leasev1.ProxySelector{Provider: provider, Region: region, Zone: zone, Labels: lbls},
+			return call(o, o.leaseClient, func(ctx context.Context, client leasev1.LeaseServiceClient) error {
+				resp, err := client.AcquireLease(ctx, &leasev1.AcquireLeaseRequest{
+					TargetHost: target, Ttl: ttlFlag(ttl),
+					Selector: &leasev1.ProxySelector{Provider: provider, Region: region, Zone: zone, Labels: lbls},
+				})
+				if err != nil {
+					return explainExhausted(err)
+				}
+				return o.printLease(resp.GetLease())
 			})
-			if err != nil {
-				return explainExhausted(err)
-			}
-			return o.printLease(resp.GetLease())
 		},
 	}
 	f := c.Flags()
@@ -123,18 +118,13 @@ func leasesRenew(o *options) *cobra.Command {
 		Short: "Extend an active lease",
 		Args:  exactLease,
 		RunE: func(_ *cobra.Command, args []string) error {
-			client, closeConn, err := o.leaseClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			resp, err := client.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: args[0], Ttl: ttlFlag(ttl)})
-			if err != nil {
-				return err
-			}
-			return o.printLease(resp.GetLease())
+			return call(o, o.leaseClient, func(ctx context.Context, client leasev1.LeaseServiceClient) error {
+				resp, err := client.RenewLease(ctx, &leasev1.RenewLeaseRequest{LeaseId: args[0], Ttl: ttlFlag(ttl)})
+				if err != nil {
+					return err
+				}
+				return o.printLease(resp.GetLease())
+			})
 		},
 	}
 	c.Flags().DurationVar(&ttl, "ttl", 0, "new duration from now (default: the service's)")
@@ -147,23 +137,18 @@ func leasesRelease(o *options) *cobra.Command {
 		Short: "End a lease (idempotent)",
 		Args:  exactLease,
 		RunE: func(_ *cobra.Command, args []string) error {
-			client, closeConn, err := o.leaseClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			resp, err := client.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: args[0]})
-			if err != nil {
-				return err
-			}
-			return o.printMessages([]proto.Message{resp}, true, func(tw *tabwriter.Writer) {
-				if resp.GetReleased() {
-					fmt.Fprintf(tw, "lease %s released\n", args[0])
-				} else {
-					fmt.Fprintf(tw, "lease %s had already ended\n", args[0])
+			return call(o, o.leaseClient, func(ctx context.Context, client leasev1.LeaseServiceClient) error {
+				resp, err := client.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: args[0]})
+				if err != nil {
+					return err
 				}
+				return o.printMessages([]proto.Message{resp}, true, func(tw *tabwriter.Writer) {
+					if resp.GetReleased() {
+						fmt.Fprintf(tw, "lease %s released\n", args[0])
+					} else {
+						fmt.Fprintf(tw, "lease %s had already ended\n", args[0])
+					}
+				})
 			})
 		},
 	}
@@ -195,28 +180,23 @@ func leasesReport(o *options) *cobra.Command {
 			default:
 				return usagef("--scope %q: want target or global", scope)
 			}
-			client, closeConn, err := o.leaseClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			resp, err := client.ReportOutcome(ctx, req)
-			if err != nil {
-				return err
-			}
-			return o.printMessages([]proto.Message{resp}, true, func(tw *tabwriter.Writer) {
-				cd := resp.GetCooldown()
-				if cd == nil {
-					fmt.Fprintln(tw, "reported; no cooldown")
-					return
+			return call(o, o.leaseClient, func(ctx context.Context, client leasev1.LeaseServiceClient) error {
+				resp, err := client.ReportOutcome(ctx, req)
+				if err != nil {
+					return err
 				}
-				where := "globally"
-				if cd.GetTargetHost() != "" {
-					where = "for " + cd.GetTargetHost()
-				}
-				fmt.Fprintf(tw, "reported; the proxy cools down %s until %s\n", where, cd.GetExpireTime().AsTime().Local().Format(time.RFC3339))
+				return o.printMessages([]proto.Message{resp}, true, func(tw *tabwriter.Writer) {
+					cd := resp.GetCooldown()
+					if cd == nil {
+						fmt.Fprintln(tw, "reported; no cooldown")
+						return
+					}
+					where := "globally"
+					if cd.GetTargetHost() != "" {
+						where = "for " + cd.GetTargetHost()
+					}
+					fmt.Fprintf(tw, "reported; the proxy cools down %s until %s\n", where, cd.GetExpireTime().AsTime().Local().Format(time.RFC3339))
+				})
 			})
 		},
 	}

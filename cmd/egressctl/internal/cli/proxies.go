@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -112,21 +113,16 @@ func proxiesCreate(o *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			client, closeConn, err := o.proxyClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			resp, err := client.CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: args[0], Labels: lbls, Spec: spec, SkipCleanup: skipCleanup})
-			if err != nil {
-				return err
-			}
-			if !wait {
-				return o.printProxies([]*proxyv1.Proxy{resp.GetProxy()}, true)
-			}
-			return o.waitReady(client, resp.GetProxy())
+			return call(o, o.proxyClient, func(ctx context.Context, client proxyv1.ProxyServiceClient) error {
+				resp, err := client.CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: args[0], Labels: lbls, Spec: spec, SkipCleanup: skipCleanup})
+				if err != nil {
+					return err
+				}
+				if !wait {
+					return o.printProxies([]*proxyv1.Proxy{resp.GetProxy()}, true)
+				}
+				return o.waitReady(client, resp.GetProxy())
+			})
 		},
 	}
 	f := c.Flags()
@@ -231,18 +227,13 @@ func proxiesGet(o *options) *cobra.Command {
 		Short: "Show one proxy",
 		Args:  exactName,
 		RunE: func(_ *cobra.Command, args []string) error {
-			client, closeConn, err := o.proxyClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			resp, err := client.GetProxy(ctx, &proxyv1.GetProxyRequest{Name: args[0]})
-			if err != nil {
-				return err
-			}
-			return o.printProxies([]*proxyv1.Proxy{resp.GetProxy()}, true)
+			return call(o, o.proxyClient, func(ctx context.Context, client proxyv1.ProxyServiceClient) error {
+				resp, err := client.GetProxy(ctx, &proxyv1.GetProxyRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				return o.printProxies([]*proxyv1.Proxy{resp.GetProxy()}, true)
+			})
 		},
 	}
 }
@@ -301,18 +292,13 @@ func proxiesDelete(o *options) *cobra.Command {
 		Short: "Delete a proxy and its instance",
 		Args:  exactName,
 		RunE: func(_ *cobra.Command, args []string) error {
-			client, closeConn, err := o.proxyClient()
-			if err != nil {
-				return err
-			}
-			defer closeConn()
-			ctx, cancel := o.ctx()
-			defer cancel()
-			resp, err := client.DeleteProxy(ctx, &proxyv1.DeleteProxyRequest{Name: args[0], SkipCleanup: skipCleanup})
-			if err != nil {
-				return err
-			}
-			return o.printProxies([]*proxyv1.Proxy{resp.GetProxy()}, true)
+			return call(o, o.proxyClient, func(ctx context.Context, client proxyv1.ProxyServiceClient) error {
+				resp, err := client.DeleteProxy(ctx, &proxyv1.DeleteProxyRequest{Name: args[0], SkipCleanup: skipCleanup})
+				if err != nil {
+					return err
+				}
+				return o.printProxies([]*proxyv1.Proxy{resp.GetProxy()}, true)
+			})
 		},
 	}
 	c.Flags().BoolVar(&skipCleanup, "skip-cleanup", false, "abandon the instance instead of deleting it")

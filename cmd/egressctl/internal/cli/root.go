@@ -108,6 +108,19 @@ func (o *options) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), o.timeout)
 }
 
+// call connects with connect, runs fn under the call timeout, and closes
+// the connection.
+func call[C any](o *options, connect func() (C, func(), error), fn func(context.Context, C) error) error {
+	client, closeConn, err := connect()
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	ctx, cancel := o.ctx()
+	defer cancel()
+	return fn(ctx, client)
+}
+
 // describe turns an error into one line a person can act on.
 func describe(err error, o *options) string {
 	var ue *usageError
