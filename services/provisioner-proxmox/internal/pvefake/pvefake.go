@@ -60,6 +60,8 @@ type Options struct {
 	// AuthFailDelay delays 401 answers as pveproxy does (about 3s there;
 	// zero by default to keep tests fast).
 	AuthFailDelay time.Duration
+	// Addr is the listen address (default 127.0.0.1:0).
+	Addr string
 }
 
 // Server is a running fake.
@@ -214,7 +216,11 @@ func Start(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.CAPEM = caPEM
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := opts.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
