@@ -22,6 +22,10 @@ BREAKING_AGAINST ?= $(API_BASELINE)
 
 GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
 
+# The values the chart requires, for linting it.
+HELM_VALUES := --set database.url=postgres://db/egress --set auth.existingSecret=egress-auth \
+	--set health.probeTarget=https://probe.example/
+
 .PHONY: all tools third-party generate check-generated lint breaking api-baseline build test test-e2e run helm-lint clean
 
 all: lint build test
@@ -64,8 +68,9 @@ lint: tools third-party
 	go vet -tags e2e ./tests/e2e/
 	$(BUF) lint
 	$(BUF) format --diff --exit-code proto
-	$(HELM) lint deploy/helm/egress-proxies --set database.url=postgres://db/egress
-	$(HELM) template smoke deploy/helm/egress-proxies --set database.url=postgres://db/egress >/dev/null
+	$(HELM) lint deploy/helm/egress-proxies $(HELM_VALUES)
+	$(HELM) template smoke deploy/helm/egress-proxies $(HELM_VALUES) \
+		--set components.provisioner-proxmox.enabled=true --set components.provisioner-proxmox.provider=pve >/dev/null
 
 ## breaking: fail when proto/ breaks wire or JSON compatibility with the baseline
 breaking: tools third-party
