@@ -12,12 +12,21 @@ if [ $# -eq 0 ]; then
 fi
 
 # Local defaults for every service; any EGRESS_* already set wins.
-scripts/ensure-deps.sh >/dev/null || {
-	echo "PostgreSQL on 127.0.0.1:5432 and NATS on 127.0.0.1:4222 are needed; scripts/ensure-deps.sh could not start them" >&2
-	exit 1
-}
-psql -h 127.0.0.1 -U postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'egress'" | grep -q 1 ||
-	psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE egress" >/dev/null
+if [ -z "${EGRESS_DATABASE_URL:-}" ] || [ -z "${EGRESS_NATS_URL:-}" ]; then
+	scripts/ensure-deps.sh >/dev/null || {
+		cat >&2 <<-'EOF'
+		make run needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth) and NATS with
+		JetStream on 127.0.0.1:4222, and scripts/ensure-deps.sh could not start them. Either run
+		it as root (it installs Debian's postgresql and nats-server), or point the suite at
+		yours: EGRESS_DATABASE_URL=postgres://… EGRESS_NATS_URL=nats://… make run
+		EOF
+		exit 1
+	}
+fi
+if [ -z "${EGRESS_DATABASE_URL:-}" ]; then
+	psql -h 127.0.0.1 -U postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'egress'" | grep -q 1 ||
+		psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE egress" >/dev/null
+fi
 export EGRESS_DATABASE_URL=${EGRESS_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/egress?sslmode=disable}
 export EGRESS_NATS_URL=${EGRESS_NATS_URL:-nats://127.0.0.1:4222}
 export EGRESS_PROVIDERS_CONFIG=${EGRESS_PROVIDERS_CONFIG:-deploy/local/providers.yaml}
