@@ -143,8 +143,8 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	if err != nil {
 		return nil, err
 	}
-	log := be.log.With("name", name, "node", p.node)
-	log.Log(ctx, LevelTrace, "proxmox create resolved", "machineType", p.machineType, "cores", p.mt.Cores, "memoryMiB", p.mt.MemoryMiB,
+	log := be.log.With("name", name)
+	log.Log(ctx, LevelTrace, "proxmox create resolved", "node", p.node, "machineType", p.machineType, "cores", p.mt.Cores, "memoryMiB", p.mt.MemoryMiB,
 		"diskGiB", p.mt.DiskGiB, "template", p.template, "storage", be.cfg.Storage, "isoStorage", be.cfg.ISOStorage,
 		"bridge", be.cfg.Bridge, "vlanTag", be.cfg.VLANTag, "cloudInitBytes", len(req.GetCloudInit()))
 
