@@ -141,7 +141,16 @@ func (r *Runtime) begin(ctx context.Context, op Op, attrs ...slog.Attr) (context
 		d := time.Since(start)
 		r.metrics.inflight(r.provider, op, -1)
 		r.metrics.observe(r.provider, op, err, d)
-		all := append(append([]slog.Attr{slog.String("op", string(op))}, attrs...), more...)
+		all := append([]slog.Attr{slog.String("op", string(op))}, attrs...)
+		for _, a := range more {
+			dup := false
+			for _, b := range attrs {
+				dup = dup || b.Key == a.Key
+			}
+			if !dup {
+				all = append(all, a)
+			}
+		}
 		all = append(all, slog.Duration("duration", d))
 		for _, a := range more {
 			span.SetAttributes(attribute.String("provisioner."+a.Key, a.Value.String()))
