@@ -145,7 +145,12 @@ func (h *harness) startProvisioner(provider string, s script) *fakeProvisioner {
 		h.t.Fatal(err)
 	}
 	f := &fakeProvisioner{script: s}
+	done := make(chan struct{})
+	// Stop before the NATS server does (cleanups run last-in first-out),
+	// so a fetch in progress ends normally.
+	h.t.Cleanup(func() { cancel(); <-done })
 	go func() {
+		defer close(done)
 		for ctx.Err() == nil {
 			batch, err := cons.Fetch(64, jetstream.FetchMaxWait(100*time.Millisecond))
 			if err != nil {
