@@ -57,9 +57,8 @@ type Syncer struct {
 
 	resync chan struct{}
 
-	mu         sync.Mutex
-	lastResync time.Time
-	resyncs    int
+	mu      sync.Mutex
+	resyncs int
 }
 
 // New returns a Syncer.
@@ -293,7 +292,6 @@ func (s *Syncer) Resync(ctx context.Context) error {
 	}
 	s.met.Resyncs.WithLabelValues("ok").Inc()
 	s.mu.Lock()
-	s.lastResync = time.Now()
 	s.resyncs++
 	s.mu.Unlock()
 	s.log.Info("pool resynced from the orchestrator", "proxies", len(seen), "changed", applied, "deleted", deleted,
