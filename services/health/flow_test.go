@@ -20,9 +20,13 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
@@ -406,8 +410,29 @@ func TestFlow(t *testing.T) {
 		t.Errorf("the deleted proxy was probed %d more times", after-before)
 	}
 
+	// A watch open at SIGTERM ends with the service instead of holding the
+	// graceful stop for its whole timeout.
+	conn, err := grpc.NewClient(addrs.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	watch, err := healthv1.NewHealthServiceClient(conn).WatchProxyHealth(context.Background(), &healthv1.WatchProxyHealthRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Header(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
 	p.Signal(t, syscall.SIGTERM)
+	if _, err := watch.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("watch at shutdown ended with %v, want Unavailable", err)
+	}
 	if code := p.Wait(t, 20*time.Second); code != 0 {
 		t.Errorf("exit code %d", code)
+	}
+	if took := time.Since(stopped); took > 10*time.Second {
+		t.Errorf("shutdown with an open watch took %s", took)
 	}
 }

@@ -34,6 +34,10 @@ type Server struct {
 	// Providers are the configured providers, in config order.
 	Providers []Provider
 	Log       *slog.Logger
+	// Stopping, when closed, ends every watch (the service is shutting
+	// down: a graceful stop waits for streams, and watches never end on
+	// their own).
+	Stopping <-chan struct{}
 }
 
 const (
@@ -148,6 +152,8 @@ func (s *Server) WatchProxyHealth(req *healthv1.WatchProxyHealthRequest, stream 
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
+		case <-s.Stopping:
+			return status.Errorf(codes.Unavailable, "the service is shutting down; resume with since_sequence=%d", last)
 		case t, ok := <-ch:
 			if !ok {
 				if ctx.Err() != nil {

@@ -293,7 +293,8 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	}
 	s.Metrics.MustRegister(providerhealth.Collector{M: mon})
 
-	srv := &api.Server{Store: st, Hub: hub, Providers: apiProviders, Log: log}
+	// ctx ends at SIGTERM, before the graceful stop that waits for streams.
+	srv := &api.Server{Store: st, Hub: hub, Providers: apiProviders, Log: log, Stopping: ctx.Done()}
 	healthv1.RegisterHealthServiceServer(s.GRPC, srv)
 	s.MountGateway(healthv1.RegisterHealthServiceHandler)
 

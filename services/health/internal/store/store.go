@@ -63,19 +63,35 @@ func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // RecordTransition stores a transition and, when st is set, the proxy's
-// current state in one transaction and returns the transition with its sequence.
+// current state in one transaction, and returns the transition with its
+// sequence. A transition that repeats the proxy's last stored verdict for
+// the same instance is not a flip — a replica that took the proxy over
+// without knowing the earlier verdict reached the same one again — and is
+// not stored: it returns nil. Inserts are serialised, so this holds across
+// replicas.
 func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *engine.State, prober string) (*healthv1.HealthTransition, error) {
 	var seq int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		seq = 0
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(transitionLock)); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, `INSERT INTO health.transitions
-			(proxy_uid, proxy_name, provider_id, healthy, reason, message, latency_us, transition_time, prober)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING sequence`,
-			tr.UID, tr.Name, tr.ProviderID, tr.Healthy, tr.Reason, tr.Message, tr.Latency.Microseconds(), tr.Time, prober,
-		).Scan(&seq); err != nil {
+		var lastProvider string
+		var lastHealthy bool
+		err := tx.QueryRow(ctx, `SELECT provider_id, healthy FROM health.transitions
+			WHERE proxy_uid = $1 ORDER BY sequence DESC LIMIT 1`, tr.UID).Scan(&lastProvider, &lastHealthy)
+		repeat := err == nil && lastProvider == tr.ProviderID && lastHealthy == tr.Healthy
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
+		}
+		if !repeat {
+			if err := tx.QueryRow(ctx, `INSERT INTO health.transitions
+				(proxy_uid, proxy_name, provider_id, healthy, reason, message, latency_us, transition_time, prober)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING sequence`,
+				tr.UID, tr.Name, tr.ProviderID, tr.Healthy, tr.Reason, tr.Message, tr.Latency.Microseconds(), tr.Time, prober,
+			).Scan(&seq); err != nil {
+				return err
+			}
 		}
 		if st == nil {
 			return nil
@@ -84,6 +100,9 @@ func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *
 	})
 	if err != nil {
 		return nil, fmt.Errorf("recording the transition of %s: %w", tr.Name, err)
+	}
+	if seq == 0 {
+		return nil, nil
 	}
 	return &healthv1.HealthTransition{
 		Sequence: seq, ProxyUid: tr.UID, ProxyName: tr.Name, ProviderId: tr.ProviderID, Healthy: tr.Healthy,
@@ -101,7 +120,10 @@ const upsertStateSQL = `INSERT INTO health.proxy_health
 	 message = EXCLUDED.message, latency_us = EXCLUDED.latency_us,
 	 consecutive_successes = EXCLUDED.consecutive_successes, consecutive_failures = EXCLUDED.consecutive_failures,
 	 last_probe_time = EXCLUDED.last_probe_time, last_transition_time = EXCLUDED.last_transition_time,
-	 prober = EXCLUDED.prober, updated_at = now()`
+	 prober = EXCLUDED.prober, updated_at = now()
+	WHERE health.proxy_health.provider_id <> EXCLUDED.provider_id
+	   OR health.proxy_health.last_probe_time IS NULL
+	   OR EXCLUDED.last_probe_time >= health.proxy_health.last_probe_time`
 
 func stateArgs(st engine.State, prober string) []any {
 	return []any{st.Spec.UID, st.Spec.Name, st.Spec.ProviderID, st.Spec.Address, st.VerdictKnown, st.Healthy,
@@ -121,7 +143,10 @@ func nullTime(t time.Time) *time.Time {
 	return &t
 }
 
-// SaveStates upserts the current states of proxies in one batch.
+// SaveStates upserts the current states of proxies in one batch. A state
+// older (by its last probe) than the stored one of the same instance is
+// skipped: a batch taken just before a transition must not undo the state
+// written with it.
 func (s *Store) SaveStates(ctx context.Context, states []engine.State, prober string) error {
 	if len(states) == 0 {
 		return nil

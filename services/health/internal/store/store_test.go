@@ -83,3 +83,76 @@ func TestPublishPending_concurrentPublishers(t *testing.T) {
 		}
 	}
 }
+
+func TestRecordTransition_repeatIsNotAFlip(t *testing.T) {
+	t.Parallel()
+	_, st := storetest.New(t)
+	ctx := context.Background()
+	record := func(provider string, healthy bool) *healthv1.HealthTransition {
+		t.Helper()
+		tr, err := st.RecordTransition(ctx, engine.Transition{UID: "u1", Name: "p1", ProviderID: provider, Healthy: healthy, Time: time.Now()}, nil, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	steps := []struct {
+		provider string
+		healthy  bool
+		stored   bool
+	}{
+		{"vm-1", true, true},
+		{"vm-1", true, false}, // another replica's first verdict, the same
+		{"vm-1", false, true},
+		{"vm-1", false, false},
+		{"vm-2", false, true}, // a new instance's first verdict is news
+		{"vm-2", true, true},
+	}
+	for i, s := range steps {
+		if got := record(s.provider, s.healthy); (got != nil) != s.stored {
+			t.Errorf("step %d (%s healthy=%v): stored=%v, want %v", i, s.provider, s.healthy, got != nil, s.stored)
+		}
+	}
+	ts, err := st.TransitionsAfter(ctx, 0, 100)
+	if err != nil || len(ts) != 4 {
+		t.Fatalf("%d transitions stored (%v), want 4", len(ts), err)
+	}
+}
+
+func TestSaveStates_neverRegresses(t *testing.T) {
+	t.Parallel()
+	_, st := storetest.New(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	state := func(provider string, known bool, at time.Time) engine.State {
+		return engine.State{Spec: engine.Spec{UID: "u1", Name: "p1", ProviderID: provider, Address: "10.0.0.1:3128"},
+			VerdictKnown: known, Healthy: known, LastProbe: at}
+	}
+	save := func(s engine.State) {
+		t.Helper()
+		if err := st.SaveStates(ctx, []engine.State{s}, "r"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	known := func() bool {
+		t.Helper()
+		h, err := st.GetProxy(ctx, "p1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h.GetVerdictKnown()
+	}
+	save(state("vm-1", true, t0.Add(2*time.Second)))
+	save(state("vm-1", false, t0.Add(time.Second))) // a batch taken before the transition
+	if !known() {
+		t.Error("an older state overwrote a newer one")
+	}
+	save(state("vm-1", true, time.Time{})) // a new owner that has not probed yet
+	if h, _ := st.GetProxy(ctx, "p1"); !h.GetLastProbeTime().AsTime().Equal(t0.Add(2 * time.Second)) {
+		t.Errorf("a state without a probe replaced one with: %v", h)
+	}
+	save(state("vm-2", false, t0)) // a new instance replaces whatever was
+	if known() {
+		t.Error("a new instance's state was not written")
+	}
+}
