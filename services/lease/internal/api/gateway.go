@@ -20,9 +20,18 @@ func GatewayOptions() []runtime.ServeMuxOption {
 // original discovery API, rather than 429: nothing is rate-limited, the
 // pool is exhausted. The body is the google.rpc.Status with its details, so
 // the NoProxyAvailable arithmetic is visible to REST clients.
+//
+// A request the gateway itself cannot decode (malformed JSON, an unknown
+// field, a value of the wrong type) is INVALID_ARGUMENT naming the field
+// "body", like the service's own validation errors.
 func ErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
-		w = &statusOverride{ResponseWriter: w, code: http.StatusConflict}
+	if st, ok := status.FromError(err); ok {
+		switch {
+		case st.Code() == codes.ResourceExhausted:
+			w = &statusOverride{ResponseWriter: w, code: http.StatusConflict}
+		case st.Code() == codes.InvalidArgument && len(st.Details()) == 0:
+			err = invalid("body", st.Message())
+		}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
 }

@@ -735,6 +735,9 @@ func TestInvalidRESTBodies(t *testing.T) {
 			if err != nil || code != http.StatusBadRequest {
 				t.Errorf("POST %s %s = %d %s, %v; want 400", tc.path, tc.body, code, body, err)
 			}
+			if !strings.Contains(string(body), `"message":"body: `) || !strings.Contains(string(body), `"field":"body"`) {
+				t.Errorf("POST %s %s: the error does not name the body: %s", tc.path, tc.body, body)
+			}
 		})
 	}
 }
