@@ -97,8 +97,8 @@ func TestReplicaSplit(t *testing.T) {
 		}
 	}
 	t.Logf("replica-b took over all %d proxies %s after replica-a was killed", n, took.Round(10*time.Millisecond))
-	if took > 6*time.Second {
-		t.Errorf("takeover took %s, want within the 2s membership TTL plus a few seconds", took)
+	if took > 10*time.Second {
+		t.Errorf("takeover took %s, want within the 2s membership TTL plus a few seconds of a loaded machine", took)
 	}
 	// A proxy taken over keeps the verdict its earlier prober reached:
 	// neither b joining nor a dying made anyone publish the same verdict
