@@ -5,9 +5,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +22,8 @@ import (
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 )
 
 // The whole flow: 20 proxies Ready and healthy, leased over gRPC and REST
@@ -265,4 +269,84 @@ func TestOrphanGC(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.stateDir, created[1].GetUid())); err != nil {
 		t.Errorf("the live proxy's instance: %v", err)
 	}
+}
+
+// The orchestrator and provisioner-proxmox agree on the contract: a proxy
+// on the fake Proxmox VE API is cloned, started, Running with the guest
+// agent's address, survives orphan GC, and is destroyed on delete.
+func TestProxmoxBackend(t *testing.T) {
+	s := newSuite(t)
+	fake := proctest.Start(t, proctest.Build(t, "../../services/provisioner-proxmox/internal/pvefake/cmd/pvefake"),
+		[]string{"--listen=127.0.0.1:0", "--dir=" + s.dir})
+	var pveURL string
+	waitFor(t, "the fake Proxmox VE API", 30*time.Second, func() bool {
+		for _, line := range strings.Split(fake.Output(), "\n") {
+			if u, ok := strings.CutPrefix(strings.TrimSpace(line), "url: "); ok {
+				pveURL = u
+				return true
+			}
+		}
+		return false
+	})
+	s.providers = s.write("providers.yaml", `providers:
+  - name: pve-fake
+    type: proxmox
+    proxmox:
+      url: `+pveURL+`
+      tokenFile: `+filepath.Join(s.dir, "token")+`
+      caFile: `+filepath.Join(s.dir, "ca.pem")+`
+      nodes: [pv1-1]
+      isoStorage: proxy-seeds
+      templates: {debian-13: {vmid: 9001}}
+      machineTypes: {small: {cores: 1, memoryMiB: 1024}}
+`)
+	servicetest.Start(t, "../../services/provisioner-proxmox", []string{"--nats-url=" + s.nats.URL(),
+		"--providers-config=" + s.providers, "--provider=pve-fake", "--replica-id=pve-1"})
+	s.startOrchestrator()
+	c := s.proxies()
+	resp, err := c.CreateProxy(ctx(t, 30*time.Second), &proxyv1.CreateProxyRequest{Name: "pve-00", Spec: &proxyv1.ProxySpec{
+		Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "pve-fake", CloudInit: "#cloud-config\n",
+		Placement: &proxyv1.Placement{Zone: "pv1-1", MachineType: "small", Image: "debian-13"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.waitAll("pve", 1, "Running", 2*time.Minute, running)[0]
+	if !strings.HasPrefix(p.GetStatus().GetProviderId(), "vms/") || p.GetStatus().GetIp() == "" {
+		t.Errorf("status %v", p.GetStatus())
+	}
+	// Orphan GC sweeps every 2 s with a 1 s grace: the live VM must survive
+	// a few sweeps.
+	waitFor(t, "three GC sweeps of pve-fake", time.Minute, func() bool {
+		return metricAtLeast(t, "http://"+s.orchestrator.HTTP+"/metrics", `egress_orchestrator_gc_sweeps_total{provider="pve-fake"}`, 3)
+	})
+	if got, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "pve-00"}); err != nil || !running(got.GetProxy()) {
+		t.Fatalf("after GC sweeps: %v %v", got, err)
+	}
+	if _, err := c.DeleteProxy(ctx(t, 10*time.Second), &proxyv1.DeleteProxyRequest{Name: "pve-00"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "pve-00 gone", time.Minute, func() bool {
+		_, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "pve-00"})
+		return status.Code(err) == codes.NotFound
+	})
+	_ = resp
+}
+
+// metricAtLeast reports whether the sample named series on the metrics page
+// at url is at least min.
+func metricAtLeast(t *testing.T, url, series string, min float64) bool {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return err == nil && f >= min
+		}
+	}
+	return false
 }
