@@ -167,6 +167,8 @@ type Hub struct {
 	ready  chan struct{}
 	subs   map[chan *healthv1.HealthTransition]struct{}
 	closed bool
+	// warned throttles the warning of a failing poll to one a minute.
+	warned time.Time
 }
 
 func (h *Hub) init() {
@@ -239,8 +241,9 @@ func (h *Hub) poll(ctx context.Context) {
 		h.mu.Unlock()
 		ts, err := h.Store.TransitionsAfter(ctx, after, 500)
 		if err != nil {
-			if ctx.Err() == nil {
-				h.Log.Warn("WARNING: reading transitions failed", "error", err)
+			if ctx.Err() == nil && time.Since(h.warned) > time.Minute {
+				h.warned = time.Now()
+				h.Log.Warn("WARNING: reading transitions failed; watches wait (logged once a minute)", "error", err)
 			}
 			return
 		}
