@@ -313,17 +313,6 @@ func (e *Engine) Remove(uid string) {
 	}
 }
 
-// UIDs lists the proxies the engine holds.
-func (e *Engine) UIDs() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := make([]string, 0, len(e.proxies))
-	for uid := range e.proxies {
-		out = append(out, uid)
-	}
-	return out
-}
-
 // Get returns one proxy's state.
 func (e *Engine) Get(uid string) (State, bool) {
 	e.mu.Lock()
