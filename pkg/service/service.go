@@ -7,7 +7,10 @@
 package service
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,6 +36,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -63,6 +67,10 @@ type Options struct {
 	// Auth, when set, makes every API call (all but gRPC health and
 	// reflection) require a bearer token; its flags are registered too.
 	Auth *auth.Config
+	// TLSCertFile and TLSKeyFile, when both set, serve gRPC and HTTP over
+	// TLS with that certificate (PEM; the chain in the cert file).
+	TLSCertFile string
+	TLSKeyFile  string
 }
 
 // RegisterFlags adds the common flags to fs, with the current values of o as
@@ -74,6 +82,8 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.LogFormat, "log-format", orDefault(o.LogFormat, "json"), "log format: json or text")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", orDefault(o.ShutdownTimeout, 20*time.Second),
 		"how long in-flight work may take to finish after SIGTERM")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve gRPC and HTTP over TLS with this PEM certificate (chain); needs --tls-key-file")
+	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the PEM private key of --tls-cert-file")
 	if o.Auth != nil {
 		o.Auth.RegisterFlags(fs)
 	}
@@ -117,6 +127,7 @@ type Service struct {
 	tracing  func(context.Context) error
 	grpcOpts []grpc.ServerOption
 	grpcMet  *grpcprom.ServerMetrics
+	cert     *tls.Certificate
 }
 
 // Option adjusts a Service being built.
@@ -169,6 +180,19 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.ChainUnaryInterceptor(grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoverPanic)),
 		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), recovery.StreamServerInterceptor(recoverPanic)),
+	}
+	switch {
+	case opts.TLSCertFile != "" && opts.TLSKeyFile != "":
+		cert, err := tls.LoadX509KeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert-file/--tls-key-file: %w", err)
+		}
+		s.cert = &cert
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+		})))
+	case opts.TLSCertFile != "" || opts.TLSKeyFile != "":
+		return nil, errors.New("--tls-cert-file and --tls-key-file go together")
 	}
 	if opts.Auth != nil {
 		authn, err := auth.New(*opts.Auth, log)
@@ -236,7 +260,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}()
 
 	conn, err := grpc.NewClient(s.GRPCAddr(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(s.selfCredentials()),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
 	if err != nil {
 		return fmt.Errorf("gateway connection: %w", err)
@@ -266,7 +290,11 @@ func (s *Service) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
-		if err := httpSrv.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		lis := s.httpLis
+		if s.cert != nil {
+			lis = tls.NewListener(lis, &tls.Config{Certificates: []tls.Certificate{*s.cert}, MinVersion: tls.VersionTLS12})
+		}
+		if err := httpSrv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("HTTP server: %w", err)
 		}
 		return nil
@@ -312,6 +340,27 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.Log.Info("stopped")
 	return nil
+}
+
+// selfCredentials are what the gateway dials this service's own gRPC port
+// with: plaintext, or TLS accepting exactly this service's certificate (the
+// peer is this process on a loopback or local address, whatever names the
+// certificate carries).
+func (s *Service) selfCredentials() credentials.TransportCredentials {
+	if s.cert == nil {
+		return insecure.NewCredentials()
+	}
+	own := s.cert.Certificate[0]
+	return credentials.NewTLS(&tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // replaced by the pin below
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) > 0 && bytes.Equal(raw[0], own) {
+				return nil
+			}
+			return errors.New("the gRPC port presented a certificate other than this service's")
+		},
+	})
 }
 
 func notProbeOrScrape(r *http.Request) bool {
