@@ -66,6 +66,7 @@ lint: tools third-party
 	@out=$$(gofmt -l pkg services cmd tests); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
 	go vet $(MODULE)/...
 	go vet -tags e2e ./tests/e2e/
+	go vet -tags proxmox_integration ./services/provisioner-proxmox/...
 	$(BUF) lint
 	$(BUF) format --diff --exit-code proto
 	$(HELM) lint deploy/helm/egress-proxies $(HELM_VALUES)
