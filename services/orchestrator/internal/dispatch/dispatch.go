@@ -10,6 +10,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
@@ -322,39 +324,63 @@ func (d *Dispatcher) RunHealth(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return consumeBatches(ctx, cons, 256, func(msgs []jetstream.Msg) {
-		for _, m := range msgs {
-			d.applyHealth(ctx, m)
-		}
-	})
+	return consumeBatches(ctx, cons, 256, func(msgs []jetstream.Msg) { d.applyHealth(ctx, msgs) })
 }
 
-func (d *Dispatcher) applyHealth(ctx context.Context, m jetstream.Msg) {
-	ev := &busv1.HealthTransitionEvent{}
-	if _, err := bus.Decode(ctx, m, ev); err != nil {
-		d.Log.Error("dropping an undecodable health event", "error", err)
-		_ = m.Term()
-		return
+// applyHealth applies a batch of health transitions in one transaction,
+// locking proxies in UID order so concurrent batches cannot deadlock.
+func (d *Dispatcher) applyHealth(ctx context.Context, msgs []jetstream.Msg) {
+	type item struct {
+		msg jetstream.Msg
+		tr  *healthv1.HealthTransition
 	}
-	tr := ev.GetTransition()
+	var items []item
+	for _, m := range msgs {
+		ev := &busv1.HealthTransitionEvent{}
+		if _, err := bus.Decode(ctx, m, ev); err != nil {
+			d.Log.Error("dropping an undecodable health event", "error", err)
+			_ = m.Term()
+			continue
+		}
+		items = append(items, item{m, ev.GetTransition()})
+	}
+	slices.SortStableFunc(items, func(a, b item) int { return strings.Compare(a.tr.GetProxyUid(), b.tr.GetProxyUid()) })
 	err := d.Store.Write(ctx, func(tx *store.Tx) error {
-		r, err := tx.Lock(ctx, tr.GetProxyUid())
-		if errors.Is(err, store.ErrNotFound) {
-			return nil
+		rows := map[string]*store.Row{}
+		changed := map[string]bool{}
+		for _, it := range items {
+			uid := it.tr.GetProxyUid()
+			r, ok := rows[uid]
+			if !ok {
+				var err error
+				r, err = tx.Lock(ctx, uid)
+				if errors.Is(err, store.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				rows[uid] = r
+			}
+			if d.Engine.ApplyHealth(r, it.tr, tx.Now()) {
+				changed[uid] = true
+			}
 		}
-		if err != nil {
-			return err
-		}
-		if d.Engine.ApplyHealth(r, tr, tx.Now()) {
-			tx.Update(r)
+		for uid := range changed {
+			tx.Update(rows[uid])
 		}
 		return nil
 	})
-	if err != nil {
-		_ = m.Nak()
-		return
+	for _, it := range items {
+		if err != nil {
+			_ = it.msg.Nak()
+		} else {
+			_ = it.msg.Ack()
+		}
 	}
-	_ = m.Ack()
+	if err != nil {
+		d.Log.Warn("applying health transitions failed; they will be redelivered", "error", err)
+	}
 }
 
 // outboxLockKey is the advisory lock the ProxyEvent publisher holds.
