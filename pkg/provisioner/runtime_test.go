@@ -1,7 +1,6 @@
 package provisioner
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -30,6 +29,7 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 )
 
@@ -178,23 +178,8 @@ func (checkingBackend) Check(context.Context) []*provisionerv1.TargetStatus {
 	return []*provisionerv1.TargetStatus{{Name: "node-1", Ready: true, Reason: "Reachable"}}
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer collects output written from several goroutines.
+type syncBuffer = logtest.Buffer
 
 func grpcClient(t *testing.T, rt *Runtime) provisionerv1.ProvisionerServiceClient {
 	t.Helper()
