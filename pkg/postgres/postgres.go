@@ -5,18 +5,37 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx" for goose
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
+
+// Retryable reports a serialization failure or a deadlock: the transaction
+// lost a race and running it again may succeed.
+func Retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// MigrationsDir returns the "migrations" directory of an embedded tree, the
+// place every service keeps its goose files.
+func MigrationsDir(fsys fs.FS) fs.FS {
+	sub, err := fs.Sub(fsys, "migrations")
+	if err != nil {
+		panic(err) // only for a malformed embed; fs.Sub accepts any valid name
+	}
+	return sub
+}
 
 // Connect opens a pool and checks that the server answers.
 func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {

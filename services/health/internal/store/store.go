@@ -31,13 +31,7 @@ const Schema = "health"
 var migrationFiles embed.FS
 
 // Migrations are the embedded goose migrations.
-func Migrations() fs.FS {
-	sub, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return sub
-}
+func Migrations() fs.FS { return postgres.MigrationsDir(migrationFiles) }
 
 // Migrate applies the migrations to the database at dsn.
 func Migrate(ctx context.Context, dsn string, log *slog.Logger) error {

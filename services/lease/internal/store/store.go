@@ -19,7 +19,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
@@ -32,13 +31,7 @@ const Schema = "lease"
 var migrationFiles embed.FS
 
 // Migrations are the schema's goose migrations.
-func Migrations() fs.FS {
-	sub, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return sub
-}
+func Migrations() fs.FS { return postgres.MigrationsDir(migrationFiles) }
 
 // Migrate applies the migrations to the database at dsn.
 func Migrate(ctx context.Context, dsn string, log *slog.Logger) error {
@@ -672,8 +665,7 @@ func retry(ctx context.Context, f func() error) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		err = f()
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
+		if !postgres.Retryable(err) {
 			return err
 		}
 		if ctx.Err() != nil {

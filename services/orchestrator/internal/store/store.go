@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -33,13 +32,7 @@ import (
 var migrationFiles embed.FS
 
 // Migrations are the schema's goose migrations.
-func Migrations() fs.FS {
-	sub, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return sub
-}
+func Migrations() fs.FS { return postgres.MigrationsDir(migrationFiles) }
 
 // Schema is the orchestrator's PostgreSQL schema.
 const Schema = "orchestrator"
@@ -384,12 +377,6 @@ func (s *Store) PruneChanges(ctx context.Context, retention time.Duration) (int6
 		return 0, err
 	}
 	return tag.RowsAffected(), nil
-}
-
-// retryable reports a serialization failure or deadlock worth retrying.
-func retryable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
 func ts(t *time.Time) *timestamppb.Timestamp {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 )
 
 // Tx is a writing transaction. Rows are locked as they are read; the
@@ -44,7 +45,7 @@ func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 			}
 			return t.flush(ctx)
 		})
-		if !retryable(err) {
+		if !postgres.Retryable(err) {
 			return err
 		}
 	}
