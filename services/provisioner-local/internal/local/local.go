@@ -293,19 +293,47 @@ func (b *Backend) lock() (func(), error) {
 // command line names the instance directory (so a reused PID is not taken
 // for ours).
 func (b *Backend) alive(s *state) bool {
-	if s.PID <= 0 || syscall.Kill(s.PID, 0) != nil {
+	if gone(s.PID) {
 		return false
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.PID))
-	if err != nil {
-		return false
+	return err == nil && strings.Contains(string(cmdline), b.instDir(s.UID))
+}
+
+// gone reports whether pid has exited: no such process, or a zombie.
+func gone(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return true
 	}
-	if strings.Contains(string(cmdline), b.instDir(s.UID)) {
-		// A zombie still matches; check it is not one.
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.PID))
-		return err == nil && !strings.Contains(string(stat), ") Z ")
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return err != nil || strings.Contains(string(stat), ") Z ")
+}
+
+// waitExit waits until s's process has exited and its address is free
+// again. A killed multi-threaded process shows as a zombie (or with an
+// empty command line) while its other threads still hold its sockets: a
+// proxy started then could not bind, while the dying socket still accepted
+// connections. So the address itself is the test.
+func (b *Backend) waitExit(ctx context.Context, s *state) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ours := false
+		if !gone(s.PID) {
+			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.PID))
+			ours = err != nil || len(cmdline) == 0 || strings.Contains(string(cmdline), b.instDir(s.UID))
+		}
+		if !ours && free(s.Address, s.Port) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errclass.New(errclass.Transient, "the old proxy of %s still holds %s:%d after 10s", providerID(s.UID), s.Address, s.Port)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return false
 }
 
 // ensureRunning starts the proxy process unless it runs, and waits until it
@@ -314,6 +342,9 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 	addr := net.JoinHostPort(s.Address, strconv.Itoa(int(s.Port)))
 	if b.alive(s) {
 		return b.waitListening(ctx, s, addr)
+	}
+	if err := b.waitExit(ctx, s); err != nil {
+		return err
 	}
 	dir := b.instDir(s.UID)
 	logf, err := os.OpenFile(filepath.Join(dir, "proxy.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -339,7 +370,10 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 	if err := cmd.Start(); err != nil {
 		return errclass.New(errclass.Transient, "starting the %s proxy: %v", s.Kind, err)
 	}
-	go func() { _ = cmd.Wait() }() // reap it if it dies while we run
+	go func() { // reap it, and say so, if it dies while we run
+		err := cmd.Wait()
+		b.log.Warn("local proxy exited", "name", s.Name, "providerID", providerID(s.UID), "pid", cmd.Process.Pid, "error", err)
+	}()
 	s.PID = cmd.Process.Pid
 	if err := b.write(s); err != nil {
 		return err
@@ -444,6 +478,10 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 		}
 		if b.alive(s) {
 			_ = syscall.Kill(-s.PID, syscall.SIGKILL)
+		}
+		// Done only once its address is free again.
+		if err := b.waitExit(ctx, s); err != nil {
+			return false, err
 		}
 	}
 	if err := os.RemoveAll(b.instDir(uid)); err != nil {

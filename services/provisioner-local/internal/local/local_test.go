@@ -76,6 +76,13 @@ func newBackend(t *testing.T, kind, dir string) *Backend {
 	return b
 }
 
+type testLog struct{ t *testing.T }
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
 // cleanup kills every proxy the test started, whatever the test did.
 func cleanup(t *testing.T, b *Backend) {
 	t.Cleanup(func() {
@@ -167,7 +174,8 @@ func TestLifecycle(t *testing.T) {
 				t.Fatalf("get after the proxy died: %v %v", revived, err)
 			}
 			if err := fetchThrough(t, addr, target); err != nil {
-				t.Fatalf("HTTPS through the restarted proxy: %v", err)
+				log, _ := os.ReadFile(filepath.Join(b.instDir(uid), "proxy.log"))
+				t.Fatalf("HTTPS through the restarted proxy: %v\nits log:\n%s", err, log)
 			}
 
 			deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid})
@@ -195,6 +203,8 @@ func TestLifecycle(t *testing.T) {
 func waitDead(t *testing.T, b *Backend, s *state) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	// Not alive as the backend sees it; it may still be exiting, which the
+	// backend must cope with.
 	for b.alive(s) {
 		if time.Now().After(deadline) {
 			t.Fatal("the proxy did not die")
