@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/egress-proxies/egress-proxies/pkg v0.0.0
 	github.com/egress-proxies/egress-proxies/pkg/api v0.0.0
+	github.com/google/btree v1.1.3
 	github.com/google/uuid v1.6.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.34.0
 	github.com/jackc/pgx/v5 v5.13.0

@@ -53,7 +53,8 @@ type config struct {
 	natsURL, natsPrefix           string
 	databaseURL                   string
 	proxies, clients, maxLeases   int
-	targets                       int
+	targets, conns                int
+	rate                          float64
 	duration, warmup              time.Duration
 	seed                          bool
 }
@@ -72,6 +73,9 @@ func main() {
 	fs.IntVar(&c.clients, "clients", 200, "concurrent clients")
 	fs.IntVar(&c.maxLeases, "max-leases", 1, "capacity of each proxy (spec.lease.max_leases)")
 	fs.IntVar(&c.targets, "targets", 50, "distinct target hosts the clients fetch")
+	fs.IntVar(&c.conns, "conns", 1, "gRPC connections the clients share (round robin)")
+	fs.Float64Var(&c.rate, "rate", 0,
+		"loops per second for all clients together, evenly paced; 0: every client starts its next loop at once (closed loop, the most the service sustains)")
 	fs.DurationVar(&c.duration, "duration", 30*time.Second, "measured run time")
 	fs.DurationVar(&c.warmup, "warmup", 3*time.Second, "unmeasured run time before it")
 	fs.BoolVar(&c.seed, "seed", true, "publish the pool before the run")
@@ -112,12 +116,16 @@ func run(c config) error {
 		if token != "" {
 			opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(token)))
 		}
-		conn, err := grpc.NewClient(c.grpcAddr, opts...)
-		if err != nil {
-			return err
+		g := &grpcClient{}
+		for range max(c.conns, 1) {
+			conn, err := grpc.NewClient(c.grpcAddr, opts...)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			g.c = append(g.c, leasev1.NewLeaseServiceClient(conn))
 		}
-		defer conn.Close()
-		cl = grpcClient{leasev1.NewLeaseServiceClient(conn)}
+		cl = g
 	case "rest":
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = c.clients * 2
@@ -171,7 +179,16 @@ func run(c config) error {
 		latLoop     []time.Duration
 		wg          sync.WaitGroup
 		unknownUIDs atomic.Int64
+		late        atomic.Int64
 	)
+	// With --rate each client starts a loop every clients/rate seconds,
+	// the clients spread evenly over that period; a loop that could not
+	// start on time counts as late (the service fell behind the rate).
+	var interval time.Duration
+	if c.rate > 0 {
+		interval = time.Duration(float64(c.clients) / c.rate * float64(time.Second))
+	}
+	begin := time.Now()
 	for w := range c.clients {
 		wg.Add(1)
 		go func() {
@@ -190,7 +207,16 @@ func run(c config) error {
 				errorsN.Add(1)
 				firstErr.CompareAndSwap(nil, err.Error())
 			}
+			next := begin.Add(interval * time.Duration(w) / time.Duration(c.clients))
 			for !stop.Load() {
+				if interval > 0 {
+					if wait := time.Until(next); wait > 0 {
+						time.Sleep(wait) // pacing to --rate
+					} else if -wait > interval && measuring.Load() {
+						late.Add(1)
+					}
+					next = next.Add(interval)
+				}
 				m := measuring.Load()
 				t0 := time.Now()
 				lease, err := cl.acquire(ctx, &leasev1.AcquireLeaseRequest{
@@ -269,6 +295,9 @@ func run(c config) error {
 		"transport":               c.transport,
 		"proxies":                 c.proxies,
 		"clients":                 c.clients,
+		"conns":                   c.conns,
+		"rate":                    c.rate,
+		"late_loops":              late.Load(),
 		"max_leases":              c.maxLeases,
 		"duration_s":              elapsed.Seconds(),
 		"pairs":                   pairs.Load(),
@@ -348,25 +377,33 @@ func seed(ctx context.Context, c config, uids []string) error {
 	return nil
 }
 
-type grpcClient struct{ c leasev1.LeaseServiceClient }
+// grpcClient spreads calls over its connections, round robin.
+type grpcClient struct {
+	c    []leasev1.LeaseServiceClient
+	next atomic.Uint32
+}
 
-func (g grpcClient) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*leasev1.Lease, error) {
-	r, err := g.c.AcquireLease(ctx, req)
+func (g *grpcClient) conn() leasev1.LeaseServiceClient {
+	return g.c[int(g.next.Add(1))%len(g.c)]
+}
+
+func (g *grpcClient) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*leasev1.Lease, error) {
+	r, err := g.conn().AcquireLease(ctx, req)
 	return r.GetLease(), err
 }
 
-func (g grpcClient) report(ctx context.Context, req *leasev1.ReportOutcomeRequest) error {
-	_, err := g.c.ReportOutcome(ctx, req)
+func (g *grpcClient) report(ctx context.Context, req *leasev1.ReportOutcomeRequest) error {
+	_, err := g.conn().ReportOutcome(ctx, req)
 	return err
 }
 
-func (g grpcClient) release(ctx context.Context, id string) error {
-	_, err := g.c.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id})
+func (g *grpcClient) release(ctx context.Context, id string) error {
+	_, err := g.conn().ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id})
 	return err
 }
 
-func (g grpcClient) list(ctx context.Context) (int, error) {
-	r, err := g.c.ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}})
+func (g *grpcClient) list(ctx context.Context) (int, error) {
+	r, err := g.conn().ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}})
 	return len(r.GetProxies()), err
 }
 

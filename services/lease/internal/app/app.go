@@ -45,6 +45,8 @@ type Config struct {
 	// InitialResyncTimeout bounds the resync before serving; 0 skips it.
 	InitialResyncTimeout time.Duration
 	SweepInterval        time.Duration
+	RefreshInterval      time.Duration
+	CommitRounds         int
 	VacuumInterval       time.Duration
 	Retention            time.Duration
 	DefaultMaxLeases     int
@@ -63,7 +65,8 @@ func DefaultConfig() Config {
 		ResyncInterval:       5 * time.Minute,
 		InitialResyncTimeout: 10 * time.Second,
 		SweepInterval:        time.Second,
-		VacuumInterval:       250 * time.Millisecond,
+		RefreshInterval:      time.Second,
+		CommitRounds:         1,
 		Retention:            time.Hour,
 		DefaultMaxLeases:     1,
 		API:                  api.DefaultConfig(),
@@ -87,8 +90,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.InitialResyncTimeout, "initial-resync-timeout", c.InitialResyncTimeout,
 		"how long the start waits for the first resync from the orchestrator before serving anyway; 0: do not wait")
 	fs.DurationVar(&c.SweepInterval, "sweep-interval", c.SweepInterval, "how often expired leases are ended and freed")
+	fs.DurationVar(&c.RefreshInterval, "pool-refresh-interval", c.RefreshInterval,
+		"how often this replica re-reads the pool (other replicas' leases and cooldowns) for choosing proxies; the database confirms every choice")
+	fs.IntVar(&c.CommitRounds, "commit-rounds", c.CommitRounds,
+		"how many transactions of queued acquires, reports and releases this replica keeps in flight at once")
 	fs.DurationVar(&c.VacuumInterval, "vacuum-interval", c.VacuumInterval,
-		"how often the proxies table is vacuumed to keep lease selection fast; 0 leaves it to autovacuum")
+		"how often to vacuum the lease tables in addition to autovacuum; 0 (default) leaves them to autovacuum")
 	fs.DurationVar(&c.Retention, "lease-retention", c.Retention, "how long ended leases are kept so that late reports count")
 	fs.IntVar(&c.DefaultMaxLeases, "default-max-leases", c.DefaultMaxLeases,
 		"capacity of a proxy whose spec.lease.max_leases is unset; 0 means unlimited. Use the same value on every replica")
@@ -164,6 +171,10 @@ func (c *Config) validate() error {
 		return errors.New("--default-ttl must lie between --min-ttl and --max-ttl")
 	case c.SweepInterval <= 0:
 		return errors.New("--sweep-interval must be positive")
+	case c.CommitRounds < 1:
+		return errors.New("--commit-rounds must be at least 1")
+	case c.RefreshInterval <= 0:
+		return errors.New("--pool-refresh-interval must be positive")
 	case c.OrchestratorToken != "" && c.OrchestratorAddr == "":
 		return errors.New("--orchestrator-token-file needs --orchestrator-addr")
 	}
@@ -198,8 +209,12 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	if err != nil {
 		return nil, err
 	}
-	st := store.New(db, store.Config{DefaultMaxLeases: c.DefaultMaxLeases, Retention: c.Retention, Now: c.Now})
-	met := metrics.New(s.Metrics, st, s.Log)
+	var met *metrics.Metrics // set before st.Run starts committing rounds
+	st := store.New(db, store.Config{
+		DefaultMaxLeases: c.DefaultMaxLeases, Retention: c.Retention, RefreshInterval: c.RefreshInterval, Rounds: c.CommitRounds, Now: c.Now,
+		OnRound: func(ops int, d time.Duration) { met.ObserveRound(ops, d) },
+	})
+	met = metrics.New(s.Metrics, st, s.Log)
 
 	nc, err := nats.Connect(c.NATSURL, nats.Name("lease"), nats.MaxReconnects(-1))
 	if err != nil {
@@ -265,6 +280,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	leasev1.RegisterLeaseServiceServer(s.GRPC, api.New(st, c.API, met, s.Log))
 	s.MountGateway(leasev1.RegisterLeaseServiceHandler)
 
+	s.Go(st.Run)
 	s.Go(syncer.Run)
 	s.Go(func(ctx context.Context) error {
 		sweep(ctx, st, c.SweepInterval, met, s.Log)

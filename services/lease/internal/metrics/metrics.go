@@ -33,6 +33,17 @@ type Metrics struct {
 	Events *prometheus.CounterVec
 	// Resyncs counts full resyncs from the orchestrator by result.
 	Resyncs *prometheus.CounterVec
+	// RoundOps and RoundDuration observe the committer's rounds: how many
+	// acquires, reports and releases shared one transaction, and how long
+	// it took (selection included).
+	RoundOps      prometheus.Histogram
+	RoundDuration prometheus.Histogram
+}
+
+// ObserveRound records one committed round.
+func (m *Metrics) ObserveRound(ops int, d time.Duration) {
+	m.RoundOps.Observe(float64(ops))
+	m.RoundDuration.Observe(d.Seconds())
 }
 
 // New creates the metrics and registers them, with the scrape-time gauges
@@ -69,10 +80,20 @@ func New(reg prometheus.Registerer, st *store.Store, log *slog.Logger) *Metrics 
 			Help: "Full resyncs of the pool from the orchestrator by result (ok, error).",
 		}, []string{"result"}),
 	}
+	m.RoundOps = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "egress", Subsystem: "lease", Name: "commit_round_operations",
+		Help:    "Acquires, reports and releases committed together in one transaction by this replica.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
+	})
+	m.RoundDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "egress", Subsystem: "lease", Name: "commit_round_duration_seconds",
+		Help:    "Time of one commit round of this replica: choosing proxies and the transaction.",
+		Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1},
+	})
 	for _, r := range []string{"granted", "no_matching_proxy", "unhealthy", "at_capacity", "cooling_down_target", "cooling_down_global", "invalid_argument", "error"} {
 		m.Acquires.WithLabelValues(r)
 	}
-	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Duration, m.Expired, m.Events, m.Resyncs,
+	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Duration, m.Expired, m.Events, m.Resyncs, m.RoundOps, m.RoundDuration,
 		&collector{st: st, log: log})
 	return m
 }

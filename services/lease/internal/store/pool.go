@@ -79,6 +79,7 @@ func (s *Store) ApplyProxy(ctx context.Context, p ProxyState, revision int64) (a
 	if err != nil {
 		return false, fmt.Errorf("applying proxy %s revision %d: %w", p.UID, revision, err)
 	}
+	s.Invalidate()
 	return applied, nil
 }
 
@@ -108,6 +109,7 @@ func (s *Store) ApplyHealth(ctx context.Context, t HealthTransition) (applied bo
 	if err != nil {
 		return false, fmt.Errorf("applying health transition %d of %s: %w", t.Sequence, t.ProxyUID, err)
 	}
+	s.Invalidate()
 	return applied, nil
 }
 
@@ -137,6 +139,7 @@ func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revisio
 	if err != nil {
 		return 0, fmt.Errorf("applying a resync page at revision %d: %w", revision, err)
 	}
+	s.Invalidate()
 	return applied, nil
 }
 
@@ -155,5 +158,6 @@ func (s *Store) DeleteMissing(ctx context.Context, seen []string, revision int64
 	if err != nil {
 		return 0, fmt.Errorf("deleting proxies missing from the resync: %w", err)
 	}
+	s.Invalidate()
 	return deleted, nil
 }

@@ -15,9 +15,9 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -97,14 +97,27 @@ type Config struct {
 	// Retention is how long ended leases are kept, so that late reports
 	// still count.
 	Retention time.Duration
+	// RefreshInterval is how often the replica's view of the pool is
+	// reloaded from the database even when nothing asks for it (other
+	// replicas' leases, expiries swept elsewhere). Default 1s.
+	RefreshInterval time.Duration
+	// Rounds is how many commit rounds may be in flight at once; default
+	// 2.
+	Rounds int
+	// OnRound, when set, is told the size and duration of every committed
+	// round, for metrics.
+	OnRound func(ops int, d time.Duration)
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
 
-// Store is the lease service's state.
+// Store is the lease service's state. Acquires, reports and releases are
+// committed by Run, which must be running for them to complete.
 type Store struct {
-	pool *pgxpool.Pool
-	cfg  Config
+	pool  *pgxpool.Pool
+	cfg   Config
+	queue chan *op
+	stale atomic.Bool
 }
 
 // New returns a store on pool.
@@ -115,7 +128,25 @@ func New(pool *pgxpool.Pool, cfg Config) *Store {
 	if cfg.Retention <= 0 {
 		cfg.Retention = time.Hour
 	}
-	return &Store{pool: pool, cfg: cfg}
+	if cfg.Rounds <= 0 {
+		cfg.Rounds = 2
+	}
+	if cfg.RefreshInterval <= 0 {
+		cfg.RefreshInterval = time.Second
+	}
+	return &Store{pool: pool, cfg: cfg, queue: make(chan *op, maxRound)}
+}
+
+// querier is what a read-only transaction offers.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// readOnly runs f in a repeatable-read, read-only transaction: one
+// snapshot for several queries.
+func (s *Store) readOnly(ctx context.Context, f func(querier) error) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+		func(tx pgx.Tx) error { return f(tx) })
 }
 
 // Now is the store's clock.
@@ -162,133 +193,20 @@ type AcquireRequest struct {
 	Selector   Selector
 }
 
-// The selection: free capacity, no cooldown for the target nor global, then
-// fewest active leases, least recently leased (never leased first) and the
-// stable random tie-break. The row lock and the re-check of the WHERE
-// clause on a row another transaction changed meanwhile (PostgreSQL's
-// EvalPlanQual) are what make capacity exact across replicas.
-const pickSQL = `
-WITH pick AS (
-	SELECT p.uid FROM lease.proxies p
-	WHERE p.leasable
-	  AND ($2 = '' OR p.provider = $2)
-	  AND ($3 = '' OR p.region = $3)
-	  AND ($4 = '' OR p.zone = $4)
-	  AND p.labels @> $5::jsonb
-	  AND (COALESCE(p.max_leases, $6) = 0 OR p.active_leases < COALESCE(p.max_leases, $6))
-	  AND NOT EXISTS (SELECT 1 FROM lease.cooldowns c
-	                  WHERE c.proxy_uid = p.uid AND c.target_host IN ('', $7) AND c.expire_time > $8)
-	ORDER BY p.active_leases, p.last_lease_time NULLS FIRST, p.tiebreak
-	LIMIT 1
-	%s
-), upd AS (
-	UPDATE lease.proxies p
-	SET active_leases = p.active_leases + 1, last_lease_time = $8
-	FROM pick
-	WHERE p.uid = pick.uid
-	  AND (COALESCE(p.max_leases, $6) = 0 OR p.active_leases < COALESCE(p.max_leases, $6))
-	RETURNING p.uid, p.name, p.host, p.port, p.active_leases, COALESCE(p.max_leases, $6) AS capacity
-), ins AS (
-	INSERT INTO lease.leases (id, client_id, proxy_uid, target_host, acquire_time, expire_time, active_at_acquire, capacity)
-	SELECT $1, $9, upd.uid, $7, $8, $10, upd.active_leases, upd.capacity FROM upd
-	RETURNING id
-)
-SELECT upd.uid, upd.name, upd.host, upd.port FROM upd, ins`
-
-var (
-	pickSkipLocked = fmt.Sprintf(pickSQL, "FOR UPDATE OF p SKIP LOCKED")
-	pickWait       = fmt.Sprintf(pickSQL, "FOR UPDATE OF p")
-)
-
 // Acquire leases one proxy, or returns a *NoProxyError with the arithmetic.
-//
-// It first skips proxies other transactions hold locked (the common case
-// under load: 200 acquirers do not queue behind one row), and when that
-// finds nothing it waits for the locked ones, so a proxy with capacity left
-// is never reported unavailable just because another acquire was touching
-// it.
+// The proxy is chosen from the replica's view of the pool and confirmed by
+// the database under the proxy's row lock, in the committer's next round;
+// a refusal always rests on a fresh read of the database.
 func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
-	now := s.cfg.Now().UTC()
-	l := Lease{
-		ID:          uuid.NewString(),
-		ClientID:    req.ClientID,
-		TargetHost:  req.TargetHost,
-		AcquireTime: now,
-		ExpireTime:  now.Add(req.TTL),
-	}
-	labels := req.Selector.labelsJSON()
-	// pick runs one selection; it returns the lease when it granted one.
-	pick := func(q string) (bool, error) {
-		var port int32
-		err := retry(ctx, func() error {
-			return s.pool.QueryRow(ctx, q, l.ID, req.Selector.Provider, req.Selector.Region, req.Selector.Zone,
-				labels, s.cfg.DefaultMaxLeases, req.TargetHost, now, req.ClientID, l.ExpireTime).
-				Scan(&l.ProxyUID, &l.ProxyName, &l.Host, &port)
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("acquiring a lease: %w", err)
-		}
-		l.Port = uint32(port)
-		return true, nil
-	}
-	var u Unavailable
-	for attempt := 0; attempt < 3; attempt++ {
-		if ok, err := pick(pickSkipLocked); err != nil {
-			return Lease{}, err
-		} else if ok {
-			return l, nil
-		}
-		var err error
-		if u, err = s.unavailable(ctx, req.Selector, req.TargetHost, now); err != nil {
+	o := &op{kind: opAcquire, acquire: req}
+	if err := s.submit(ctx, o); err != nil {
+		var none *NoProxyError
+		if errors.As(err, &none) {
 			return Lease{}, err
 		}
-		if u.Matching == u.Unhealthy+u.AtCapacity+u.CoolingTarget+u.CoolingGlobal {
-			return Lease{}, &NoProxyError{u}
-		}
-		// A proxy with capacity left was locked by another transaction (or
-		// a lease ended meanwhile): wait for the locks this time.
-		if ok, err := pick(pickWait); err != nil {
-			return Lease{}, err
-		} else if ok {
-			return l, nil
-		}
+		return Lease{}, fmt.Errorf("acquiring a lease: %w", err)
 	}
-	return Lease{}, &NoProxyError{u}
-}
-
-const unavailableSQL = `
-SELECT count(*),
-       count(*) FILTER (WHERE NOT leasable),
-       count(*) FILTER (WHERE leasable AND NOT free),
-       count(*) FILTER (WHERE leasable AND free AND cool_target),
-       count(*) FILTER (WHERE leasable AND free AND NOT cool_target AND cool_global)
-FROM (
-	SELECT p.leasable,
-	       (COALESCE(p.max_leases, $5) = 0 OR p.active_leases < COALESCE(p.max_leases, $5)) AS free,
-	       ($6 <> '' AND EXISTS (SELECT 1 FROM lease.cooldowns c
-	                            WHERE c.proxy_uid = p.uid AND c.target_host = $6 AND c.expire_time > $7)) AS cool_target,
-	       EXISTS (SELECT 1 FROM lease.cooldowns c
-	               WHERE c.proxy_uid = p.uid AND c.target_host = '' AND c.expire_time > $7) AS cool_global
-	FROM lease.proxies p
-	WHERE NOT p.deleted
-	  AND ($1 = '' OR p.provider = $1)
-	  AND ($2 = '' OR p.region = $2)
-	  AND ($3 = '' OR p.zone = $3)
-	  AND p.labels @> $4::jsonb
-) p`
-
-func (s *Store) unavailable(ctx context.Context, sel Selector, target string, now time.Time) (Unavailable, error) {
-	var u Unavailable
-	err := s.pool.QueryRow(ctx, unavailableSQL, sel.Provider, sel.Region, sel.Zone, sel.labelsJSON(),
-		s.cfg.DefaultMaxLeases, target, now).
-		Scan(&u.Matching, &u.Unhealthy, &u.AtCapacity, &u.CoolingTarget, &u.CoolingGlobal)
-	if err != nil {
-		return u, fmt.Errorf("counting unavailable proxies: %w", err)
-	}
-	return u, nil
+	return o.lease, nil
 }
 
 // Renew extends an active lease of clientID to now+ttl.
@@ -335,40 +253,35 @@ func (s *Store) Renew(ctx context.Context, clientID, leaseID string, ttl time.Du
 // an active lease, false when it had already ended (or had expired and
 // not yet been swept).
 func (s *Store) Release(ctx context.Context, clientID, leaseID string) (released bool, err error) {
-	now := s.cfg.Now().UTC()
-	var wasActive bool
-	err = retry(ctx, func() error {
-		return s.lazyQueryRow(ctx, func(r pgx.Row) error { return r.Scan(&wasActive) }, `
-			WITH l AS (
-				UPDATE lease.leases
-				SET end_time = LEAST($3, expire_time),
-				    end_reason = CASE WHEN expire_time > $3 THEN 'released' ELSE 'expired' END
-				WHERE id = $1 AND client_id = $2 AND end_time IS NULL
-				RETURNING proxy_uid, end_reason = 'released' AS active
-			), p AS (
-				UPDATE lease.proxies p SET active_leases = p.active_leases - 1
-				FROM l WHERE p.uid = l.proxy_uid
-				RETURNING 1
-			)
-			SELECT l.active FROM l, p`, leaseID, clientID, now)
-	})
-	if err == nil {
-		return wasActive, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	o := &op{kind: opRelease, clientID: clientID, leaseID: leaseID}
+	if err := s.submit(ctx, o); err != nil {
 		return false, fmt.Errorf("releasing lease: %w", err)
 	}
+	if o.matched {
+		return o.active, nil
+	}
+	switch err := s.owner(ctx, leaseID, clientID); {
+	case err != nil:
+		return false, err
+	default:
+		return false, nil // already ended
+	}
+}
+
+// owner classifies an operation on a lease the statement did not find:
+// ErrNotFound, ErrNotOwner, or nil when clientID owns it.
+func (s *Store) owner(ctx context.Context, leaseID, clientID string) error {
 	var owner string
-	err = s.pool.QueryRow(ctx, `SELECT client_id FROM lease.leases WHERE id = $1`, leaseID).Scan(&owner)
+	err := s.pool.QueryRow(ctx, `SELECT client_id FROM lease.leases WHERE id = $1`, leaseID).Scan(&owner)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return false, ErrNotFound
+		return ErrNotFound
 	case err != nil:
-		return false, fmt.Errorf("releasing lease: %w", err)
+		return fmt.Errorf("reading lease: %w", err)
 	case owner != clientID:
-		return false, ErrNotOwner
+		return ErrNotOwner
 	}
-	return false, nil
+	return nil
 }
 
 // Cooldown keeps a proxy away from a target host ("" for every target)
@@ -398,50 +311,18 @@ type ReportRequest struct {
 // cools down longer for the same scope, that longer cooldown stays and is
 // returned. cooldown is nil when none was asked for.
 func (s *Store) Report(ctx context.Context, req ReportRequest) (*Cooldown, error) {
-	now := s.cfg.Now().UTC()
-	var (
-		target  *string
-		expire  *time.Time
-		outcome *int16
-		uid     string
-	)
-	err := retry(ctx, func() error {
-		return s.lazyQueryRow(ctx, func(r pgx.Row) error { return r.Scan(&uid, &target, &expire, &outcome) }, `
-			WITH l AS (
-				UPDATE lease.leases SET outcome = $3, report_time = $4
-				WHERE id = $1 AND client_id = $2
-				RETURNING proxy_uid, target_host
-			), c AS (
-				INSERT INTO lease.cooldowns AS o (proxy_uid, target_host, expire_time, outcome)
-				SELECT l.proxy_uid, CASE WHEN $6 THEN '' ELSE l.target_host END, $5, $3 FROM l
-				WHERE $5 > $4
-				ON CONFLICT (proxy_uid, target_host) DO UPDATE
-				SET expire_time = GREATEST(o.expire_time, EXCLUDED.expire_time),
-				    outcome = CASE WHEN EXCLUDED.expire_time >= o.expire_time THEN EXCLUDED.outcome ELSE o.outcome END
-				RETURNING target_host, expire_time, outcome
-			)
-			SELECT l.proxy_uid, c.target_host, c.expire_time, c.outcome FROM l LEFT JOIN c ON true`,
-			req.LeaseID, req.ClientID, req.Outcome, now, now.Add(req.Cooldown), req.Global)
-	})
-	if err == nil {
-		if target == nil {
-			return nil, nil
-		}
-		return &Cooldown{ProxyUID: uid, TargetHost: *target, ExpireTime: *expire, Outcome: *outcome}, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	o := &op{kind: opReport, report: req}
+	if err := s.submit(ctx, o); err != nil {
 		return nil, fmt.Errorf("reporting outcome: %w", err)
 	}
-	var owner string
-	err = s.pool.QueryRow(ctx, `SELECT client_id FROM lease.leases WHERE id = $1`, req.LeaseID).Scan(&owner)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, ErrNotFound
-	case err != nil:
-		return nil, fmt.Errorf("reporting outcome: %w", err)
-	default:
-		return nil, ErrNotOwner
+	if o.matched {
+		return o.cool, nil
 	}
+	if err := s.owner(ctx, req.LeaseID, req.ClientID); err != nil {
+		return nil, err
+	}
+	// Owned, yet not found a moment ago: it was purged in between.
+	return nil, ErrNotFound
 }
 
 // LeasableProxy is a proxy that can be leased, with its load.
@@ -553,6 +434,13 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 				res.Skipped = true
 				return nil
 			}
+			// Lock the proxies first, in uid order, as the committer does.
+			if _, err := tx.Exec(ctx, `
+				SELECT p.uid FROM lease.proxies p
+				WHERE p.uid IN (SELECT proxy_uid FROM lease.leases WHERE end_time IS NULL AND expire_time <= $1)
+				ORDER BY p.uid FOR UPDATE OF p`, now); err != nil {
+				return err
+			}
 			rows, err := tx.Query(ctx, `
 				WITH e AS (
 					UPDATE lease.leases SET end_time = expire_time, end_reason = 'expired'
@@ -593,6 +481,9 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	})
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweeping: %w", err)
+	}
+	if res.Expired > 0 {
+		s.Invalidate()
 	}
 	return res, nil
 }
@@ -635,29 +526,6 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		       (SELECT count(*) FROM lease.cooldowns WHERE target_host <> '' AND expire_time > $1)`, now).
 		Scan(&st.ActiveLeases, &st.KnownProxies, &st.LeasableProxies, &st.GlobalCooldowns, &st.TargetCooldowns)
 	return st, err
-}
-
-// lazyQueryRow runs one statement whose commit need not wait for the WAL
-// flush (synchronous_commit off for its transaction only): releases and
-// reports. Should PostgreSQL crash right after, the change may be lost,
-// which errs on the safe side: a lost release keeps the capacity held
-// until the lease expires; a lost report loses a cooldown. Acquires and
-// renewals always commit synchronously. The setting and the statement go
-// in one batch: one round trip, one implicit transaction.
-func (s *Store) lazyQueryRow(ctx context.Context, scan func(pgx.Row) error, sql string, args ...any) error {
-	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
-	b.Queue(sql, args...)
-	br := s.pool.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return err
-	}
-	if err := scan(br.QueryRow()); err != nil {
-		_ = br.Close()
-		return err
-	}
-	return br.Close()
 }
 
 // retry runs f again on a deadlock or serialization failure, a few times.

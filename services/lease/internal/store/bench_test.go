@@ -1,0 +1,82 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
+)
+
+// BenchmarkLoop runs the crawler loop (acquire → report → release) of 200
+// concurrent callers straight on the store, without gRPC: what one replica
+// commits against this PostgreSQL server. One iteration is one loop.
+func BenchmarkLoop(b *testing.B) {
+	for _, bc := range []struct{ callers, rounds int }{{1, 1}, {200, 1}, {200, 2}, {200, 3}} {
+		callers := bc.callers
+		b.Run(fmt.Sprintf("callers=%d/rounds=%d", bc.callers, bc.rounds), func(b *testing.B) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			db, err := pgxpool.New(ctx, leasetest.Database(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			var rounds, ops atomic.Int64
+			st := store.New(db, store.Config{DefaultMaxLeases: 1, Rounds: bc.rounds, OnRound: func(n int, _ time.Duration) {
+				rounds.Add(1)
+				ops.Add(int64(n))
+			}})
+			pool := make([]store.ProxyState, 1000)
+			for i := range pool {
+				uid := fmt.Sprintf("10ad0000-0000-4000-8000-%012d", i)
+				pool[i] = store.ProxyState{UID: uid, Name: fmt.Sprintf("p-%04d", i), Provider: "bench",
+					Host: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1), Port: 3128, ProviderID: "bench/" + uid, Ready: true, Healthy: true}
+			}
+			if _, err := st.ApplySnapshot(ctx, pool, 1); err != nil {
+				b.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); _ = st.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for c := range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					client := fmt.Sprintf("client-%d", c)
+					for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+						l, err := st.Acquire(ctx, store.AcquireRequest{ClientID: client, TargetHost: fmt.Sprintf("site-%d.example.com", i%50), TTL: time.Minute})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if _, err := st.Report(ctx, store.ReportRequest{ClientID: client, LeaseID: l.ID, Outcome: 1}); err != nil {
+							b.Error(err)
+							return
+						}
+						if ok, err := st.Release(ctx, client, l.ID); err != nil || !ok {
+							b.Errorf("release: %v %v", ok, err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "loops/s")
+			if r := rounds.Load(); r > 0 {
+				b.ReportMetric(float64(ops.Load())/float64(r), "ops/round")
+			}
+		})
+	}
+}

@@ -1,0 +1,554 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+)
+
+// The committer turns concurrent acquires, reports and releases into a few
+// database transactions: a round takes every operation queued so far and
+// commits them in one transaction (one round trip, one WAL flush), while
+// the next operations queue for the next round. Up to Config.Rounds rounds
+// are in flight at once, so the database works on one while the next is
+// prepared and sent. Under load that is tens of operations per
+// transaction; a lone caller still gets a round of its own at once. Every
+// round commits synchronously.
+
+type opKind int
+
+const (
+	opAcquire opKind = iota
+	opReport
+	opRelease
+)
+
+// op is one queued operation and where its answer goes.
+type op struct {
+	kind     opKind
+	ctx      context.Context
+	acquire  AcquireRequest
+	report   ReportRequest
+	clientID string // release
+	leaseID  string // release
+	refused  int    // acquire: choices the database refused so far
+	failed   int    // rounds that failed with this op in them
+	solo     bool   // commit in a round of its own (after a failure)
+
+	// set by the round
+	lease   Lease
+	uid     string // acquire: the proxy chosen, "" when none
+	granted bool
+	matched bool // report/release: the statement found the lease
+	active  bool // release: it was active (not yet expired)
+	cool    *Cooldown
+	err     error
+	done    chan struct{}
+}
+
+func (o *op) finish(err error) {
+	o.err = err
+	close(o.done)
+}
+
+// maxRound bounds the operations of one round, so that one transaction
+// stays short even when a burst queued thousands.
+const maxRound = 512
+
+// submit queues o and waits for its answer.
+func (s *Store) submit(ctx context.Context, o *op) error {
+	o.ctx, o.done = ctx, make(chan struct{})
+	select {
+	case s.queue <- o:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-o.done:
+		return o.err
+	case <-ctx.Done():
+		// The round may still commit it: an acquire then holds its proxy
+		// until the lease expires, as a lease whose client went away.
+		return ctx.Err()
+	}
+}
+
+// Invalidate makes the next round reload the pool: the pool changed.
+func (s *Store) Invalidate() { s.stale.Store(true) }
+
+// round is one transaction's worth of operations.
+type round struct {
+	ops   []*op
+	now   time.Time
+	start time.Time
+	res   roundResult
+	err   error
+}
+
+// Run commits the queued operations until ctx ends. One Run per Store.
+func (s *Store) Run(ctx context.Context) error {
+	v := newView(s.cfg.DefaultMaxLeases)
+	done := make(chan *round)
+	inflight := 0
+	var waiting []*op // queued, retried and deferred operations
+	for {
+		if ctx.Err() != nil {
+			for ; inflight > 0; inflight-- {
+				r := <-done
+				for _, o := range r.ops {
+					o.finish(ctx.Err())
+				}
+			}
+			for _, o := range waiting {
+				o.finish(ctx.Err())
+			}
+			return nil
+		}
+	drain:
+		for {
+			select {
+			case o := <-s.queue:
+				waiting = append(waiting, o)
+			default:
+				break drain
+			}
+		}
+		if inflight < s.cfg.Rounds && len(waiting) > 0 {
+			var r *round
+			if r, waiting = s.prepare(ctx, v, waiting); r != nil {
+				inflight++
+				go func() {
+					r.res, r.err = s.commit(ctx, r.ops, r.now)
+					done <- r
+				}()
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case o := <-s.queue:
+			waiting = append(waiting, o)
+		case r := <-done:
+			inflight--
+			waiting = append(s.settle(v, r), waiting...)
+		}
+	}
+}
+
+// prepare takes the next round's operations from waiting and chooses
+// proxies for its acquires; it returns the round (nil when none is left
+// to commit) and the operations still waiting.
+func (s *Store) prepare(ctx context.Context, v *view, waiting []*op) (*round, []*op) {
+	var ops, rest []*op
+	reports := map[string]bool{} // lease ids of this round's reports
+	for i, o := range waiting {
+		switch {
+		case o.ctx.Err() != nil:
+			o.finish(o.ctx.Err())
+		case len(ops) >= maxRound || o.solo && len(ops) > 0:
+			rest = append(rest, waiting[i:]...)
+			return s.choose(ctx, v, ops, rest)
+		case o.kind == opReport && reports[o.report.LeaseID]:
+			// Two reports on one lease: the second goes in a later round,
+			// so that each sees its own result.
+			rest = append(rest, o)
+		default:
+			if o.kind == opReport {
+				reports[o.report.LeaseID] = true
+			}
+			ops = append(ops, o)
+			if o.solo {
+				return s.choose(ctx, v, ops, append(rest, waiting[i+1:]...))
+			}
+		}
+	}
+	return s.choose(ctx, v, ops, rest)
+}
+
+// choose picks a proxy from the view for every acquire of ops. When the
+// view has none for one, it is reloaded and the choices made again (at
+// most once per reloadPause), so a refusal rests on a fresh read of the
+// database, with this replica's rounds in flight counted as committed. An
+// acquire still without a proxy is answered with the arithmetic.
+func (s *Store) choose(ctx context.Context, v *view, ops, rest []*op) (*round, []*op) {
+	if len(ops) == 0 {
+		return nil, rest
+	}
+	r := &round{ops: ops, start: time.Now(), now: s.cfg.Now().UTC().Truncate(time.Microsecond)}
+	fail := func(err error) (*round, []*op) {
+		for _, o := range ops {
+			o.finish(fmt.Errorf("reading the pool: %w", err))
+		}
+		return nil, rest
+	}
+	if v.stale || s.stale.Swap(false) || time.Since(v.loaded) >= s.cfg.RefreshInterval {
+		if err := s.reload(ctx, v, r.now); err != nil {
+			return fail(err)
+		}
+	}
+	pick := func() (missing bool) {
+		for _, o := range ops {
+			if o.kind == opAcquire && o.uid == "" {
+				if p := v.pick(o.acquire.Selector, o.acquire.TargetHost, r.now); p != nil {
+					o.uid = p.uid
+				} else {
+					missing = true
+				}
+			}
+		}
+		return missing
+	}
+	if pick() && time.Since(v.loaded) >= reloadPause {
+		// The picks already made stay pending across the reload.
+		if err := s.reload(ctx, v, r.now); err != nil {
+			for _, o := range ops {
+				if o.uid != "" {
+					v.settle(o.uid, -1)
+				}
+			}
+			return fail(err)
+		}
+		pick()
+	}
+	kept := ops[:0]
+	for _, o := range ops {
+		if o.kind == opAcquire && o.uid == "" {
+			o.finish(&NoProxyError{v.unavailable(o.acquire.Selector, o.acquire.TargetHost, r.now)})
+			continue
+		}
+		kept = append(kept, o)
+	}
+	if len(kept) == 0 {
+		return nil, rest
+	}
+	r.ops = kept
+	return r, rest
+}
+
+// reloadPause is the least time between two reloads of the view made
+// because it had no proxy to offer, so that an exhausted pool under load
+// is not re-read for every round.
+const reloadPause = 50 * time.Millisecond
+
+// settle applies a finished round to the view and answers its operations;
+// it returns those to try again.
+func (s *Store) settle(v *view, r *round) (again []*op) {
+	res := r.res
+	if r.err != nil {
+		v.stale = true
+		for _, o := range r.ops {
+			if o.uid != "" {
+				v.settle(o.uid, -1)
+				o.uid = ""
+			}
+			o.failed++
+			switch {
+			case o.ctx.Err() != nil:
+				o.finish(o.ctx.Err())
+			case postgres.Retryable(r.err) && o.failed < 5:
+				again = append(again, o)
+			case !postgres.Retryable(r.err) && len(r.ops) > 1 && !o.solo:
+				// One operation may be at fault: commit each on its own,
+				// so that it fails alone.
+				o.solo = true
+				again = append(again, o)
+			default:
+				o.finish(r.err)
+			}
+		}
+		return again
+	}
+	if s.cfg.OnRound != nil {
+		s.cfg.OnRound(len(r.ops), time.Since(r.start))
+	}
+	for _, o := range r.ops {
+		switch o.kind {
+		case opRelease:
+			rel, ok := res.released[o.leaseID]
+			o.matched, o.active = ok, rel.active
+			if ok {
+				v.setActive(rel.uid, rel.count)
+			}
+			o.finish(nil)
+		case opReport:
+			o.matched = res.reported[o.report.LeaseID]
+			if c := res.cooldowns[o.report.LeaseID]; c != nil {
+				o.cool = c
+				v.addCooldown(c.ProxyUID, c.TargetHost, c.ExpireTime)
+			}
+			o.finish(nil)
+		}
+	}
+	for _, o := range r.ops {
+		if o.kind != opAcquire {
+			continue
+		}
+		a, ok := res.acquired[o.lease.ID]
+		if !ok {
+			a.active = -1
+		}
+		v.settle(o.uid, a.active)
+		if o.granted = a.granted; o.granted {
+			o.lease.ProxyName, o.lease.Host, o.lease.Port = a.name, a.host, uint32(a.port)
+			o.finish(nil)
+			continue
+		}
+		// The database refused the view's choice: another replica leased
+		// it (the view now holds the database's count), or it cools down
+		// or stopped being leasable (the view reloads). Choose again.
+		if p := v.all[o.uid]; p == nil || p.free() {
+			v.stale = true
+		}
+		o.uid = ""
+		if o.refused++; o.refused > 3 {
+			o.finish(&NoProxyError{v.unavailable(o.acquire.Selector, o.acquire.TargetHost, r.now)})
+			continue
+		}
+		again = append(again, o)
+	}
+	return again
+}
+
+// lockSQL takes the row locks of every proxy the round changes, in uid
+// order, before any change: two rounds (of two replicas, or a round and the
+// sweep) then wait for each other instead of deadlocking.
+const lockSQL = `
+SELECT p.uid FROM lease.proxies p
+WHERE p.uid = ANY($1::text[] || ARRAY(
+	SELECT l.proxy_uid FROM lease.leases l WHERE l.id = ANY($2::uuid[]) AND l.end_time IS NULL))
+ORDER BY p.uid
+FOR UPDATE OF p`
+
+// The statements below name their keys with = ANY besides joining the
+// request arrays, so that the planner reads the tables through their
+// primary keys whatever it guesses of the arrays' length.
+
+// releaseSQL ends the leases of a round (a lease past its expiry ends as
+// expired) and gives their capacity back.
+const releaseSQL = `
+WITH req AS (
+	SELECT * FROM unnest($1::uuid[], $2::text[]) AS r(id, client_id)
+), l AS (
+	UPDATE lease.leases le
+	SET end_time = LEAST($3, le.expire_time),
+	    end_reason = CASE WHEN le.expire_time > $3 THEN 'released' ELSE 'expired' END
+	FROM req r
+	WHERE le.id = ANY($1::uuid[]) AND le.id = r.id AND le.client_id = r.client_id AND le.end_time IS NULL
+	RETURNING le.id, le.proxy_uid, le.end_reason = 'released' AS active
+), n AS (
+	SELECT proxy_uid, count(*)::int AS n FROM l GROUP BY proxy_uid
+), p AS (
+	UPDATE lease.proxies p SET active_leases = p.active_leases - n.n
+	FROM n WHERE p.uid = n.proxy_uid
+	RETURNING p.uid, p.active_leases
+)
+SELECT l.id::text, l.active, p.uid, p.active_leases FROM l JOIN p ON p.uid = l.proxy_uid`
+
+// reportSQL records the outcomes of a round, on active leases and on ended
+// ones still retained, and starts the cooldowns they ask for; a longer
+// cooldown already in force for the same scope stays.
+const reportSQL = `
+WITH req AS (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::timestamptz[], $5::bool[])
+		AS r(id, client_id, outcome, cool_until, global)
+), l AS (
+	UPDATE lease.leases le SET outcome = r.outcome, report_time = $6
+	FROM req r
+	WHERE le.id = ANY($1::uuid[]) AND le.id = r.id AND le.client_id = r.client_id
+	RETURNING le.id, le.proxy_uid, CASE WHEN r.global THEN '' ELSE le.target_host END AS scope,
+	          r.outcome, r.cool_until
+), want AS (
+	SELECT DISTINCT ON (proxy_uid, scope) proxy_uid, scope, cool_until, outcome
+	FROM l WHERE cool_until > $6
+	ORDER BY proxy_uid, scope, cool_until DESC
+), c AS (
+	INSERT INTO lease.cooldowns AS o (proxy_uid, target_host, expire_time, outcome)
+	SELECT proxy_uid, scope, cool_until, outcome FROM want
+	ON CONFLICT (proxy_uid, target_host) DO UPDATE
+	SET expire_time = GREATEST(o.expire_time, EXCLUDED.expire_time),
+	    outcome = CASE WHEN EXCLUDED.expire_time >= o.expire_time THEN EXCLUDED.outcome ELSE o.outcome END
+	RETURNING proxy_uid, target_host, expire_time, outcome
+)
+SELECT l.id::text, l.proxy_uid, c.target_host, c.expire_time, c.outcome
+FROM l LEFT JOIN c ON l.cool_until > $6 AND c.proxy_uid = l.proxy_uid AND c.target_host = l.scope`
+
+// acquireSQL grants the round's choices that the database confirms: the
+// proxy is leasable, has the capacity for all of the round's leases on it
+// (checked on the locked, current row), and does not cool down for the
+// lease's target nor globally. A proxy that cannot take all of them takes
+// none; the view then learns its count and chooses again.
+const acquireSQL = `
+WITH req AS (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
+		AS r(id, proxy_uid, client_id, target_host, expire_time)
+), ok AS (
+	SELECT r.* FROM req r
+	WHERE NOT EXISTS (SELECT 1 FROM lease.cooldowns c
+	                  WHERE c.proxy_uid = r.proxy_uid AND c.target_host IN ('', r.target_host) AND c.expire_time > $6)
+), n AS (
+	SELECT proxy_uid, count(*)::int AS n FROM ok GROUP BY proxy_uid
+), p AS (
+	UPDATE lease.proxies p SET active_leases = p.active_leases + n.n, last_lease_time = $6
+	FROM n
+	WHERE p.uid = ANY($2::text[]) AND p.uid = n.proxy_uid AND p.leasable
+	  AND (COALESCE(p.max_leases, $7) = 0 OR p.active_leases + n.n <= COALESCE(p.max_leases, $7))
+	RETURNING p.uid, p.name, p.host, p.port, p.active_leases, COALESCE(p.max_leases, $7) AS capacity, n.n
+), ins AS (
+	INSERT INTO lease.leases (id, client_id, proxy_uid, target_host, acquire_time, expire_time, active_at_acquire, capacity)
+	SELECT ok.id, ok.client_id, ok.proxy_uid, ok.target_host, $6, ok.expire_time,
+	       p.active_leases - p.n + row_number() OVER (PARTITION BY ok.proxy_uid ORDER BY ok.id), p.capacity
+	FROM ok JOIN p ON p.uid = ok.proxy_uid
+	RETURNING id
+)
+SELECT r.id::text, ins.id IS NOT NULL, COALESCE(p.name, ''), COALESCE(p.host, ''), COALESCE(p.port, 0),
+       COALESCE(p.active_leases, cur.active_leases, 0)
+FROM req r
+LEFT JOIN ins ON ins.id = r.id
+LEFT JOIN p ON p.uid = r.proxy_uid
+LEFT JOIN lease.proxies cur ON cur.uid = ANY($2::text[]) AND cur.uid = r.proxy_uid`
+
+type released struct {
+	active bool
+	uid    string
+	count  int
+}
+
+type acquired struct {
+	granted    bool
+	name, host string
+	port       int
+	active     int
+}
+
+// roundResult is what a round's statements returned, by lease id.
+type roundResult struct {
+	released  map[string]released
+	reported  map[string]bool
+	cooldowns map[string]*Cooldown
+	acquired  map[string]acquired
+}
+
+// commit runs a round's statements in one transaction, one round trip.
+// It runs beside the committer and must not touch the view.
+func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResult, error) {
+	var (
+		acqIDs, relIDs, repIDs          []pgtype.UUID // binary-encoded, unlike strings
+		acqUIDs, acqClients, acqTargets []string
+		acqExpire                       []time.Time
+		relClients, repClients          []string
+		repOutcomes                     []int16
+		repUntil                        []time.Time
+		repGlobal                       []bool
+	)
+	for _, o := range ops {
+		switch o.kind {
+		case opAcquire:
+			o.lease = Lease{
+				ID: newLeaseID(), ClientID: o.acquire.ClientID, ProxyUID: o.uid, TargetHost: o.acquire.TargetHost,
+				AcquireTime: now, ExpireTime: now.Add(o.acquire.TTL),
+			}
+			acqIDs = append(acqIDs, parseLeaseID(o.lease.ID))
+			acqUIDs = append(acqUIDs, o.uid)
+			acqClients = append(acqClients, o.acquire.ClientID)
+			acqTargets = append(acqTargets, o.acquire.TargetHost)
+			acqExpire = append(acqExpire, o.lease.ExpireTime)
+		case opRelease:
+			relIDs = append(relIDs, parseLeaseID(o.leaseID))
+			relClients = append(relClients, o.clientID)
+		case opReport:
+			repIDs = append(repIDs, parseLeaseID(o.report.LeaseID))
+			repClients = append(repClients, o.report.ClientID)
+			repOutcomes = append(repOutcomes, o.report.Outcome)
+			repUntil = append(repUntil, now.Add(o.report.Cooldown))
+			repGlobal = append(repGlobal, o.report.Global)
+		}
+	}
+	res := roundResult{
+		released:  map[string]released{},
+		reported:  map[string]bool{},
+		cooldowns: map[string]*Cooldown{},
+		acquired:  make(map[string]acquired, len(acqIDs)),
+	}
+	b := &pgx.Batch{}
+	// Plan each statement for its arrays: a generic plan guesses their
+	// length and, on tables this small, scans them whole.
+	b.Queue(`SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`)
+	if len(acqIDs) > 0 || len(relIDs) > 0 {
+		b.Queue(lockSQL, uniqueSorted(acqUIDs), relIDs)
+	}
+	if len(relIDs) > 0 {
+		b.Queue(releaseSQL, relIDs, relClients, now).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var id string
+				var r released
+				if err := rows.Scan(&id, &r.active, &r.uid, &r.count); err != nil {
+					return err
+				}
+				res.released[id] = r
+			}
+			return rows.Err()
+		})
+	}
+	if len(repIDs) > 0 {
+		b.Queue(reportSQL, repIDs, repClients, repOutcomes, repUntil, repGlobal, now).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var id, uid string
+				var target *string
+				var end *time.Time
+				var outcome *int16
+				if err := rows.Scan(&id, &uid, &target, &end, &outcome); err != nil {
+					return err
+				}
+				res.reported[id] = true
+				if target != nil {
+					res.cooldowns[id] = &Cooldown{ProxyUID: uid, TargetHost: *target, ExpireTime: *end, Outcome: *outcome}
+				}
+			}
+			return rows.Err()
+		})
+	}
+	if len(acqIDs) > 0 {
+		b.Queue(acquireSQL, acqIDs, acqUIDs, acqClients, acqTargets, acqExpire, now, s.cfg.DefaultMaxLeases).
+			Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					var id string
+					var a acquired
+					if err := rows.Scan(&id, &a.granted, &a.name, &a.host, &a.port, &a.active); err != nil {
+						return err
+					}
+					res.acquired[id] = a
+				}
+				return rows.Err()
+			})
+	}
+	return res, s.pool.SendBatch(ctx, b).Close()
+}
+
+// parseLeaseID reads a lease id the API validated; anything else becomes
+// the nil UUID, which names no lease.
+func parseLeaseID(id string) pgtype.UUID {
+	u, _ := uuid.Parse(id)
+	return pgtype.UUID{Bytes: u, Valid: true}
+}
+
+func uniqueSorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// newLeaseID returns a time-ordered (version 7) UUID: the lease table's
+// primary key then grows at its right edge instead of at random pages.
+func newLeaseID() string {
+	if id, err := uuid.NewV7(); err == nil {
+		return id.String()
+	}
+	return uuid.NewString()
+}
