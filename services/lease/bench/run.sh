@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Runs the lease load benchmark on this machine: a NATS server, a fresh
 # database, one lease service process, then lease-load through gRPC and
-# through REST, then pgbench with a one-row-update transaction on the same
-# PostgreSQL server. Figures go to stdout; docs/lease.md records them.
+# through REST as fast as they go (closed loop), then through gRPC at fixed
+# rates (the latency at a given load), then pgbench with a one-row-update
+# transaction on the same PostgreSQL server. Figures go to stdout;
+# docs/lease.md records them.
 #
 #   services/lease/bench/run.sh            # 30s per run
-#   DURATION=10s CONNS=16 services/lease/bench/run.sh
+#   DURATION=10s RATES="2000 3000" services/lease/bench/run.sh
 set -euo pipefail
 
 DURATION=${DURATION:-30s}
 CONNS=${CONNS:-32}          # lease service DB pool = pgbench clients
 PROXIES=${PROXIES:-1000}
 CLIENTS=${CLIENTS:-200}
+GRPC_CONNS=${GRPC_CONNS:-4}  # the fleet's gRPC connections to the service
+RATES=${RATES:-1000 2000 2500 3000}
+# The service runs with the garbage collector setting the Helm chart
+# recommends for it (components.lease.env).
+export GOGC=${GOGC:-400}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 DB=lease_bench_$$
 PGBDB=lease_pgbench_$$
@@ -44,16 +51,22 @@ for _ in $(seq 100); do
 	sleep 0.2 # polling for readiness
 done
 
-for transport in grpc rest; do
-	echo "== lease-load --transport $transport --proxies $PROXIES --clients $CLIENTS --duration $DURATION (DB pool $CONNS)"
-	"$work/lease-load" --transport "$transport" --grpc-addr 127.0.0.1:18110 --http-addr 127.0.0.1:18111 \
+load() {
+	"$work/lease-load" --grpc-addr 127.0.0.1:18110 --http-addr 127.0.0.1:18111 --conns "$GRPC_CONNS" \
 		--token-file "$work/tokens" --nats-url nats://127.0.0.1:14222 --database-url "$PGURL/$DB?sslmode=disable" \
-		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" --seed="$([ $transport = grpc ] && echo true || echo false)"
+		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" "$@"
+}
+seed=true
+for transport in grpc rest; do
+	echo "== lease-load --transport $transport --proxies $PROXIES --clients $CLIENTS --duration $DURATION (closed loop, GOGC=$GOGC)"
+	load --transport "$transport" --seed=$seed
+	seed=false
 done
-
-echo "== pgbench: the service's own acquire → report → release statements (bench/pair.sql) on its database, $CONNS clients, $DURATION"
+for rate in $RATES; do
+	echo "== lease-load --transport grpc --rate $rate --proxies $PROXIES --clients $CLIENTS --duration $DURATION"
+	load --transport grpc --rate "$rate" --seed=false
+done
 secs=${DURATION%s}
-pgbench -n -M prepared -c "$CONNS" -j 2 -T "$secs" -f "$here/bench/pair.sql" "$PGURL/$DB?sslmode=disable" 2>&1 | grep -E "tps|latency average|transactions actually|failed"
 
 echo "== pgbench: one-row UPDATE per transaction, $CONNS clients, $DURATION"
 psql "$PGURL/postgres" -qc "CREATE DATABASE $PGBDB"

@@ -337,9 +337,8 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 	}
 }
 
-// vacuum keeps the selection index free of dead entries; see
-// store.Vacuum. Replicas need no coordination: a VACUUM that would wait for
-// another one skips instead.
+// vacuum runs store.Vacuum every interval. Replicas need no coordination:
+// a VACUUM that would wait for another one skips instead.
 func vacuum(ctx context.Context, st *store.Store, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -353,7 +352,7 @@ func vacuum(ctx context.Context, st *store.Store, every time.Duration, log *slog
 		analyze := time.Since(analyzed) >= 5*time.Second
 		if err := st.Vacuum(ctx, analyze); err != nil {
 			if ctx.Err() == nil {
-				log.Warn("WARNING: vacuuming lease.proxies failed; acquires slow down as dead index entries pile up between autovacuum runs. Vacuuming stays off", "error", err)
+				log.Warn("WARNING: vacuuming the lease tables failed; they are left to autovacuum from now on", "error", err)
 			}
 			return
 		}

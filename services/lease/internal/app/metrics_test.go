@@ -84,6 +84,11 @@ func TestMetrics(t *testing.T) {
 		{after, `egress_lease_request_duration_seconds_count{code="ResourceExhausted",method="AcquireLease"}`, "1"},
 		{after, `egress_lease_request_duration_seconds_count{code="OK",method="ReleaseLease"}`, "2"},
 		{after, `egress_lease_stats_scrape_error`, "0"},
+		// One call at a time: each granted acquire, report and release is
+		// a round of its own; the refused acquire needed none.
+		{after, `egress_lease_commit_round_operations_count`, "5"},
+		{after, `egress_lease_commit_round_operations_sum`, "5"},
+		{after, `egress_lease_commit_queued_operations`, "0"},
 	} {
 		if got := tc.m[tc.name]; got != tc.want {
 			t.Errorf("%s = %q, want %s", tc.name, got, tc.want)

@@ -93,7 +93,11 @@ func New(reg prometheus.Registerer, st *store.Store, log *slog.Logger) *Metrics 
 	for _, r := range []string{"granted", "no_matching_proxy", "unhealthy", "at_capacity", "cooling_down_target", "cooling_down_global", "invalid_argument", "error"} {
 		m.Acquires.WithLabelValues(r)
 	}
-	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Duration, m.Expired, m.Events, m.Resyncs, m.RoundOps, m.RoundDuration,
+	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "egress", Subsystem: "lease", Name: "commit_queued_operations",
+		Help: "Acquires, reports and releases of this replica waiting for a commit round.",
+	}, func() float64 { return float64(st.Queued()) })
+	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Duration, m.Expired, m.Events, m.Resyncs, m.RoundOps, m.RoundDuration, queued,
 		&collector{st: st, log: log})
 	return m
 }

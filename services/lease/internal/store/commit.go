@@ -80,6 +80,9 @@ func (s *Store) submit(ctx context.Context, o *op) error {
 	}
 }
 
+// Queued is how many operations wait for a round (not yet in flight).
+func (s *Store) Queued() int { return int(s.waiting.Load()) + len(s.queue) }
+
 // Invalidate makes the next round reload the pool: the pool changed.
 func (s *Store) Invalidate() { s.stale.Store(true) }
 
@@ -131,6 +134,7 @@ func (s *Store) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		s.waiting.Store(int64(len(waiting)))
 		select {
 		case <-ctx.Done():
 		case o := <-s.queue:
@@ -322,13 +326,16 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 const lockSQL = `
 SELECT p.uid FROM lease.proxies p
 WHERE p.uid = ANY($1::text[] || ARRAY(
-	SELECT l.proxy_uid FROM lease.leases l WHERE l.id = ANY($2::uuid[]) AND l.end_time IS NULL))
+	SELECT l.proxy_uid FROM lease.leases l WHERE l.id = ANY($2::uuid[])))
 ORDER BY p.uid
 FOR UPDATE OF p`
 
 // The statements below name their keys with = ANY besides joining the
 // request arrays, so that the planner reads the tables through their
-// primary keys whatever it guesses of the arrays' length.
+// primary keys. An active lease is found by end_reason IS NULL, the same
+// as end_time IS NULL by the table's CHECK, because the partial index on
+// end_time IS NULL holds an entry for every lease ended since the last
+// vacuum and the planner would AND it in.
 
 // releaseSQL ends the leases of a round (a lease past its expiry ends as
 // expired) and gives their capacity back.
@@ -340,7 +347,7 @@ WITH req AS (
 	SET end_time = LEAST($3, le.expire_time),
 	    end_reason = CASE WHEN le.expire_time > $3 THEN 'released' ELSE 'expired' END
 	FROM req r
-	WHERE le.id = ANY($1::uuid[]) AND le.id = r.id AND le.client_id = r.client_id AND le.end_time IS NULL
+	WHERE le.id = ANY($1::uuid[]) AND le.id = r.id AND le.client_id = r.client_id AND le.end_reason IS NULL
 	RETURNING le.id, le.proxy_uid, le.end_reason = 'released' AS active
 ), n AS (
 	SELECT proxy_uid, count(*)::int AS n FROM l GROUP BY proxy_uid
@@ -477,9 +484,11 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 		acquired:  make(map[string]acquired, len(acqIDs)),
 	}
 	b := &pgx.Batch{}
-	// Plan each statement for its arrays: a generic plan guesses their
-	// length and, on tables this small, scans them whole.
-	b.Queue(`SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`)
+	// Every row these statements touch is found by key. Without this, a
+	// plan made for arrays of unknown length may scan a table whole
+	// (proxies; leases while it is small); with it, the generic plans are
+	// index lookups, fit for a round of any size, and made once.
+	b.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
 	if len(acqIDs) > 0 || len(relIDs) > 0 {
 		b.Queue(lockSQL, uniqueSorted(acqUIDs), relIDs)
 	}

@@ -1,0 +1,392 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+)
+
+// These tests run the committer against a real PostgreSQL: rounds, the
+// database refusing a stale view's choice, and a bad operation failing
+// alone.
+
+func testDatabase(t *testing.T) string {
+	t.Helper()
+	return pgtest.NewDatabase(t, pgtest.Template{
+		Name:        "lease",
+		Fingerprint: pgtest.Fingerprint(Migrations()),
+		Migrate:     func(ctx context.Context, dsn string) error { return Migrate(ctx, dsn, nil) },
+	})
+}
+
+type rounds struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (r *rounds) observe(n int, _ time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sizes = append(r.sizes, n)
+}
+
+func (r *rounds) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.sizes)
+}
+
+// startStore runs a store (one replica) on dsn until the test ends.
+func startStore(t *testing.T, dsn string, cfg Config) (*Store, *rounds) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	db, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rounds{}
+	cfg.OnRound = r.observe
+	if cfg.DefaultMaxLeases == 0 {
+		cfg.DefaultMaxLeases = 1
+	}
+	if cfg.Rounds == 0 {
+		cfg.Rounds = 1 // the tests that hold a round rely on one at a time
+	}
+	if cfg.RefreshInterval == 0 {
+		cfg.RefreshInterval = time.Hour // views go stale unless told
+	}
+	st := New(db, cfg)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = st.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; db.Close() })
+	return st, r
+}
+
+func seedPool(t *testing.T, st *Store, n int) []string {
+	t.Helper()
+	uids := make([]string, n)
+	pool := make([]ProxyState, n)
+	for i := range pool {
+		uids[i] = fmt.Sprintf("0c0c0000-0000-4000-8000-%012d", i)
+		pool[i] = ProxyState{UID: uids[i], Name: fmt.Sprintf("p-%03d", i), Provider: "test",
+			Host: fmt.Sprintf("10.9.0.%d", i+1), Port: 3128, ProviderID: "test/" + uids[i], Ready: true, Healthy: true}
+	}
+	if _, err := st.ApplySnapshot(context.Background(), pool, 1); err != nil {
+		t.Fatal(err)
+	}
+	return uids
+}
+
+// checkCounts asserts that every proxy's active_leases matches its active
+// lease rows and stays within capacity 1.
+func checkCounts(t *testing.T, st *Store) {
+	t.Helper()
+	rows, err := st.Pool().Query(context.Background(), `
+		SELECT p.uid, p.active_leases, (SELECT count(*) FROM lease.leases l WHERE l.proxy_uid = p.uid AND l.end_time IS NULL)
+		FROM lease.proxies p`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var uid string
+		var counted, rowsActive int
+		if err := rows.Scan(&uid, &counted, &rowsActive); err != nil {
+			t.Fatal(err)
+		}
+		if counted != rowsActive || counted > 1 {
+			t.Errorf("proxy %s: active_leases %d, active lease rows %d, capacity 1", uid, counted, rowsActive)
+		}
+	}
+}
+
+func TestConcurrentAcquiresShareRounds(t *testing.T) {
+	t.Parallel()
+	for _, inFlight := range []int{1, 3} {
+		t.Run(fmt.Sprintf("rounds=%d", inFlight), func(t *testing.T) {
+			t.Parallel()
+			testConcurrentAcquires(t, inFlight)
+		})
+	}
+}
+
+func testConcurrentAcquires(t *testing.T, inFlight int) {
+	st, r := startStore(t, testDatabase(t), Config{Rounds: inFlight})
+	seedPool(t, st, 100)
+	ctx := context.Background()
+	leases := make([]Lease, 100)
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for i := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			leases[i], err = st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("acquire: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, l := range leases {
+		if seen[l.ProxyUID] {
+			t.Fatalf("proxy %s leased twice with capacity 1", l.ProxyUID)
+		}
+		seen[l.ProxyUID] = true
+	}
+	if n := r.count(); n >= 100 {
+		t.Errorf("100 concurrent acquires took %d rounds; want them to share rounds", n)
+	}
+	checkCounts(t, st)
+	// The pool is full now: the 101st is refused with the arithmetic.
+	_, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
+	var none *NoProxyError
+	if !errors.As(err, &none) || none.Matching != 100 || none.AtCapacity != 100 {
+		t.Fatalf("101st acquire: %v, want no proxy: 100 matching, 100 at capacity", err)
+	}
+}
+
+func TestStaleViewIsRefusedByTheDatabase(t *testing.T) {
+	t.Parallel()
+	dsn := testDatabase(t)
+	a, aRounds := startStore(t, dsn, Config{})
+	b, _ := startStore(t, dsn, Config{})
+	seedPool(t, a, 2)
+	ctx := context.Background()
+	req := AcquireRequest{ClientID: "crawler", TTL: time.Minute}
+
+	// Replica a learns the pool and leases one proxy once, so the other
+	// (never leased) comes first in its order.
+	warm, err := a.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Release(ctx, "crawler", warm.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Replica b leases that never-leased proxy; a's view does not know.
+	taken, err := b.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if taken.ProxyUID == warm.ProxyUID {
+		t.Fatalf("b leased %s, the proxy a leased last; want the never-leased one first", taken.ProxyUID)
+	}
+	before := aRounds.count()
+	got, err := a.Acquire(ctx, req)
+	if err != nil {
+		t.Fatalf("a's acquire with a stale view: %v", err)
+	}
+	if got.ProxyUID != warm.ProxyUID {
+		t.Fatalf("a leased %s, want %s (the other is b's)", got.ProxyUID, warm.ProxyUID)
+	}
+	if n := aRounds.count() - before; n < 2 {
+		t.Errorf("a's acquire took %d round(s); want the refused choice and the retry", n)
+	}
+	_, err = a.Acquire(ctx, req)
+	var none *NoProxyError
+	if !errors.As(err, &none) || none.AtCapacity != 2 {
+		t.Fatalf("third acquire: %v, want no proxy: 2 at capacity", err)
+	}
+	checkCounts(t, a)
+}
+
+func TestCooldownFromAnotherReplicaIsHonoured(t *testing.T) {
+	t.Parallel()
+	dsn := testDatabase(t)
+	a, _ := startStore(t, dsn, Config{})
+	b, _ := startStore(t, dsn, Config{})
+	seedPool(t, a, 1)
+	ctx := context.Background()
+	req := AcquireRequest{ClientID: "crawler", TargetHost: "shop.example.com", TTL: time.Minute}
+	warm, err := a.Acquire(ctx, req) // a's view now holds the pool
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Release(ctx, "crawler", warm.ID); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.Report(ctx, ReportRequest{ClientID: "crawler", LeaseID: l.ID, Outcome: 3, Cooldown: time.Hour})
+	if err != nil || c == nil || c.TargetHost != "shop.example.com" {
+		t.Fatalf("report: %+v, %v", c, err)
+	}
+	if _, err := b.Release(ctx, "crawler", l.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Acquire(ctx, req)
+	var none *NoProxyError
+	if !errors.As(err, &none) || none.CoolingTarget != 1 {
+		t.Fatalf("a's acquire for the cooling target: %v, want no proxy: 1 cooling down for the target", err)
+	}
+	// Another target is fine.
+	if _, err := a.Acquire(ctx, AcquireRequest{ClientID: "crawler", TargetHost: "news.example.com", TTL: time.Minute}); err != nil {
+		t.Fatalf("acquire for another target: %v", err)
+	}
+}
+
+// holdProxies locks every proxy row until the returned func is called, so
+// that the committer's next round waits in the database and the operations
+// submitted meanwhile queue up for the round after.
+func holdProxies(t *testing.T, st *Store) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM lease.proxies FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+	t.Cleanup(release) // a failing test must not leave the committer blocked
+	return release
+}
+
+// waitBlocked waits until a round waits for the locks holdProxies took.
+func waitBlocked(t *testing.T, st *Store) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		err := st.Pool().QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no round waits for the held proxies after 10s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling pg_stat_activity
+	}
+}
+
+func waitQueued(t *testing.T, st *Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for st.Queued() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d operations queued after 10s, want %d", st.Queued(), n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the queue length
+	}
+}
+
+func TestBadOperationFailsAlone(t *testing.T) {
+	t.Parallel()
+	st, r := startStore(t, testDatabase(t), Config{})
+	seedPool(t, st, 30)
+	ctx := context.Background()
+	unblock := holdProxies(t, st)
+	first := make(chan error, 1)
+	go func() {
+		_, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
+		first <- err
+	}()
+	waitBlocked(t, st)
+	var wg sync.WaitGroup
+	goodErrs := make(chan error, 20)
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute}); err != nil {
+				goodErrs <- err
+			}
+		}()
+	}
+	bad := make(chan error, 1)
+	go func() {
+		// PostgreSQL text cannot hold NUL: this statement fails.
+		_, err := st.Acquire(ctx, AcquireRequest{ClientID: "bad\x00client", TTL: time.Minute})
+		bad <- err
+	}()
+	waitQueued(t, st, 21)
+	unblock()
+	if err := <-first; err != nil {
+		t.Fatalf("first acquire: %v", err)
+	}
+	wg.Wait()
+	close(goodErrs)
+	for err := range goodErrs {
+		t.Errorf("a good acquire in the round with the bad one: %v", err)
+	}
+	if err := <-bad; err == nil {
+		t.Error("the acquire with a NUL byte in its client id succeeded")
+	}
+	var leases int
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM lease.leases`).Scan(&leases); err != nil {
+		t.Fatal(err)
+	}
+	if leases != 21 {
+		t.Errorf("%d lease rows, want 21 (the first and the 20 good ones)", leases)
+	}
+	checkCounts(t, st)
+	if r.count() < 21 {
+		t.Errorf("%d rounds committed; want the failed round of 21 retried one by one", r.count())
+	}
+}
+
+func TestTwoReportsOnOneLeaseInOneQueue(t *testing.T) {
+	t.Parallel()
+	st, _ := startStore(t, testDatabase(t), Config{})
+	seedPool(t, st, 2)
+	ctx := context.Background()
+	l, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TargetHost: "shop.example.com", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unblock := holdProxies(t, st)
+	blocked := make(chan error, 1)
+	go func() {
+		_, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
+		blocked <- err
+	}()
+	waitBlocked(t, st)
+	type result struct {
+		c   *Cooldown
+		err error
+	}
+	short, long := make(chan result, 1), make(chan result, 1)
+	go func() {
+		c, err := st.Report(ctx, ReportRequest{ClientID: "crawler", LeaseID: l.ID, Outcome: 2, Cooldown: time.Minute})
+		short <- result{c, err}
+	}()
+	waitQueued(t, st, 1)
+	go func() {
+		c, err := st.Report(ctx, ReportRequest{ClientID: "crawler", LeaseID: l.ID, Outcome: 3, Cooldown: time.Hour})
+		long <- result{c, err}
+	}()
+	waitQueued(t, st, 2)
+	unblock()
+	if err := <-blocked; err != nil {
+		t.Fatal(err)
+	}
+	s, lg := <-short, <-long
+	if s.err != nil || lg.err != nil {
+		t.Fatalf("reports: %v, %v", s.err, lg.err)
+	}
+	if s.c == nil || lg.c == nil || lg.c.Outcome != 3 || !lg.c.ExpireTime.After(s.c.ExpireTime) {
+		t.Fatalf("cooldowns: first %+v, second %+v; want the second (1h, outcome 3) to outlast the first", s.c, lg.c)
+	}
+}

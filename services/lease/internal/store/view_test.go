@@ -1,0 +1,188 @@
+package store
+
+import (
+	"testing"
+	"time"
+)
+
+// testView builds a view from proxies given in any order.
+func testView(ps ...*viewProxy) *view {
+	v := newView(1)
+	for _, p := range ps {
+		if p.capacity == 0 && p.name != "unlimited" {
+			p.capacity = 1
+		}
+		v.all[p.uid] = p
+		if p.leasable {
+			v.order.ReplaceOrInsert(p)
+		}
+	}
+	return v
+}
+
+func TestViewPicksInSelectionOrder(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		proxies []*viewProxy
+		want    string
+	}{
+		{"fewest active leases first", []*viewProxy{
+			{uid: "a", leasable: true, capacity: 3, active: 2},
+			{uid: "b", leasable: true, capacity: 3, active: 1, lastLease: t0},
+		}, "b"},
+		{"leases of rounds in flight count", []*viewProxy{
+			{uid: "a", leasable: true, capacity: 3, pending: 2},
+			{uid: "b", leasable: true, capacity: 3, active: 1, lastLease: t0},
+		}, "b"},
+		{"never leased before least recently leased", []*viewProxy{
+			{uid: "a", leasable: true, lastLease: t0},
+			{uid: "b", leasable: true},
+		}, "b"},
+		{"least recently leased first", []*viewProxy{
+			{uid: "a", leasable: true, lastLease: t0.Add(time.Second)},
+			{uid: "b", leasable: true, lastLease: t0},
+		}, "b"},
+		{"then the stable random tie-break", []*viewProxy{
+			{uid: "a", leasable: true, tiebreak: 7},
+			{uid: "b", leasable: true, tiebreak: -3},
+		}, "b"},
+		{"at capacity is skipped", []*viewProxy{
+			{uid: "a", leasable: true, capacity: 1, active: 1},
+			{uid: "b", leasable: true, capacity: 2, active: 1, lastLease: t0},
+		}, "b"},
+		{"unlimited capacity is never full", []*viewProxy{
+			{uid: "a", name: "unlimited", leasable: true, active: 1000},
+		}, "a"},
+		{"not leasable is never offered", []*viewProxy{
+			{uid: "a", leasable: false},
+		}, ""},
+		{"cooling down for the target is skipped", []*viewProxy{
+			{uid: "a", leasable: true, cooldowns: map[string]time.Time{"shop.example.com": t0.Add(time.Minute)}},
+			{uid: "b", leasable: true, lastLease: t0},
+		}, "b"},
+		{"cooling down globally is skipped", []*viewProxy{
+			{uid: "a", leasable: true, cooldowns: map[string]time.Time{"": t0.Add(time.Minute)}},
+			{uid: "b", leasable: true, lastLease: t0},
+		}, "b"},
+		{"a cooldown for another target does not matter", []*viewProxy{
+			{uid: "a", leasable: true, cooldowns: map[string]time.Time{"other.example.com": t0.Add(time.Minute)}},
+			{uid: "b", leasable: true, lastLease: t0},
+		}, "a"},
+		{"an ended cooldown does not matter", []*viewProxy{
+			{uid: "a", leasable: true, cooldowns: map[string]time.Time{"": t0}},
+			{uid: "b", leasable: true, lastLease: t0},
+		}, "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := testView(tc.proxies...)
+			pendingBefore := map[string]int{}
+			for _, p := range tc.proxies {
+				pendingBefore[p.uid] = p.pending
+			}
+			got := v.pick(Selector{}, "shop.example.com", t0)
+			switch {
+			case tc.want == "" && got != nil:
+				t.Fatalf("picked %s, want none", got.uid)
+			case tc.want == "":
+			case got == nil:
+				t.Fatalf("picked none, want %s", tc.want)
+			case got.uid != tc.want:
+				t.Fatalf("picked %s, want %s", got.uid, tc.want)
+			default:
+				if got.pending != pendingBefore[got.uid]+1 || !got.lastLease.Equal(t0) {
+					t.Errorf("after the pick: pending %d, last lease %v", got.pending, got.lastLease)
+				}
+			}
+		})
+	}
+}
+
+func TestViewPendingThenSettle(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	v := testView(&viewProxy{uid: "a", leasable: true, capacity: 2}, &viewProxy{uid: "b", leasable: true, capacity: 2})
+	// Four acquires in flight fill both proxies; a fifth finds none.
+	for i := range 4 {
+		if p := v.pick(Selector{}, "", now); p == nil {
+			t.Fatalf("pick %d found nothing", i)
+		}
+	}
+	if p := v.pick(Selector{}, "", now); p != nil {
+		t.Fatalf("a fifth pick got %s, want none: both proxies are full with rounds in flight", p.uid)
+	}
+	// The database granted a's two and refused b's two (another replica
+	// holds b): a is full, b has room for none until the count moves.
+	v.settle("a", 2)
+	v.settle("a", 2)
+	v.settle("b", 2)
+	v.settle("b", 2)
+	if p := v.pick(Selector{}, "", now); p != nil {
+		t.Fatalf("picked %s, want none", p.uid)
+	}
+	v.setActive("b", 1)
+	if p := v.pick(Selector{}, "", now); p == nil || p.uid != "b" {
+		t.Fatalf("picked %v, want b after its count dropped", p)
+	}
+}
+
+func TestViewSelectorMatching(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	v := testView(
+		&viewProxy{uid: "a", leasable: true, provider: "pve", region: "eu", zone: "eu-1", labels: map[string]string{"pool": "x"}},
+		&viewProxy{uid: "b", leasable: true, provider: "gce", region: "eu", zone: "eu-2", labels: map[string]string{"pool": "x", "tier": "1"}},
+	)
+	for _, tc := range []struct {
+		sel  Selector
+		want string
+	}{
+		{Selector{Provider: "gce"}, "b"},
+		{Selector{Zone: "eu-1"}, "a"},
+		{Selector{Region: "eu", Labels: map[string]string{"tier": "1"}}, "b"},
+		{Selector{Labels: map[string]string{"pool": "y"}}, ""},
+		{Selector{Region: "us"}, ""},
+	} {
+		v.all["a"].pending, v.all["b"].pending = 0, 0
+		got := v.pick(tc.sel, "", now)
+		if tc.want == "" && got != nil || tc.want != "" && (got == nil || got.uid != tc.want) {
+			t.Errorf("pick(%+v) = %v, want %q", tc.sel, got, tc.want)
+		}
+		if got != nil {
+			v.settle(got.uid, 0)
+		}
+	}
+}
+
+func TestViewUnavailableArithmetic(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	later := now.Add(time.Minute)
+	v := testView(
+		&viewProxy{uid: "sick", leasable: false, labels: map[string]string{"pool": "x"}},
+		&viewProxy{uid: "full", leasable: true, active: 1, labels: map[string]string{"pool": "x"}},
+		// counted once, under the first reason: at capacity
+		&viewProxy{uid: "full-and-cooling", leasable: true, active: 1, labels: map[string]string{"pool": "x"},
+			cooldowns: map[string]time.Time{"": later}},
+		&viewProxy{uid: "cool-target", leasable: true, labels: map[string]string{"pool": "x"},
+			cooldowns: map[string]time.Time{"shop.example.com": later, "": later}},
+		&viewProxy{uid: "cool-global", leasable: true, labels: map[string]string{"pool": "x"},
+			cooldowns: map[string]time.Time{"": later}},
+		&viewProxy{uid: "elsewhere", leasable: true, labels: map[string]string{"pool": "y"}},
+	)
+	got := v.unavailable(Selector{Labels: map[string]string{"pool": "x"}}, "shop.example.com", now)
+	want := Unavailable{Matching: 5, Unhealthy: 1, AtCapacity: 2, CoolingTarget: 1, CoolingGlobal: 1}
+	if got != want {
+		t.Errorf("unavailable = %+v, want %+v", got, want)
+	}
+	if got.available() {
+		t.Error("available() = true with every matching proxy ruled out")
+	}
+	// Without a target, a target cooldown is no reason.
+	got = v.unavailable(Selector{Labels: map[string]string{"pool": "x"}}, "", now)
+	want = Unavailable{Matching: 5, Unhealthy: 1, AtCapacity: 2, CoolingGlobal: 2}
+	if got != want {
+		t.Errorf("unavailable without target = %+v, want %+v", got, want)
+	}
+}
