@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"slices"
 	"time"
@@ -458,7 +459,7 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 		switch o.kind {
 		case opAcquire:
 			o.lease = Lease{
-				ID: newLeaseID(), ClientID: o.acquire.ClientID, ProxyUID: o.uid, TargetHost: o.acquire.TargetHost,
+				ID: newLeaseID(now).String(), ClientID: o.acquire.ClientID, ProxyUID: o.uid, TargetHost: o.acquire.TargetHost,
 				AcquireTime: now, ExpireTime: now.Add(o.acquire.TTL),
 			}
 			acqIDs = append(acqIDs, parseLeaseID(o.lease.ID))
@@ -553,11 +554,28 @@ func uniqueSorted(s []string) []string {
 	return slices.Compact(s)
 }
 
-// newLeaseID returns a time-ordered (version 7) UUID: the lease table's
-// primary key then grows at its right edge instead of at random pages.
-func newLeaseID() string {
-	if id, err := uuid.NewV7(); err == nil {
-		return id.String()
+// newLeaseID returns a version 7 UUID (RFC 9562) for a lease acquired at
+// t: the acquisition millisecond, then random bits. The lease table's
+// primary key then grows at its right edge, and leases acquired before a
+// time are the keys below leaseIDBound of that time (the purge reads them
+// so, with no index of its own). t is the store's clock, not the wall
+// clock, so that tests with a fake clock purge as production does.
+func newLeaseID(t time.Time) uuid.UUID {
+	u := leaseIDBound(t)
+	if _, err := rand.Read(u[6:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
 	}
-	return uuid.NewString()
+	u[6] = 0x70 | u[6]&0x0f // version 7
+	u[8] = 0x80 | u[8]&0x3f // RFC 9562 variant
+	return u
+}
+
+// leaseIDBound is the smallest lease id of a lease acquired at t or later.
+func leaseIDBound(t time.Time) uuid.UUID {
+	var u uuid.UUID
+	ms := uint64(max(t.UnixMilli(), 0))
+	for i := range 6 {
+		u[i] = byte(ms >> (8 * (5 - i)))
+	}
+	return u
 }

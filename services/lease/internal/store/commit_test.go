@@ -390,3 +390,51 @@ func TestTwoReportsOnOneLeaseInOneQueue(t *testing.T) {
 		t.Fatalf("cooldowns: first %+v, second %+v; want the second (1h, outcome 3) to outlast the first", s.c, lg.c)
 	}
 }
+
+func TestSweepReadsAWindowAndAFullSweepCatchesUp(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now().UTC().Truncate(time.Second)
+	var mu sync.Mutex
+	now := t0
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	st, _ := startStore(t, testDatabase(t), Config{Now: clock})
+	seedPool(t, st, 2)
+	ctx := context.Background()
+	sweep := func() SweepResult {
+		t.Helper()
+		res, err := st.Sweep(ctx)
+		if err != nil || res.Skipped {
+			t.Fatalf("sweep: %+v, %v", res, err)
+		}
+		return res
+	}
+	if _, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	sweep() // the first sweep is a full one
+	advance(10 * time.Second)
+	if _, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	// 35s after the second lease expired: outside the window, and the
+	// last full sweep was 50s ago.
+	advance(40 * time.Second)
+	if res := sweep(); res.Expired != 0 {
+		t.Fatalf("windowed sweep ended %d leases, want 0 (the expired one is older than the window)", res.Expired)
+	}
+	// A minute after the last full sweep the next one is full again.
+	advance(20 * time.Second)
+	if res := sweep(); res.Expired != 2 {
+		t.Fatalf("full sweep ended %d leases, want 2", res.Expired)
+	}
+	checkCounts(t, st)
+	// Within the window, a sweep ends a lease as soon as it expired.
+	if _, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	advance(6 * time.Second)
+	if res := sweep(); res.Expired != 1 {
+		t.Fatalf("windowed sweep ended %d leases, want the one that just expired", res.Expired)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
@@ -120,6 +121,8 @@ type Store struct {
 	queue   chan *op
 	stale   atomic.Bool
 	waiting atomic.Int64 // operations the committer holds for a later round
+
+	lastFullSweep atomic.Int64 // Unix nanoseconds by the store's clock; 0: none yet
 }
 
 // New returns a store on pool.
@@ -419,11 +422,30 @@ type SweepResult struct {
 // sweepLock is the advisory lock key that lets one replica sweep at a time.
 var sweepLock = int64(fnv64("egress-lease/sweep") >> 1)
 
+// Expired leases are found through the partial index on the expiry of
+// active leases, which also holds an entry for every lease ended since the
+// table was last vacuumed: at thousands of leases a second, far more dead
+// entries than live ones. A sweep therefore reads only the leases that
+// expired within sweepWindow; one that expired earlier and is still active
+// (the sweeps stopped for longer than the window, or a lease committed
+// long after its round chose its expiry) is ended by a full sweep, which
+// reads them all, at start and every fullSweepEvery.
+const (
+	sweepWindow    = 15 * time.Second
+	fullSweepEvery = time.Minute
+)
+
 // Sweep ends expired leases (freeing their capacity), deletes ended leases
 // past retention and ended cooldowns. One replica sweeps at a time; the
 // others skip.
 func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	now := s.cfg.Now().UTC()
+	since := now.Add(-sweepWindow)
+	last := s.lastFullSweep.Load()
+	full := last == 0 || now.Sub(time.Unix(0, last)) >= fullSweepEvery
+	if full {
+		since = time.Time{} // the zero time: every expired lease
+	}
 	var res SweepResult
 	err := retry(ctx, func() error {
 		res = SweepResult{}
@@ -439,21 +461,22 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 			// Lock the proxies first, in uid order, as the committer does.
 			if _, err := tx.Exec(ctx, `
 				SELECT p.uid FROM lease.proxies p
-				WHERE p.uid IN (SELECT proxy_uid FROM lease.leases WHERE end_time IS NULL AND expire_time <= $1)
-				ORDER BY p.uid FOR UPDATE OF p`, now); err != nil {
+				WHERE p.uid IN (SELECT proxy_uid FROM lease.leases
+				                WHERE end_time IS NULL AND expire_time <= $1 AND expire_time > $2)
+				ORDER BY p.uid FOR UPDATE OF p`, now, since); err != nil {
 				return err
 			}
 			rows, err := tx.Query(ctx, `
 				WITH e AS (
 					UPDATE lease.leases SET end_time = expire_time, end_reason = 'expired'
 					WHERE id IN (SELECT id FROM lease.leases
-					             WHERE end_time IS NULL AND expire_time <= $1
+					             WHERE end_time IS NULL AND expire_time <= $1 AND expire_time > $2
 					             ORDER BY expire_time LIMIT 10000 FOR UPDATE SKIP LOCKED)
 					RETURNING proxy_uid
 				), c AS (SELECT proxy_uid, count(*)::int AS n FROM e GROUP BY proxy_uid)
 				UPDATE lease.proxies p SET active_leases = p.active_leases - c.n
 				FROM c WHERE p.uid = c.proxy_uid
-				RETURNING c.n`, now)
+				RETURNING c.n`, now, since)
 			if err != nil {
 				return err
 			}
@@ -464,11 +487,15 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 			for _, n := range ns {
 				res.Expired += n
 			}
+			// Lease ids start with their acquisition time, so the leases
+			// acquired before the cutoff are a range of the primary key.
+			cutoff := now.Add(-s.cfg.Retention)
 			tag, err := tx.Exec(ctx, `
 				DELETE FROM lease.leases WHERE id IN (
 					SELECT id FROM lease.leases
-					WHERE acquire_time < $1 AND end_time IS NOT NULL AND end_time < $1 LIMIT 10000)`,
-				now.Add(-s.cfg.Retention))
+					WHERE id < $1 AND acquire_time < $2 AND end_time IS NOT NULL AND end_time < $2
+					ORDER BY id LIMIT 10000)`,
+				pgtype.UUID{Bytes: leaseIDBound(cutoff), Valid: true}, cutoff)
 			if err != nil {
 				return err
 			}
@@ -483,6 +510,9 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	})
 	if err != nil {
 		return SweepResult{}, fmt.Errorf("sweeping: %w", err)
+	}
+	if full && !res.Skipped {
+		s.lastFullSweep.Store(now.UnixNano())
 	}
 	if res.Expired > 0 {
 		s.Invalidate()

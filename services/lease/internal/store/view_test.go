@@ -186,3 +186,21 @@ func TestViewUnavailableArithmetic(t *testing.T) {
 		t.Errorf("unavailable without target = %+v, want %+v", got, want)
 	}
 }
+
+func TestLeaseIDsStartWithTheAcquisitionTime(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	less := func(a, b [16]byte) bool { return string(a[:]) < string(b[:]) }
+	for range 100 {
+		id := newLeaseID(t0)
+		if id.Version() != 7 || id.Variant().String() != "RFC4122" {
+			t.Fatalf("%s: version %d, variant %s; want 7, RFC4122", id, id.Version(), id.Variant())
+		}
+		if less(id, leaseIDBound(t0)) || !less(id, leaseIDBound(t0.Add(time.Millisecond))) {
+			t.Fatalf("%s is not within [bound(t0), bound(t0+1ms))", id)
+		}
+		if !less(newLeaseID(t0.Add(-time.Millisecond)), id) {
+			t.Fatal("an id of a millisecond earlier does not sort first")
+		}
+	}
+}
