@@ -98,8 +98,10 @@ type round struct {
 
 // Run commits the queued operations until ctx ends. One Run per Store.
 func (s *Store) Run(ctx context.Context) error {
-	v := newView(s.cfg.DefaultMaxLeases)
+	v := newView()
 	done := make(chan *round)
+	fresh := make(chan *snapshot)
+	go s.refresh(ctx, fresh)
 	inflight := 0
 	var waiting []*op // queued, retried and deferred operations
 	for {
@@ -143,6 +145,31 @@ func (s *Store) Run(ctx context.Context) error {
 		case r := <-done:
 			inflight--
 			waiting = append(s.settle(v, r), waiting...)
+		case snap := <-fresh:
+			v.adopt(snap)
+		}
+	}
+}
+
+// refresh reads the pool every RefreshInterval beside the committer and
+// hands it over, so that the periodic reload never delays a round.
+func (s *Store) refresh(ctx context.Context, fresh chan<- *snapshot) {
+	t := time.NewTicker(s.cfg.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		snap, err := s.readPool(ctx, s.cfg.Now().UTC())
+		if err != nil {
+			continue // the next tick tries again; rounds reload when they must
+		}
+		select {
+		case fresh <- snap:
+		case <-ctx.Done():
+			return
 		}
 	}
 }
@@ -193,7 +220,7 @@ func (s *Store) choose(ctx context.Context, v *view, ops, rest []*op) (*round, [
 		}
 		return nil, rest
 	}
-	if v.stale || s.stale.Swap(false) || time.Since(v.loaded) >= s.cfg.RefreshInterval {
+	if v.stale || s.stale.Swap(false) {
 		if err := s.reload(ctx, v, r.now); err != nil {
 			return fail(err)
 		}
@@ -215,7 +242,7 @@ func (s *Store) choose(ctx context.Context, v *view, ops, rest []*op) (*round, [
 		if err := s.reload(ctx, v, r.now); err != nil {
 			for _, o := range ops {
 				if o.uid != "" {
-					v.settle(o.uid, -1)
+					v.settle(o.uid, -1, 0)
 				}
 			}
 			return fail(err)
@@ -250,7 +277,7 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 		v.stale = true
 		for _, o := range r.ops {
 			if o.uid != "" {
-				v.settle(o.uid, -1)
+				v.settle(o.uid, -1, 0)
 				o.uid = ""
 			}
 			o.failed++
@@ -273,20 +300,21 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 	if s.cfg.OnRound != nil {
 		s.cfg.OnRound(len(r.ops), time.Since(r.start))
 	}
+	seq := s.settled.Add(1)
 	for _, o := range r.ops {
 		switch o.kind {
 		case opRelease:
 			rel, ok := res.released[o.leaseID]
 			o.matched, o.active = ok, rel.active
 			if ok {
-				v.setActive(rel.uid, rel.count)
+				v.setActive(rel.uid, rel.count, seq)
 			}
 			o.finish(nil)
 		case opReport:
 			o.matched = res.reported[o.report.LeaseID]
 			if c := res.cooldowns[o.report.LeaseID]; c != nil {
 				o.cool = c
-				v.addCooldown(c.ProxyUID, c.TargetHost, c.ExpireTime)
+				v.addCooldown(c.ProxyUID, c.TargetHost, c.ExpireTime, seq)
 			}
 			o.finish(nil)
 		}
@@ -299,7 +327,7 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 		if !ok {
 			a.active = -1
 		}
-		v.settle(o.uid, a.active)
+		v.settle(o.uid, a.active, seq)
 		if o.granted = a.granted; o.granted {
 			o.lease.ProxyName, o.lease.Host, o.lease.Port = a.name, a.host, uint32(a.port)
 			o.finish(nil)

@@ -99,8 +99,9 @@ type Config struct {
 	// still count.
 	Retention time.Duration
 	// RefreshInterval is how often the replica's view of the pool is
-	// reloaded from the database even when nothing asks for it (other
-	// replicas' leases, expiries swept elsewhere). Default 1s.
+	// re-read from the database, beside the rounds, even when nothing asks
+	// for it (other replicas' leases, expiries swept elsewhere). Default
+	// 1s.
 	RefreshInterval time.Duration
 	// Rounds is how many commit rounds may be in flight at once; default
 	// 1. More rounds overlap one's commit with the next one's statements
@@ -120,7 +121,8 @@ type Store struct {
 	cfg     Config
 	queue   chan *op
 	stale   atomic.Bool
-	waiting atomic.Int64 // operations the committer holds for a later round
+	waiting atomic.Int64  // operations the committer holds for a later round
+	settled atomic.Uint64 // rounds the committer has settled
 
 	lastFullSweep atomic.Int64 // Unix nanoseconds by the store's clock; 0: none yet
 }

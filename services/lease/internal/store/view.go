@@ -16,13 +16,13 @@ import (
 // reloaded whole from the database every refresh interval, after the pool
 // changed through this replica, and whenever it can offer nothing, so an
 // acquire is never refused on a stale view. Only the committer goroutine
-// touches it.
+// touches it; the periodic reload is read beside it and handed over.
 type view struct {
-	all     map[string]*viewProxy // every proxy not deleted
-	order   *btree.BTreeG[*viewProxy]
-	loaded  time.Time // wall clock of the last reload
-	stale   bool      // reload before the next selection
-	capDflt int
+	all         map[string]*viewProxy // every proxy not deleted
+	order       *btree.BTreeG[*viewProxy]
+	loaded      time.Time // wall clock of the last reload
+	readStarted time.Time // when the read behind it began
+	stale       bool      // reload before the next selection
 }
 
 // Rounds run concurrently, so the view counts a proxy's leases twice over:
@@ -40,6 +40,7 @@ type viewProxy struct {
 	capacity               int // 0: unlimited
 	active                 int
 	pending                int       // chosen by rounds in flight
+	touched                uint64    // the settled round that last told us about it
 	lastLease              time.Time // zero: never leased
 	tiebreak               int64
 	cooldowns              map[string]time.Time // target host ("" for every target) → end
@@ -60,8 +61,8 @@ func before(a, b *viewProxy) bool {
 	return a.uid < b.uid
 }
 
-func newView(defaultMaxLeases int) *view {
-	return &view{all: map[string]*viewProxy{}, order: btree.NewG(16, before), stale: true, capDflt: defaultMaxLeases}
+func newView() *view {
+	return &view{all: map[string]*viewProxy{}, order: btree.NewG(16, before), stale: true}
 }
 
 func (p *viewProxy) load() int { return p.active + p.pending }
@@ -117,29 +118,34 @@ func (v *view) update(p *viewProxy, f func()) {
 }
 
 // settle ends a round's choice of proxy uid: it is no longer pending, and
-// active becomes the database's count after the round when known (-1:
+// active becomes the database's count after round seq when known (-1:
 // unknown).
-func (v *view) settle(uid string, active int) {
+func (v *view) settle(uid string, active int, seq uint64) {
 	if p := v.all[uid]; p != nil {
 		v.update(p, func() {
 			p.pending = max(p.pending-1, 0)
 			if active >= 0 {
-				p.active = active
+				p.active, p.touched = active, seq
 			}
 		})
 	}
 }
 
-// setActive records the database's count of p's active leases.
-func (v *view) setActive(uid string, active int) {
-	if p := v.all[uid]; p != nil && p.active != active {
-		v.update(p, func() { p.active = active })
+// setActive records the database's count of p's active leases after round
+// seq.
+func (v *view) setActive(uid string, active int, seq uint64) {
+	if p := v.all[uid]; p != nil {
+		p.touched = seq
+		if p.active != active {
+			v.update(p, func() { p.active = active })
+		}
 	}
 }
 
-// addCooldown records a cooldown the database confirmed.
-func (v *view) addCooldown(uid, target string, end time.Time) {
+// addCooldown records a cooldown the database confirmed in round seq.
+func (v *view) addCooldown(uid, target string, end time.Time, seq uint64) {
 	if p := v.all[uid]; p != nil {
+		p.touched = seq
 		if p.cooldowns == nil {
 			p.cooldowns = map[string]time.Time{}
 		}
@@ -186,14 +192,23 @@ SELECT c.proxy_uid, c.target_host, c.expire_time FROM lease.cooldowns c
 JOIN lease.proxies p ON p.uid = c.proxy_uid AND NOT p.deleted
 WHERE c.expire_time > $1`
 
-// reload replaces the view with the database's pool, read in one
-// repeatable-read transaction so that proxies and cooldowns agree. The
-// choices of rounds in flight stay pending.
-func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
-	all := make(map[string]*viewProxy, len(v.all))
-	order := btree.NewG(16, before)
+// snapshot is the pool as read from the database at one moment.
+type snapshot struct {
+	all   map[string]*viewProxy
+	order *btree.BTreeG[*viewProxy]
+	// settled is how many rounds the committer had settled when the read
+	// began: values the view learnt from later rounds may be newer.
+	settled uint64
+	started time.Time
+}
+
+// readPool reads the pool in one repeatable-read transaction, so that
+// proxies and cooldowns agree. It touches no view: the refresher runs it
+// beside the committer.
+func (s *Store) readPool(ctx context.Context, now time.Time) (*snapshot, error) {
+	snap := &snapshot{all: map[string]*viewProxy{}, order: btree.NewG(16, before), settled: s.settled.Load(), started: time.Now()}
 	err := s.readOnly(ctx, func(q querier) error {
-		rows, err := q.Query(ctx, viewProxiesSQL, v.capDflt)
+		rows, err := q.Query(ctx, viewProxiesSQL, s.cfg.DefaultMaxLeases)
 		if err != nil {
 			return err
 		}
@@ -208,12 +223,9 @@ func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
 			if last != nil {
 				p.lastLease = *last
 			}
-			if old := v.all[p.uid]; old != nil {
-				p.pending = old.pending
-			}
-			all[p.uid] = p
+			snap.all[p.uid] = p
 			if p.leasable {
-				order.ReplaceOrInsert(p)
+				snap.order.ReplaceOrInsert(p)
 			}
 		}
 		if err := rows.Err(); err != nil {
@@ -230,7 +242,7 @@ func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
 			if err := rows.Scan(&uid, &target, &end); err != nil {
 				return err
 			}
-			if p := all[uid]; p != nil {
+			if p := snap.all[uid]; p != nil {
 				if p.cooldowns == nil {
 					p.cooldowns = map[string]time.Time{}
 				}
@@ -240,8 +252,58 @@ func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
 		return rows.Err()
 	})
 	if err != nil {
-		return fmt.Errorf("reading the pool: %w", err)
+		return nil, fmt.Errorf("reading the pool: %w", err)
 	}
-	v.all, v.order, v.loaded, v.stale = all, order, time.Now(), false
+	return snap, nil
+}
+
+// adopt makes snap the view. The choices of rounds in flight stay pending,
+// and what rounds settled after the read began told the view about a
+// proxy (its count, last lease, cooldowns) is kept over the read's older
+// values.
+func (v *view) adopt(snap *snapshot) {
+	if !snap.started.After(v.readStarted) {
+		return // read before the view's own: older
+	}
+	for uid, p := range snap.all {
+		old := v.all[uid]
+		if old == nil || old.pending == 0 && old.touched <= snap.settled {
+			continue
+		}
+		snap.update(p, func() {
+			p.pending = old.pending
+			if old.touched > snap.settled {
+				p.active, p.lastLease, p.touched = old.active, old.lastLease, old.touched
+				for target, end := range old.cooldowns {
+					if p.cooldowns == nil {
+						p.cooldowns = map[string]time.Time{}
+					}
+					if end.After(p.cooldowns[target]) {
+						p.cooldowns[target] = end
+					}
+				}
+			}
+		})
+	}
+	v.all, v.order, v.loaded, v.readStarted, v.stale = snap.all, snap.order, time.Now(), snap.started, false
+}
+
+func (snap *snapshot) update(p *viewProxy, f func()) {
+	if p.leasable {
+		snap.order.Delete(p)
+	}
+	f()
+	if p.leasable {
+		snap.order.ReplaceOrInsert(p)
+	}
+}
+
+// reload reads the pool and adopts it at once, in the committer.
+func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
+	snap, err := s.readPool(ctx, now)
+	if err != nil {
+		return err
+	}
+	v.adopt(snap)
 	return nil
 }

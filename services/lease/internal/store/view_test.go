@@ -7,7 +7,7 @@ import (
 
 // testView builds a view from proxies given in any order.
 func testView(ps ...*viewProxy) *view {
-	v := newView(1)
+	v := newView()
 	for _, p := range ps {
 		if p.capacity == 0 && p.name != "unlimited" {
 			p.capacity = 1
@@ -114,14 +114,14 @@ func TestViewPendingThenSettle(t *testing.T) {
 	}
 	// The database granted a's two and refused b's two (another replica
 	// holds b): a is full, b has room for none until the count moves.
-	v.settle("a", 2)
-	v.settle("a", 2)
-	v.settle("b", 2)
-	v.settle("b", 2)
+	v.settle("a", 2, 1)
+	v.settle("a", 2, 1)
+	v.settle("b", 2, 1)
+	v.settle("b", 2, 1)
 	if p := v.pick(Selector{}, "", now); p != nil {
 		t.Fatalf("picked %s, want none", p.uid)
 	}
-	v.setActive("b", 1)
+	v.setActive("b", 1, 2)
 	if p := v.pick(Selector{}, "", now); p == nil || p.uid != "b" {
 		t.Fatalf("picked %v, want b after its count dropped", p)
 	}
@@ -150,7 +150,7 @@ func TestViewSelectorMatching(t *testing.T) {
 			t.Errorf("pick(%+v) = %v, want %q", tc.sel, got, tc.want)
 		}
 		if got != nil {
-			v.settle(got.uid, 0)
+			v.settle(got.uid, 0, 1)
 		}
 	}
 }
@@ -202,5 +202,45 @@ func TestLeaseIDsStartWithTheAcquisitionTime(t *testing.T) {
 		if !less(newLeaseID(t0.Add(-time.Millisecond)), id) {
 			t.Fatal("an id of a millisecond earlier does not sort first")
 		}
+	}
+}
+
+func TestViewAdoptsAReadMadeBesideTheRounds(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	v := testView(&viewProxy{uid: "a", leasable: true, capacity: 3}, &viewProxy{uid: "b", leasable: true, capacity: 3})
+	v.readStarted = t0
+	v.pick(Selector{}, "", now) // a round in flight holds one place on a
+	v.setActive("b", 2, 5)      // round 5 told us b holds 2
+	v.addCooldown("b", "", now.Add(time.Minute), 5)
+	read := func(started time.Time, settled uint64, aActive, bActive int) *snapshot {
+		snap := testView(&viewProxy{uid: "a", leasable: true, capacity: 3, active: aActive},
+			&viewProxy{uid: "b", leasable: true, capacity: 3, active: bActive})
+		return &snapshot{all: snap.all, order: snap.order, settled: settled, started: started}
+	}
+	// A read begun after round 4 settled: b's count from round 5 is newer.
+	v.adopt(read(t0.Add(time.Second), 4, 1, 0))
+	a, b := v.all["a"], v.all["b"]
+	if a.active != 1 || a.pending != 1 {
+		t.Errorf("a: active %d pending %d, want the read's 1 and the round's 1 pending", a.active, a.pending)
+	}
+	if b.active != 2 || !b.coolingFor("", now) {
+		t.Errorf("b: active %d, cooling %v; want round 5's 2 and its cooldown kept", b.active, b.coolingFor("", now))
+	}
+	// A read that began before the view's last one is ignored.
+	v.adopt(read(t0, 9, 0, 0))
+	if v.all["a"].active != 1 {
+		t.Error("an older read replaced a newer one")
+	}
+	// A read begun after round 5: its values win.
+	v.adopt(read(t0.Add(2*time.Second), 5, 1, 3))
+	if v.all["b"].active != 3 {
+		t.Errorf("b: active %d, want the newer read's 3", v.all["b"].active)
+	}
+	// The order follows the adopted counts: a (1 active + 1 pending) has
+	// room; b (3 of 3) has none.
+	if p := v.pick(Selector{}, "", now); p == nil || p.uid != "a" {
+		t.Errorf("pick after adopting = %v, want a", p)
 	}
 }
