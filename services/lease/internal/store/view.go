@@ -107,13 +107,17 @@ func (v *view) pick(sel Selector, target string, now time.Time) *viewProxy {
 }
 
 // update changes p's ordering fields in f and moves it to its new place.
-func (v *view) update(p *viewProxy, f func()) {
+func (v *view) update(p *viewProxy, f func()) { reorder(v.order, p, f) }
+
+// reorder runs f, which changes p's ordering fields, with p out of order
+// (a B-tree finds an item by its key, so it must leave under the old one).
+func reorder(order *btree.BTreeG[*viewProxy], p *viewProxy, f func()) {
 	if p.leasable {
-		v.order.Delete(p)
+		order.Delete(p)
 	}
 	f()
 	if p.leasable {
-		v.order.ReplaceOrInsert(p)
+		order.ReplaceOrInsert(p)
 	}
 }
 
@@ -270,7 +274,7 @@ func (v *view) adopt(snap *snapshot) {
 		if old == nil || old.pending == 0 && old.touched <= snap.settled {
 			continue
 		}
-		snap.update(p, func() {
+		reorder(snap.order, p, func() {
 			p.pending = old.pending
 			if old.touched > snap.settled {
 				p.active, p.lastLease, p.touched = old.active, old.lastLease, old.touched
@@ -286,16 +290,6 @@ func (v *view) adopt(snap *snapshot) {
 		})
 	}
 	v.all, v.order, v.loaded, v.readStarted, v.stale = snap.all, snap.order, time.Now(), snap.started, false
-}
-
-func (snap *snapshot) update(p *viewProxy, f func()) {
-	if p.leasable {
-		snap.order.Delete(p)
-	}
-	f()
-	if p.leasable {
-		snap.order.ReplaceOrInsert(p)
-	}
 }
 
 // reload reads the pool and adopts it at once, in the committer.
