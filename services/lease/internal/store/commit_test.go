@@ -438,3 +438,39 @@ func TestSweepReadsAWindowAndAFullSweepCatchesUp(t *testing.T) {
 		t.Fatalf("windowed sweep ended %d leases, want the one that just expired", res.Expired)
 	}
 }
+
+func TestSweepRemovesOldTombstones(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	st, _ := startStore(t, testDatabase(t), Config{Now: clock})
+	uids := seedPool(t, st, 2)
+	ctx := context.Background()
+	// uids[0] is deleted; uids[1] stays.
+	if n, err := st.DeleteMissing(ctx, uids[1:], 2); err != nil || n != 1 {
+		t.Fatalf("DeleteMissing: %d, %v", n, err)
+	}
+	count := func() (n int) {
+		if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM lease.proxies`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if res, err := st.Sweep(ctx); err != nil || res.Tombstones != 0 || count() != 2 {
+		t.Fatalf("sweep right after the delete: %+v, %v, %d rows; want the tombstone kept", res, err, count())
+	}
+	mu.Lock()
+	now = now.Add(TombstoneRetention + time.Minute)
+	mu.Unlock()
+	res, err := st.Sweep(ctx)
+	if err != nil || res.Tombstones != 1 || count() != 1 {
+		t.Fatalf("sweep after the retention: %+v, %v, %d rows; want the tombstone gone and the live proxy kept", res, err, count())
+	}
+	// An event older than the tombstone was cannot arrive any more; a new
+	// one for the same uid brings the proxy back.
+	p := ProxyState{UID: uids[0], Name: "back", Host: "10.9.9.9", Port: 3128, ProviderID: "test/" + uids[0], Ready: true, Healthy: true}
+	if applied, err := st.ApplyProxy(ctx, p, 3); err != nil || !applied {
+		t.Fatalf("applying a newer event: %v, %v", applied, err)
+	}
+}

@@ -417,9 +417,15 @@ type SweepResult struct {
 	Purged int
 	// Cooldowns that had ended, deleted.
 	Cooldowns int
+	// Tombstones of proxies deleted long ago, removed.
+	Tombstones int
 	// Skipped is true when another replica was sweeping.
 	Skipped bool
 }
+
+// TombstoneRetention is how long a deleted proxy's row is kept: longer
+// than the NATS event streams keep a proxy's last event (7 days).
+const TombstoneRetention = 8 * 24 * time.Hour
 
 // sweepLock is the advisory lock key that lets one replica sweep at a time.
 var sweepLock = int64(fnv64("egress-lease/sweep") >> 1)
@@ -507,6 +513,16 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 				return err
 			}
 			res.Cooldowns = int(tag.RowsAffected())
+			// A deleted proxy's row guards against an older event bringing
+			// it back; past the event streams' retention no such event is
+			// left to arrive.
+			tag, err = tx.Exec(ctx, `
+				DELETE FROM lease.proxies WHERE deleted AND active_leases = 0 AND update_time < $1`,
+				now.Add(-TombstoneRetention))
+			if err != nil {
+				return err
+			}
+			res.Tombstones = int(tag.RowsAffected())
 			return nil
 		})
 	})
