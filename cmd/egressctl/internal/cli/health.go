@@ -7,7 +7,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 )
@@ -61,11 +60,7 @@ func healthProxies(o *options) *cobra.Command {
 					}
 				}
 			}
-			msgs := make([]proto.Message, len(all))
-			for i, h := range all {
-				msgs[i] = h
-			}
-			return o.printMessages(msgs, len(args) == 1, func(tw *tabwriter.Writer) {
+			return o.printMessages(messages(all), len(args) == 1, func(tw *tabwriter.Writer) {
 				fmt.Fprintln(tw, "NAME\tADDRESS\tHEALTHY\tREASON\tLATENCY\tPROBER\tMESSAGE")
 				for _, h := range all {
 					healthy := fmt.Sprint(h.GetHealthy())
@@ -101,11 +96,7 @@ func healthProviders(o *options) *cobra.Command {
 					}
 					all = resp.GetProviders()
 				}
-				msgs := make([]proto.Message, len(all))
-				for i, h := range all {
-					msgs[i] = h
-				}
-				return o.printMessages(msgs, len(args) == 1, func(tw *tabwriter.Writer) {
+				return o.printMessages(messages(all), len(args) == 1, func(tw *tabwriter.Writer) {
 					fmt.Fprintln(tw, "PROVIDER\tTYPE\tREADY\tREASON\tTARGETS\tLAST CHECK")
 					for _, h := range all {
 						ready := strings.TrimPrefix(h.GetReadiness().String(), "PROVIDER_READINESS_")

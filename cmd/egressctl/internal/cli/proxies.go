@@ -58,11 +58,7 @@ func proxyTable(tw *tabwriter.Writer, proxies []*proxyv1.Proxy) {
 }
 
 func (o *options) printProxies(proxies []*proxyv1.Proxy, single bool) error {
-	msgs := make([]proto.Message, len(proxies))
-	for i, p := range proxies {
-		msgs[i] = p
-	}
-	return o.printMessages(msgs, single, func(tw *tabwriter.Writer) { proxyTable(tw, proxies) })
+	return o.printMessages(messages(proxies), single, func(tw *tabwriter.Writer) { proxyTable(tw, proxies) })
 }
 
 func proxiesCreate(o *options) *cobra.Command {

@@ -157,6 +157,16 @@ func shorten(msg string) string {
 }
 
 // printMessages prints msgs as JSON or YAML, or calls table for people.
+// messages turns a slice of one message type into the []proto.Message
+// printMessages takes.
+func messages[M proto.Message](ms []M) []proto.Message {
+	out := make([]proto.Message, len(ms))
+	for i, m := range ms {
+		out[i] = m
+	}
+	return out
+}
+
 func (o *options) printMessages(msgs []proto.Message, single bool, table func(*tabwriter.Writer)) error {
 	switch o.output {
 	case "json", "yaml":

@@ -1,7 +1,6 @@
 package providerhealth_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -24,6 +23,7 @@ import (
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/providerhealth"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store"
@@ -96,23 +96,12 @@ func down(name, reason string) *provisionerv1.TargetStatus {
 }
 
 // logBuffer captures JSON log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type logBuffer struct{ logtest.Buffer }
 
 func (l *logBuffer) lines(t *testing.T) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.buf.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
 		if line == "" {
 			continue
 		}
