@@ -47,7 +47,6 @@ type Config struct {
 	SweepInterval        time.Duration
 	RefreshInterval      time.Duration
 	CommitRounds         int
-	VacuumInterval       time.Duration
 	Retention            time.Duration
 	DefaultMaxLeases     int
 	API                  api.Config
@@ -94,8 +93,6 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"how often this replica re-reads the pool (other replicas' leases and cooldowns) for choosing proxies; the database confirms every choice")
 	fs.IntVar(&c.CommitRounds, "commit-rounds", c.CommitRounds,
 		"how many transactions of queued acquires, reports and releases this replica keeps in flight at once")
-	fs.DurationVar(&c.VacuumInterval, "vacuum-interval", c.VacuumInterval,
-		"how often to vacuum the lease tables in addition to autovacuum; 0 (default) leaves them to autovacuum")
 	fs.DurationVar(&c.Retention, "lease-retention", c.Retention, "how long ended leases are kept so that late reports count")
 	fs.IntVar(&c.DefaultMaxLeases, "default-max-leases", c.DefaultMaxLeases,
 		"capacity of a proxy whose spec.lease.max_leases is unset; 0 means unlimited. Use the same value on every replica")
@@ -286,12 +283,6 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 		sweep(ctx, st, c.SweepInterval, met, s.Log)
 		return nil
 	})
-	if c.VacuumInterval > 0 {
-		s.Go(func(ctx context.Context) error {
-			vacuum(ctx, st, c.VacuumInterval, s.Log)
-			return nil
-		})
-	}
 	s.Go(func(ctx context.Context) error {
 		<-ctx.Done()
 		nc.Close()
@@ -333,31 +324,6 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 
 		if res.Expired > 0 {
 			log.Debug("expired leases freed", "leases", res.Expired, "purged", res.Purged, "cooldowns_ended", res.Cooldowns, "tombstones_removed", res.Tombstones)
-		}
-	}
-}
-
-// vacuum runs store.Vacuum every interval. Replicas need no coordination:
-// a VACUUM that would wait for another one skips instead.
-func vacuum(ctx context.Context, st *store.Store, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	var analyzed time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		analyze := time.Since(analyzed) >= 5*time.Second
-		if err := st.Vacuum(ctx, analyze); err != nil {
-			if ctx.Err() == nil {
-				log.Warn("WARNING: vacuuming the lease tables failed; they are left to autovacuum from now on", "error", err)
-			}
-			return
-		}
-		if analyze {
-			analyzed = time.Now()
 		}
 	}
 }

@@ -538,19 +538,6 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	return res, nil
 }
 
-// Vacuum vacuums the small, hot tables, and analyzes them too when
-// analyze is set: an optional help for autovacuum where it runs too rarely
-// (every lease rewrites its proxy's row twice, HOT updates that page
-// pruning mostly cleans up).
-func (s *Store) Vacuum(ctx context.Context, analyze bool) error {
-	q := `VACUUM (SKIP_LOCKED) lease.proxies, lease.cooldowns`
-	if analyze {
-		q = `VACUUM (ANALYZE, SKIP_LOCKED) lease.proxies, lease.cooldowns`
-	}
-	_, err := s.pool.Exec(ctx, q)
-	return err
-}
-
 // Stats are the gauges read at scrape time.
 type Stats struct {
 	ActiveLeases    int
