@@ -198,10 +198,9 @@ func (a *Authenticator) authenticate(ctx context.Context, fullMethod string) (co
 		return ctx, nil
 	}
 	var header string
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("authorization"); len(v) > 0 {
-			header = v[0]
-		}
+	// One header, read without copying the whole metadata map.
+	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
+		header = v[0]
 	}
 	client, err := a.Authenticate(header)
 	if err != nil {

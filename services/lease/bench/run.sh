@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Runs the lease load benchmark on this machine: a NATS server, a fresh
-# database, one lease service process, then lease-load through gRPC and
-# through REST as fast as they go (closed loop), then through gRPC at fixed
-# rates (the latency at a given load), then pgbench with a one-row-update
-# transaction on the same PostgreSQL server. Figures go to stdout;
-# docs/lease.md records them.
+# Runs the lease load benchmark on this machine. Every measured run gets a
+# NATS server, a database and a lease service process of its own, so that
+# no run pays for the one before it (a run at full speed leaves hundreds of
+# thousands of ended leases, whose autovacuum then competes with the next
+# run). First lease-load through gRPC at fixed rates (the latency at a given
+# load), REPEAT times each, then through gRPC and REST as fast as they go
+# (closed loop), then pgbench with a one-row-update transaction on the same
+# PostgreSQL server. Figures go to stdout; docs/lease.md records them.
 #
 #   services/lease/bench/run.sh            # 30s per run
-#   DURATION=10s RATES="2000 3000" services/lease/bench/run.sh
+#   DURATION=10s RATES="2000 3000" REPEAT=1 services/lease/bench/run.sh
 set -euo pipefail
 
 DURATION=${DURATION:-30s}
@@ -15,7 +17,8 @@ CONNS=${CONNS:-32}          # lease service DB pool = pgbench clients
 PROXIES=${PROXIES:-1000}
 CLIENTS=${CLIENTS:-200}
 GRPC_CONNS=${GRPC_CONNS:-4}  # the fleet's gRPC connections to the service
-RATES=${RATES:-1000 2000 2500 3000}
+RATES=${RATES:-1000 2000 3000}
+REPEAT=${REPEAT:-3}          # runs per rate
 # The service runs with the garbage collector setting the Helm chart
 # recommends for it (components.lease.env).
 export GOGC=${GOGC:-400}
@@ -24,48 +27,64 @@ DB=lease_bench_$$
 PGBDB=lease_pgbench_$$
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
+svc=() # the NATS server and lease service of the current run
+stop_service() {
+	for p in "${svc[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${svc[@]}"; do wait "$p" 2>/dev/null || true; done
+	svc=()
 	psql "$PGURL/postgres" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
+	rm -rf "$work/nats"
+}
+cleanup() {
+	stop_service
 	psql "$PGURL/postgres" -qc "DROP DATABASE IF EXISTS $PGBDB WITH (FORCE)" >/dev/null 2>&1 || true
 	rm -rf "$work"
 }
 trap cleanup EXIT
 
-echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(psql "$PGURL/postgres" -Atc 'select version()' | cut -d, -f1)"
-(cd "$here" && go build -o "$work/lease" . && go build -o "$work/lease-load" ./cmd/lease-load)
+# start_service starts a NATS server, a fresh database and the lease
+# service, and waits until the service is ready.
+start_service() {
+	stop_service
+	nats-server -js -a 127.0.0.1 -p 14222 -sd "$work/nats" >"$work/nats.log" 2>&1 &
+	svc+=($!)
+	psql "$PGURL/postgres" -qc "CREATE DATABASE $DB"
+	"$work/lease" --database-url "$PGURL/$DB?sslmode=disable" --database-max-conns "$CONNS" \
+		--nats-url nats://127.0.0.1:14222 --auth-token-file "$work/tokens" \
+		--grpc-listen 127.0.0.1:18110 --http-listen 127.0.0.1:18111 --log-level warn 2>"$work/lease.log" &
+	svc+=($!)
+	for _ in $(seq 100); do
+		curl -sf http://127.0.0.1:18111/readyz >/dev/null && return 0
+		sleep 0.2 # polling for readiness
+	done
+	echo "the lease service did not become ready:" >&2
+	cat "$work/lease.log" >&2
+	return 1
+}
 
-nats-server -js -a 127.0.0.1 -p 14222 -sd "$work/nats" >"$work/nats.log" 2>&1 &
-pids+=($!)
-psql "$PGURL/postgres" -qc "CREATE DATABASE $DB"
-echo "load-client load-token-0123456789" >"$work/tokens"
-
-"$work/lease" --database-url "$PGURL/$DB?sslmode=disable" --database-max-conns "$CONNS" \
-	--nats-url nats://127.0.0.1:14222 --auth-token-file "$work/tokens" \
-	--grpc-listen 127.0.0.1:18110 --http-listen 127.0.0.1:18111 --log-level warn 2>"$work/lease.log" &
-pids+=($!)
-for _ in $(seq 100); do
-	curl -sf http://127.0.0.1:18111/readyz >/dev/null && break
-	sleep 0.2 # polling for readiness
-done
-
+# load runs lease-load against a service of its own.
 load() {
+	start_service
 	"$work/lease-load" --grpc-addr 127.0.0.1:18110 --http-addr 127.0.0.1:18111 --conns "$GRPC_CONNS" \
 		--token-file "$work/tokens" --nats-url nats://127.0.0.1:14222 --database-url "$PGURL/$DB?sslmode=disable" \
 		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" "$@"
 }
-seed=true
+
+echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(psql "$PGURL/postgres" -Atc 'select version()' | cut -d, -f1)"
+(cd "$here" && go build -o "$work/lease" . && go build -o "$work/lease-load" ./cmd/lease-load)
+echo "load-client load-token-0123456789" >"$work/tokens"
+
+for rate in $RATES; do
+	for run in $(seq "$REPEAT"); do
+		echo "== lease-load --transport grpc --rate $rate --proxies $PROXIES --clients $CLIENTS --duration $DURATION (run $run of $REPEAT)"
+		load --transport grpc --rate "$rate"
+	done
+done
 for transport in grpc rest; do
 	echo "== lease-load --transport $transport --proxies $PROXIES --clients $CLIENTS --duration $DURATION (closed loop, GOGC=$GOGC)"
-	load --transport "$transport" --seed=$seed
-	seed=false
+	load --transport "$transport"
 done
-for rate in $RATES; do
-	echo "== lease-load --transport grpc --rate $rate --proxies $PROXIES --clients $CLIENTS --duration $DURATION"
-	load --transport grpc --rate "$rate" --seed=false
-done
+stop_service
 secs=${DURATION%s}
 
 echo "== pgbench: one-row UPDATE per transaction, $CONNS clients, $DURATION"

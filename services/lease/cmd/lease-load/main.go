@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/procfs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -270,11 +271,13 @@ func run(c config) error {
 	}
 	time.Sleep(c.warmup) // the warm-up is a length of run, not synchronisation
 	var startExhausted = exhausted.Load()
+	machineBefore := readMachine()
 	measuring.Store(true)
 	start := time.Now()
 	time.Sleep(c.duration)
 	measuring.Store(false)
 	elapsed := time.Since(start)
+	machine := machineDelta(machineBefore, readMachine())
 	exhaustedMeasured := exhausted.Load() - startExhausted
 	stop.Store(true)
 	wg.Wait()
@@ -311,6 +314,9 @@ func run(c config) error {
 		"release_ms":              pct(latRelease),
 		"loop_ms":                 pct(latLoop),
 	}
+	if machine != nil {
+		res["machine"] = machine
+	}
 	if v := firstErr.Load(); v != nil {
 		res["first_error"] = v
 	}
@@ -334,6 +340,45 @@ func pct(d []time.Duration) map[string]float64 {
 		return float64(d[min(len(d)-1, int(q*float64(len(d))))].Microseconds()) / 1000
 	}
 	return map[string]float64{"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "max": float64(d[len(d)-1].Microseconds()) / 1000}
+}
+
+// readMachine reads the machine's CPU and process counters; nil where
+// /proc is not there.
+func readMachine() *procfs.Stat {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return nil
+	}
+	st, err := fs.Stat()
+	if err != nil {
+		return nil
+	}
+	return &st
+}
+
+// machineDelta is what the machine did during the measured run: how busy
+// its CPUs were (everything on it, this command and the service included)
+// and how many processes were started. Both explain a tail: on a small
+// virtual machine a burst of process starts (an autovacuum worker, a
+// cron job, a monitoring script) stalls every process for milliseconds.
+func machineDelta(a, b *procfs.Stat) map[string]float64 {
+	if a == nil || b == nil {
+		return nil
+	}
+	total := func(c procfs.CPUStat) float64 {
+		return c.User + c.Nice + c.System + c.Idle + c.Iowait + c.IRQ + c.SoftIRQ + c.Steal
+	}
+	all := total(b.CPUTotal) - total(a.CPUTotal)
+	if all <= 0 {
+		return nil
+	}
+	idle := b.CPUTotal.Idle + b.CPUTotal.Iowait - a.CPUTotal.Idle - a.CPUTotal.Iowait
+	steal := b.CPUTotal.Steal - a.CPUTotal.Steal
+	return map[string]float64{
+		"cpu_busy_pct":      100 * (all - idle - steal) / all,
+		"cpu_steal_pct":     100 * steal / all,
+		"processes_started": float64(b.ProcessCreated - a.ProcessCreated),
+	}
 }
 
 // seed publishes the pool as ProxyEvents, with revisions above any the

@@ -357,9 +357,18 @@ func (f *fileToken) GetRequestMetadata(ctx context.Context, uri ...string) (map[
 // RequireTransportSecurity implements credentials.PerRPCCredentials.
 func (f *fileToken) RequireTransportSecurity() bool { return false }
 
+// streamWorkers is how many goroutines serve gRPC calls before the server
+// starts one per call. Lease calls wait for their round, so hundreds are in
+// flight at once; a goroutine reused keeps the stack it grew, where a new
+// one per call grows (copies) its stack every time.
+const streamWorkers = 256
+
 // Options are the service options the lease service needs.
 func Options() []service.Option {
-	return []service.Option{service.WithGatewayOptions(api.GatewayOptions()...)}
+	return []service.Option{
+		service.WithGatewayOptions(api.GatewayOptions()...),
+		service.WithServerOptions(grpc.NumStreamWorkers(streamWorkers)),
+	}
 }
 
 // connect opens the pool with at most maxConns connections and checks the
