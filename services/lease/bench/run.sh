@@ -17,7 +17,7 @@ CONNS=${CONNS:-32}          # lease service DB pool = pgbench clients
 PROXIES=${PROXIES:-1000}
 CLIENTS=${CLIENTS:-200}
 GRPC_CONNS=${GRPC_CONNS:-4}  # the fleet's gRPC connections to the service
-RATES=${RATES:-1000 2000 3000}
+RATES=${RATES:-1000 2000 2500 3000}
 REPEAT=${REPEAT:-3}          # runs per rate
 # The service runs with the garbage collector setting the Helm chart
 # recommends for it (components.lease.env).
