@@ -176,11 +176,10 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 		log.ErrorContext(ctx, "panic in gRPC handler", "panic", fmt.Sprint(p))
 		return status.Error(codes.Internal, "internal error")
 	})
-	serverOpts := []grpc.ServerOption{
-		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
+	serverOpts := append(telemetry.ServerOptions(otelgrpc.WithFilter(filters.Not(filters.HealthCheck()))),
 		grpc.ChainUnaryInterceptor(grpcMetrics.UnaryServerInterceptor(), recovery.UnaryServerInterceptor(recoverPanic)),
 		grpc.ChainStreamInterceptor(grpcMetrics.StreamServerInterceptor(), recovery.StreamServerInterceptor(recoverPanic)),
-	}
+	)
 	switch {
 	case opts.TLSCertFile != "" && opts.TLSKeyFile != "":
 		cert, err := tls.LoadX509KeyPair(opts.TLSCertFile, opts.TLSKeyFile)
@@ -260,8 +259,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}()
 
 	conn, err := grpc.NewClient(s.GRPCAddr(),
-		grpc.WithTransportCredentials(s.selfCredentials()),
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
+		append(telemetry.DialOptions(), grpc.WithTransportCredentials(s.selfCredentials()))...)
 	if err != nil {
 		return fmt.Errorf("gateway connection: %w", err)
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -31,6 +30,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/fleet"
@@ -276,8 +276,8 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	for _, p := range provCfg.Providers {
 		t := providerhealth.Target{Name: p.Name, Type: p.Type}
 		if addr, ok := c.Provisioners[p.Name]; ok {
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
+			conn, err := grpc.NewClient(addr,
+				append(telemetry.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 			if err != nil {
 				return fmt.Errorf("--provisioner %s: %w", p.Name, err)
 			}

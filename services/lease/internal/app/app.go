@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/pool"
@@ -234,10 +234,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	var lister pool.Lister
 	var orch *grpc.ClientConn
 	if c.OrchestratorAddr != "" {
-		opts := []grpc.DialOption{
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
-		}
+		opts := append(telemetry.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if c.OrchestratorToken != "" {
 			tok := fileToken{path: c.OrchestratorToken}
 			if _, err := tok.read(); err != nil {
