@@ -16,11 +16,19 @@ import (
 
 // BenchmarkLoop runs the crawler loop (acquire → report → release) of 200
 // concurrent callers straight on the store, without gRPC: what one replica
-// commits against this PostgreSQL server. One iteration is one loop.
+// commits against this PostgreSQL server. One iteration is one loop. With
+// cooldowns, that many cooldowns are in force on targets the callers do
+// not fetch (a ban wave elsewhere), which must not slow their acquires.
 func BenchmarkLoop(b *testing.B) {
-	for _, bc := range []struct{ callers, rounds int }{{1, 1}, {200, 1}, {200, 2}, {200, 3}} {
+	for _, bc := range []struct{ callers, rounds, cooldowns int }{
+		{1, 1, 0}, {200, 1, 0}, {200, 2, 0}, {200, 3, 0}, {200, 1, 5000},
+	} {
 		callers := bc.callers
-		b.Run(fmt.Sprintf("callers=%d/rounds=%d", bc.callers, bc.rounds), func(b *testing.B) {
+		name := fmt.Sprintf("callers=%d/rounds=%d", bc.callers, bc.rounds)
+		if bc.cooldowns > 0 {
+			name += fmt.Sprintf("/cooldowns=%d", bc.cooldowns)
+		}
+		b.Run(name, func(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			db, err := pgxpool.New(ctx, leasetest.Database(b))
@@ -40,6 +48,14 @@ func BenchmarkLoop(b *testing.B) {
 					Host: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1), Port: 3128, ProviderID: "bench/" + uid, Ready: true, Healthy: true}
 			}
 			if _, err := st.ApplySnapshot(ctx, pool, 1); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := db.Exec(ctx, `INSERT INTO lease.cooldowns (proxy_uid, target_host, expire_time, outcome)
+				SELECT uid, 'banned-' || g || '.example.com', now() + interval '1 hour', 3
+				FROM lease.proxies, generate_series(1, $1::int / 1000) g`, bc.cooldowns); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := db.Exec(ctx, `ANALYZE lease.cooldowns`); err != nil { // as autovacuum soon would
 				b.Fatal(err)
 			}
 			done := make(chan struct{})

@@ -420,14 +420,20 @@ FROM l LEFT JOIN c ON l.cool_until > $6 AND c.proxy_uid = l.proxy_uid AND c.targ
 // (checked on the locked, current row), and does not cool down for the
 // lease's target nor globally. A proxy that cannot take all of them takes
 // none; the view then learns its count and chooses again.
+//
+// The cooldown check is a subquery per requested lease, probing the
+// cooldowns' primary key for its two scopes: written as NOT EXISTS, the
+// planner turned it into a hash anti-join that read every cooldown in
+// force on every round, so that a ban wave on other targets slowed all
+// acquires (BenchmarkLoop/cooldowns=5000).
 const acquireSQL = `
 WITH req AS (
 	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
 		AS r(id, proxy_uid, client_id, target_host, expire_time)
 ), ok AS (
 	SELECT r.* FROM req r
-	WHERE NOT EXISTS (SELECT 1 FROM lease.cooldowns c
-	                  WHERE c.proxy_uid = r.proxy_uid AND c.target_host IN ('', r.target_host) AND c.expire_time > $6)
+	WHERE NOT COALESCE((SELECT bool_or(c.expire_time > $6) FROM lease.cooldowns c
+	                    WHERE c.proxy_uid = r.proxy_uid AND c.target_host IN ('', r.target_host)), false)
 ), n AS (
 	SELECT proxy_uid, count(*)::int AS n FROM ok GROUP BY proxy_uid
 ), p AS (
