@@ -113,7 +113,10 @@ func run(c config) error {
 	var cl client
 	switch c.transport {
 	case "grpc":
-		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		// Fixed windows, as docs/lease.md advises crawler clients: no
+		// bandwidth-probing pings.
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(1 << 20), grpc.WithInitialConnWindowSize(1 << 20)}
 		if token != "" {
 			opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(token)))
 		}

@@ -360,11 +360,20 @@ func (f *fileToken) RequireTransportSecurity() bool { return false }
 // one per call grows (copies) its stack every time.
 const streamWorkers = 256
 
+// flowWindow is the server's fixed HTTP/2 flow-control window, per stream
+// and per connection. Setting it turns off gRPC's bandwidth estimation,
+// which pings the client about once per round trip on every busy
+// connection: with lease-load at 3,000 loops/s, fixed windows on both
+// sides cut the service's and the clients' reads and writes from ~24,000
+// to ~13,700 per second. Lease messages are small; 1 MiB never binds.
+const flowWindow = 1 << 20
+
 // Options are the service options the lease service needs.
 func Options() []service.Option {
 	return []service.Option{
 		service.WithGatewayOptions(api.GatewayOptions()...),
-		service.WithServerOptions(grpc.NumStreamWorkers(streamWorkers)),
+		service.WithServerOptions(grpc.NumStreamWorkers(streamWorkers),
+			grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow)),
 	}
 }
 
