@@ -5,6 +5,7 @@
 package natstest
 
 import (
+	"net"
 	"testing"
 	"time"
 
@@ -15,7 +16,8 @@ import (
 
 // Server is one test's NATS server.
 type Server struct {
-	srv *server.Server
+	srv  *server.Server
+	opts *server.Options
 }
 
 // New starts a server for the test and shuts it down when the test ends.
@@ -30,7 +32,17 @@ func New(t testing.TB) *Server {
 		NoLog:      true,
 		NoSigs:     true,
 	}
-	srv, err := server.NewServer(opts)
+	s := &Server{opts: opts}
+	s.start(t)
+	// Restarts keep the port the first start was given.
+	s.opts.Port = s.srv.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { s.stop() })
+	return s
+}
+
+func (s *Server) start(t testing.TB) {
+	t.Helper()
+	srv, err := server.NewServer(s.opts)
 	if err != nil {
 		t.Fatalf("natstest: %v", err)
 	}
@@ -39,11 +51,21 @@ func New(t testing.TB) *Server {
 		srv.Shutdown()
 		t.Fatal("natstest: server did not become ready in 10s")
 	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	return &Server{srv: srv}
+	s.srv = srv
+}
+
+func (s *Server) stop() {
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+}
+
+// Restart stops the server, dropping every client connection, and starts
+// it again on the same port with the same JetStream store, as an outage
+// would: clients reconnect, streams and their messages are kept.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.stop()
+	s.start(t)
 }
 
 // URL is the client URL of the server.

@@ -78,3 +78,38 @@ func TestDurableConsumerWorks(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A restart drops the clients, which reconnect to the same port, and keeps
+// the streams with their messages.
+func TestRestartKeepsStreams(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	srv := natstest.New(t)
+	url := srv.URL()
+	js := srv.JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s.a", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart(t)
+	if srv.URL() != url {
+		t.Errorf("restarted at %s, want %s", srv.URL(), url)
+	}
+	// The first connection reconnects by itself.
+	var ack *jetstream.PubAck
+	var err error
+	for ack == nil && ctx.Err() == nil {
+		if ack, err = js.Publish(ctx, "s.a", []byte("after")); err != nil {
+			time.Sleep(100 * time.Millisecond) // waiting for the reconnect
+		}
+	}
+	if ack == nil {
+		t.Fatalf("publishing after the restart: %v", err)
+	}
+	if ack.Sequence != 2 {
+		t.Errorf("the message after the restart has sequence %d, want 2 (the stream kept the first)", ack.Sequence)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/app"
 	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
 )
@@ -187,18 +188,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 		lt.Proxy(uidC, "proxy-c", func(p *proxyv1.Proxy) { p.Status.Phase = proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING }),
 		lt.Proxy(uidD, "proxy-d"),
 	}}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	proxyv1.RegisterProxyServiceServer(srv, fake)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	tokenFile := filepath.Join(t.TempDir(), "orchestrator-token")
-	if err := os.WriteFile(tokenFile, []byte(fake.token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	addr, tokenFile := serveOrchestrator(t, fake)
 
 	// The database already knows proxy-e (deleted since, its event missed)
 	// and a newer state of proxy-d than the listing.
@@ -208,7 +198,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	pre.Apply(t, lt.Proxy(uidD, "proxy-d", func(p *proxyv1.Proxy) { p.Status.Healthy = false }), 150)
 
 	env := lt.Start(t, lt.Options{DatabaseURL: db, Config: func(c *app.Config) {
-		c.OrchestratorAddr = lis.Addr().String()
+		c.OrchestratorAddr = addr
 		c.OrchestratorToken = tokenFile
 	}})
 	// The first resync completes before the service serves.
@@ -229,7 +219,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	// proxy-e was deleted (not even matching); proxy-d kept its newer,
 	// unhealthy state.
 	var deleted, healthy bool
-	err = env.Parts.Store.Pool().QueryRow(lt.Ctx(t), `SELECT (SELECT deleted FROM lease.proxies WHERE uid = $1), (SELECT healthy FROM lease.proxies WHERE uid = $2)`, uidE, uidD).Scan(&deleted, &healthy)
+	err := env.Parts.Store.Pool().QueryRow(lt.Ctx(t), `SELECT (SELECT deleted FROM lease.proxies WHERE uid = $1), (SELECT healthy FROM lease.proxies WHERE uid = $2)`, uidE, uidD).Scan(&deleted, &healthy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,6 +251,66 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	if fake.rejected != 0 {
 		t.Errorf("the orchestrator rejected %d calls", fake.rejected)
 	}
+}
+
+// serveOrchestrator serves fake as the orchestrator's ProxyService and
+// writes its token to a file; it returns the address and the file.
+func serveOrchestrator(t *testing.T, fake *fakeOrchestrator) (addr, tokenFile string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	proxyv1.RegisterProxyServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	tokenFile = filepath.Join(t.TempDir(), "orchestrator-token")
+	if err := os.WriteFile(tokenFile, []byte(fake.token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return lis.Addr().String(), tokenFile
+}
+
+// TestResyncAfterNATSOutage: events published while NATS was down are
+// lost to the service, so reconnecting resyncs the pool from the
+// orchestrator; events flow again afterwards.
+func TestResyncAfterNATSOutage(t *testing.T) {
+	t.Parallel()
+	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 10, pageSize: 10, proxies: []*proxyv1.Proxy{
+		lt.Proxy(uidA, "proxy-a"),
+	}}
+	addr, tokenFile := serveOrchestrator(t, fake)
+	nsrv := natstest.New(t)
+	env := lt.Start(t, lt.Options{NATS: nsrv, Config: func(c *app.Config) {
+		c.OrchestratorAddr = addr
+		c.OrchestratorToken = tokenFile
+		c.ResyncInterval = 0 // no periodic resync to stand in for the reconnect
+	}})
+	c := env.Client("grpc", "crawler-a")
+	if got := listed(t, c); !got["proxy-a"] || len(got) != 1 {
+		t.Fatalf("after the initial resync the leasable proxies are %v, want proxy-a", got)
+	}
+	before := env.Parts.Syncer.Resyncs()
+
+	// proxy-b is created and proxy-a turns unhealthy while NATS is down:
+	// their events never reach the service.
+	fake.mu.Lock()
+	fake.revision = 20
+	fake.proxies = []*proxyv1.Proxy{
+		lt.Proxy(uidA, "proxy-a", func(p *proxyv1.Proxy) { p.Status.Healthy = false }),
+		lt.Proxy(uidB, "proxy-b"),
+	}
+	fake.mu.Unlock()
+	nsrv.Restart(t)
+
+	lt.Eventually(t, 30*time.Second, "the pool resynced after NATS came back", func() bool {
+		got := listed(t, c)
+		return env.Parts.Syncer.Resyncs() > before && got["proxy-b"] && !got["proxy-a"]
+	})
+	// The event consumers resumed too.
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidC, "proxy-c"), 30)
+	lt.Eventually(t, 30*time.Second, "proxy-c is leasable from its event after the outage", func() bool { return listed(t, c)["proxy-c"] })
 }
 
 // TestStartsWithoutOrchestrator: an unreachable orchestrator delays the
