@@ -33,14 +33,16 @@ func New(t testing.TB) *Server {
 		NoSigs:     true,
 	}
 	s := &Server{opts: opts}
-	s.start(t)
+	s.Start(t)
 	// Restarts keep the port the first start was given.
 	s.opts.Port = s.srv.Addr().(*net.TCPAddr).Port
-	t.Cleanup(func() { s.stop() })
+	t.Cleanup(s.Stop)
 	return s
 }
 
-func (s *Server) start(t testing.TB) {
+// Start starts the server again after Stop, on the same port with the same
+// JetStream store.
+func (s *Server) Start(t testing.TB) {
 	t.Helper()
 	srv, err := server.NewServer(s.opts)
 	if err != nil {
@@ -54,18 +56,19 @@ func (s *Server) start(t testing.TB) {
 	s.srv = srv
 }
 
-func (s *Server) stop() {
+// Stop shuts the server down, dropping every client connection, as an
+// outage would; clients keep trying to reconnect.
+func (s *Server) Stop() {
 	s.srv.Shutdown()
 	s.srv.WaitForShutdown()
 }
 
-// Restart stops the server, dropping every client connection, and starts
-// it again on the same port with the same JetStream store, as an outage
-// would: clients reconnect, streams and their messages are kept.
+// Restart stops the server and starts it again: clients reconnect,
+// streams and their messages are kept.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	s.stop()
-	s.start(t)
+	s.Stop()
+	s.Start(t)
 }
 
 // URL is the client URL of the server.

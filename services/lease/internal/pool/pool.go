@@ -86,14 +86,32 @@ func (s *Syncer) Resyncs() int {
 }
 
 // Run consumes both event streams and runs resyncs until ctx ends.
+//
+// Setting up the event consumers can fail while NATS is unreachable (a
+// restart, a network blip); that is retried with backoff, the service
+// meanwhile serving the pool the database holds, and once the consumers
+// are up a resync catches up on what was missed.
 func (s *Syncer) Run(ctx context.Context) error {
-	err := s.run(ctx)
-	if ctx.Err() != nil {
-		// Stopped while starting: not a failure.
-		return nil
+	backoff := time.Second
+	for {
+		err := s.run(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("WARNING: following the pool's event streams failed; pool changes are not seen until it succeeds", "error", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, maxSetupBackoff)
+		s.RequestResync("event consumers set up again")
 	}
-	return err
 }
+
+// maxSetupBackoff bounds the wait between two attempts to set up the
+// event consumers.
+const maxSetupBackoff = 30 * time.Second
 
 func (s *Syncer) run(ctx context.Context) error {
 	proxies, err := s.js.OrderedConsumer(ctx, s.cfg.Names.ProxyEventStream(), jetstream.OrderedConsumerConfig{
