@@ -414,20 +414,22 @@ func TestMetricsAndLogs(t *testing.T) {
 
 // natsEnv is one test's NATS server with the suite's streams.
 type natsEnv struct {
+	srv   *natstest.Server
 	js    jetstream.JetStream
 	names bus.Names
 }
 
 func newNATS(t *testing.T) natsEnv {
 	t.Helper()
-	js := natstest.New(t).JetStream(t)
+	srv := natstest.New(t)
+	js := srv.JetStream(t)
 	names := bus.Names{Prefix: "t"}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := bus.EnsureStreams(ctx, js, names); err != nil {
 		t.Fatal(err)
 	}
-	return natsEnv{js: js, names: names}
+	return natsEnv{srv: srv, js: js, names: names}
 }
 
 func (e natsEnv) publish(t *testing.T, ctx context.Context, cmd *busv1.Command) {
@@ -589,6 +591,26 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 			}
 			tc.check(t, r)
 		})
+	}
+}
+
+// A worker started while NATS is down waits for it, then takes commands.
+func TestWorkerWaitsOutNATS(t *testing.T) {
+	t.Parallel()
+	env := newNATS(t)
+	var logs syncBuffer
+	rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: newMem()})
+	env.srv.Stop()
+	runWorker(t, &Worker{RT: rt, JS: env.js, Names: env.names, ReplicaID: "r1", Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	waitFor(t, 30*time.Second, "WARNING while NATS was down", func() bool {
+		return strings.Contains(logs.String(), "WARNING: consuming provisioner commands failed; retrying")
+	})
+	env.srv.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	env.publish(t, ctx, createCmd("c1", "u1"))
+	if res := env.results(t, 1, 25*time.Second)[0]; res.GetCommandId() != "c1" || res.GetCreate().GetInstance().GetProviderId() == "" {
+		t.Errorf("result = %v", res)
 	}
 }
 

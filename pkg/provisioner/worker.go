@@ -100,8 +100,14 @@ func (w *Worker) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 // Run takes commands until ctx ends, then lets in-flight commands finish
-// for DrainTimeout, cancels and Naks the rest, and returns.
+// for DrainTimeout, cancels and Naks the rest, and returns. While NATS is
+// unreachable at start, it keeps trying to set up its consumer.
 func (w *Worker) Run(ctx context.Context) error {
+	bus.KeepConsuming(ctx, w.log(), "provisioner commands", w.run)
+	return nil
+}
+
+func (w *Worker) run(ctx context.Context) error {
 	log := w.log()
 	cons, err := w.Consumer(ctx)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -159,22 +158,13 @@ func (f *Fleet) syncAll(ks map[string]*known) {
 
 // Follow reads every proxy's latest event, then follows changes, until ctx
 // ends. An ordered consumer with DeliverLastPerSubject gives the current
-// state of the fleet first; it recreates itself on gaps.
+// state of the fleet first; it recreates itself on gaps, and is set up
+// again while NATS is unreachable (bus.KeepConsuming).
 func (f *Fleet) Follow(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
-	for {
-		err := f.follow(ctx, js, names)
-		if ctx.Err() != nil {
-			return nil
-		}
-		f.Log.Warn("WARNING: following proxy events failed; retrying", "error", err)
-		t := time.NewTimer(time.Second)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
+	bus.KeepConsuming(ctx, f.Log, "proxy events", func(ctx context.Context) error {
+		return f.follow(ctx, js, names)
+	})
+	return nil
 }
 
 func (f *Fleet) follow(ctx context.Context, js jetstream.JetStream, names bus.Names) error {

@@ -87,31 +87,20 @@ func (s *Syncer) Resyncs() int {
 
 // Run consumes both event streams and runs resyncs until ctx ends.
 //
-// Setting up the event consumers can fail while NATS is unreachable (a
-// restart, a network blip); that is retried with backoff, the service
-// meanwhile serving the pool the database holds, and once the consumers
-// are up a resync catches up on what was missed.
+// While NATS is unreachable (a restart, a network blip) the consumers are
+// set up again and again (bus.KeepConsuming), the service meanwhile
+// serving the pool the database holds; once they are up again a resync
+// catches up on what was missed.
 func (s *Syncer) Run(ctx context.Context) error {
-	backoff := time.Second
-	for {
-		err := s.run(ctx)
-		if ctx.Err() != nil {
-			return nil
+	attempts := 0
+	bus.KeepConsuming(ctx, s.log, "the pool's event streams", func(ctx context.Context) error {
+		if attempts++; attempts > 1 {
+			s.RequestResync("event consumers set up again")
 		}
-		s.log.Warn("WARNING: following the pool's event streams failed; pool changes are not seen until it succeeds", "error", err, "retry_in", backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, maxSetupBackoff)
-		s.RequestResync("event consumers set up again")
-	}
+		return s.run(ctx)
+	})
+	return nil
 }
-
-// maxSetupBackoff bounds the wait between two attempts to set up the
-// event consumers.
-const maxSetupBackoff = 30 * time.Second
 
 func (s *Syncer) run(ctx context.Context) error {
 	proxies, err := s.js.OrderedConsumer(ctx, s.cfg.Names.ProxyEventStream(), jetstream.OrderedConsumerConfig{

@@ -62,7 +62,7 @@ func TestRunWaitsOutNATS(t *testing.T) {
 	go func() { done <- syncer.Run(ctx) }()
 	// Setting up the consumers fails once the JetStream request times out.
 	lt.Eventually(t, 30*time.Second, "the failed set-up is logged", func() bool {
-		return strings.Contains(logs.String(), "following the pool's event streams failed") || len(done) > 0
+		return strings.Contains(logs.String(), "consuming the pool's event streams failed") || len(done) > 0
 	})
 	if len(done) > 0 {
 		t.Fatalf("Run returned %v while NATS was down, want it to wait", <-done)

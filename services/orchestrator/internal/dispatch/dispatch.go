@@ -153,8 +153,14 @@ func (d *Dispatcher) publish(ctx context.Context, cmds []*busv1.Command) {
 	}
 }
 
-// RunResults applies provisioner results from the shared durable consumer.
+// RunResults applies provisioner results from the shared durable consumer
+// until ctx ends, waiting for NATS whenever it is unreachable.
 func (d *Dispatcher) RunResults(ctx context.Context) error {
+	bus.KeepConsuming(ctx, d.Log, "provisioner results", d.consumeResults)
+	return nil
+}
+
+func (d *Dispatcher) consumeResults(ctx context.Context) error {
 	cons, err := d.JS.CreateOrUpdateConsumer(ctx, d.Names.ResultStream(), jetstream.ConsumerConfig{
 		Durable:       d.Names.OrchestratorConsumer(),
 		FilterSubject: d.Names.ResultSubjects(),
@@ -312,8 +318,14 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 	}
 }
 
-// RunHealth applies health transitions (Running <-> Ready).
+// RunHealth applies health transitions (Running <-> Ready) until ctx ends,
+// waiting for NATS whenever it is unreachable.
 func (d *Dispatcher) RunHealth(ctx context.Context) error {
+	bus.KeepConsuming(ctx, d.Log, "health transitions", d.consumeHealth)
+	return nil
+}
+
+func (d *Dispatcher) consumeHealth(ctx context.Context) error {
 	cons, err := d.JS.CreateOrUpdateConsumer(ctx, d.Names.HealthEventStream(), jetstream.ConsumerConfig{
 		Durable:       "orchestrator-health",
 		FilterSubject: d.Names.HealthEventSubjects(),

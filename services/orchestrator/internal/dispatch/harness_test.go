@@ -2,7 +2,6 @@ package dispatch_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"sync"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
@@ -34,7 +34,9 @@ import (
 type harness struct {
 	t     testing.TB
 	dsn   string
+	nats  *natstest.Server
 	js    jetstream.JetStream
+	logs  *logtest.Buffer // every replica's log
 	names bus.Names
 	provs *providers.Config
 	api   *api.Server
@@ -60,7 +62,8 @@ func newHarness(t testing.TB) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, dsn: orchtest.Database(t), js: natstest.New(t).JetStream(t), names: bus.Names{Prefix: "t"}, provs: provs}
+	srv := natstest.New(t)
+	h := &harness{t: t, dsn: orchtest.Database(t), nats: srv, js: srv.JetStream(t), logs: &logtest.Buffer{}, names: bus.Names{Prefix: "t"}, provs: provs}
 	if err := bus.EnsureStreams(ctx, h.js, h.names); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +90,7 @@ func (h *harness) startReplica() (stop func()) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.NewTextHandler(h.logs, nil))
 	work, changes := store.NewSignal(), store.NewSignal()
 	st := store.New(pool)
 	d := &dispatch.Dispatcher{

@@ -49,6 +49,33 @@ func TestProvisionThenReadyFromHealth(t *testing.T) {
 	}
 }
 
+// A replica that starts while NATS is down waits for it: once NATS is back
+// its result and health consumers are set up and proxies reach Ready.
+func TestReplicaStartedDuringNATSOutage(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cloud := newCloud()
+	h.startProvisioner("fake", cloud.answer)
+	h.nats.Stop()
+	h.startReplica()
+	for _, consumer := range []string{"provisioner results", "health transitions"} {
+		want := "WARNING: consuming " + consumer + " failed; retrying"
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(h.logs.String(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q logged while NATS was down; log:\n%s", want, h.logs.String())
+			}
+			time.Sleep(20 * time.Millisecond) // polling the log
+		}
+	}
+	h.nats.Start(t)
+
+	p := h.create(managed("p1"))
+	r := h.waitFor("p1", "Running", phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
+	h.publishHealth(p.GetUid(), r.ProviderID, 1, true)
+	h.waitFor("p1", "Ready", phase(proxyv1.ProxyPhase_PROXY_PHASE_READY))
+}
+
 func TestReplaceOnSpecChange(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

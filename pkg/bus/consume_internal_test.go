@@ -1,0 +1,60 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+)
+
+// The waits between attempts double up to the most, and start over after
+// an attempt that ran longer than that; read from the logged retry_in.
+func TestKeepConsumingSpacesAttempts(t *testing.T) {
+	first, most := retryFirst, retryMost
+	retryFirst, retryMost = 5*time.Millisecond, 20*time.Millisecond
+	t.Cleanup(func() { retryFirst, retryMost = first, most })
+
+	var out logtest.Buffer
+	log := slog.New(slog.NewJSONHandler(&out, nil))
+	ctx, cancel := context.WithCancel(t.Context())
+	attempts := 0
+	KeepConsuming(ctx, log, "test events", func(ctx context.Context) error {
+		attempts++
+		switch attempts {
+		case 5:
+			time.Sleep(30 * time.Millisecond) // ran for longer than the most
+		case 7:
+			cancel()
+			<-ctx.Done()
+			return nil
+		}
+		return errors.New("nats: no responders available for request")
+	})
+	if attempts != 7 {
+		t.Fatalf("attempts = %d, want 7 (it returns once ctx ends)", attempts)
+	}
+	var waits []string
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var rec struct {
+			Msg     string `json:"msg"`
+			Error   string `json:"error"`
+			RetryIn int64  `json:"retry_in"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec.Msg != "WARNING: consuming test events failed; retrying" || rec.Error == "" {
+			t.Errorf("log line %q: want the WARNING naming what failed, with the error", line)
+		}
+		waits = append(waits, time.Duration(rec.RetryIn).String())
+	}
+	want := []string{"5ms", "10ms", "20ms", "20ms", "5ms", "10ms"}
+	if strings.Join(waits, " ") != strings.Join(want, " ") {
+		t.Errorf("waits = %v, want %v", waits, want)
+	}
+}
