@@ -19,7 +19,9 @@ package provisioner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -189,6 +191,15 @@ func instanceAttrs(in *provisionerv1.Instance) []slog.Attr {
 	}
 }
 
+// recovered turns a backend's panic into a Transient error, so that the
+// operation is recorded and answered as failed (the orchestrator tries
+// again, perhaps on another replica) and the replica lives on. The panic
+// and its stack go to the log only, not into the answer.
+func (r *Runtime) recovered(ctx context.Context, op Op, p any) error {
+	r.log.ErrorContext(ctx, "the backend panicked", "operation", string(op), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	return errclass.New(errclass.Transient, "internal error in the %s provisioner", r.provider)
+}
+
 // lockKey is what Create and Delete serialise on: the proxy, whose UID
 // determines the instance's name on every backend.
 func lockKey(proxyUID, providerID string) string {
@@ -201,7 +212,12 @@ func lockKey(proxyUID, providerID string) string {
 // Create runs Backend.Create under the proxy's lock.
 func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (in *provisionerv1.Instance, err error) {
 	ctx, end := r.begin(ctx, OpCreate, slog.String("proxyUID", req.GetProxyUid()), slog.String("proxyName", req.GetProxyName()))
-	defer func() { end(err, instanceAttrs(in)...) }()
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(ctx, OpCreate, p)
+		}
+		end(err, instanceAttrs(in)...)
+	}()
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return nil, err
 	}
@@ -225,7 +241,12 @@ func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 // Get runs Backend.Get. It takes no lock.
 func (r *Runtime) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest) (in *provisionerv1.Instance, err error) {
 	ctx, end := r.begin(ctx, OpGet, slog.String("proxyUID", req.GetProxyUid()), slog.String("providerID", req.GetProviderId()))
-	defer func() { end(err, instanceAttrs(in)...) }()
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(ctx, OpGet, p)
+		}
+		end(err, instanceAttrs(in)...)
+	}()
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return nil, err
 	}
@@ -235,7 +256,12 @@ func (r *Runtime) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest
 // Delete runs Backend.Delete under the proxy's lock.
 func (r *Runtime) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (deleted bool, err error) {
 	ctx, end := r.begin(ctx, OpDelete, slog.String("proxyUID", req.GetProxyUid()), slog.String("providerID", req.GetProviderId()))
-	defer func() { end(err, slog.Bool("deleted", deleted)) }()
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(ctx, OpDelete, p)
+		}
+		end(err, slog.Bool("deleted", deleted))
+	}()
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return false, err
 	}
@@ -250,7 +276,12 @@ func (r *Runtime) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 // List runs Backend.List.
 func (r *Runtime) List(ctx context.Context, req *provisionerv1.ListInstancesRequest) (out []*provisionerv1.Instance, err error) {
 	ctx, end := r.begin(ctx, OpList)
-	defer func() { end(err, slog.Int("instances", len(out))) }()
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(ctx, OpList, p)
+		}
+		end(err, slog.Int("instances", len(out)))
+	}()
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return nil, err
 	}
@@ -268,6 +299,9 @@ func (r *Runtime) Check(ctx context.Context, req *provisionerv1.CheckBackendRequ
 	}
 	ctx, end := r.begin(ctx, OpCheck)
 	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(ctx, OpCheck, p)
+		}
 		ready := 0
 		for _, t := range out {
 			if t.GetReady() {

@@ -874,7 +874,8 @@ func TestWorkerTerminatesBadCommandsAndSurvivesPanics(t *testing.T) {
 	env := newNATS(t)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: panicBackend{newMem()}})
+	var logs syncBuffer
+	rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: panicBackend{newMem()}, Metrics: m, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
 	runWorker(t, &Worker{RT: rt, JS: env.js, Names: env.names, ReplicaID: "r1", Metrics: m})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -902,4 +903,34 @@ func TestWorkerTerminatesBadCommandsAndSurvivesPanics(t *testing.T) {
 	waitFor(t, 10*time.Second, "two invalid commands", func() bool {
 		return testutil.ToFloat64(m.Commands.WithLabelValues("pve", "invalid")) == 2
 	})
+	// The panic is recorded as the failure it is, not as a success.
+	if n := testutil.ToFloat64(m.Requests.WithLabelValues("pve", "get", "error", "ERROR_REASON_TRANSIENT")); n != 1 {
+		t.Errorf("failed gets recorded = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(m.Requests.WithLabelValues("pve", "get", "ok", "none")); n != 0 {
+		t.Errorf("successful gets recorded = %v, want 0", n)
+	}
+	for _, want := range []string{`"msg":"the backend panicked"`, `"panic":"boom"`, `"msg":"provisioner operation failed"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %s:\n%s", want, logs.String())
+		}
+	}
+}
+
+// A backend that panics under a gRPC call answers UNAVAILABLE (Transient),
+// and the replica serves the next call.
+func TestServerSurvivesBackendPanics(t *testing.T) {
+	t.Parallel()
+	client := grpcClient(t, NewRuntime(RuntimeOptions{Provider: "pve", Backend: panicBackend{newMem()}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 2 {
+		_, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/1/x", ProxyUid: "u"})
+		if st := status.Convert(err); st.Code() != codes.Unavailable || strings.Contains(st.Message(), "boom") {
+			t.Fatalf("GetInstance on a panicking backend: %v, want UNAVAILABLE without the panic value", err)
+		}
+	}
+	if _, err := client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: "pve"}); err != nil {
+		t.Errorf("ListInstances after the panics: %v", err)
+	}
 }

@@ -269,21 +269,14 @@ func (w *Worker) handle(opCtx context.Context, msg jetstream.Msg) {
 }
 
 // exec runs the command's operation and returns the result's outcome. A
-// panicking backend answers a Transient error rather than crashing the
-// replica (and every replica after it, on redelivery).
+// panicking backend answers a Transient error (Runtime recovers it) rather
+// than crashing the replica, and every replica after it on redelivery.
 func (w *Worker) exec(ctx context.Context, cmd *busv1.Command) (res *busv1.CommandResult) {
 	res = &busv1.CommandResult{}
 	fail := func(err error) *busv1.CommandResult {
 		res.Outcome = &busv1.CommandResult_Error{Error: errclass.ToCommandError(err)}
 		return res
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			w.log().ErrorContext(ctx, "panic executing a command", "command", cmd.GetCommandId(), "panic", fmt.Sprint(p))
-			res = &busv1.CommandResult{}
-			fail(errclass.New(errclass.Transient, "internal error in the provisioner"))
-		}
-	}()
 	switch cmd.GetOperation() {
 	case busv1.Operation_OPERATION_CREATE:
 		req := cmd.GetCreate()
