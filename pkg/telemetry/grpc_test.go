@@ -2,7 +2,6 @@ package telemetry
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -16,6 +15,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 )
 
 const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -39,13 +40,7 @@ func serveHealth(tb testing.TB, opts ...grpc.ServerOption) (string, <-chan trace
 			return next(srv, ss)
 		}))...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	tb.Cleanup(srv.Stop)
-	return lis.Addr().String(), seen
+	return grpctest.Serve(tb, srv), seen
 }
 
 func dialHealth(tb testing.TB, addr string, opts ...grpc.DialOption) healthpb.HealthClient {

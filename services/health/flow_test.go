@@ -30,6 +30,7 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/proxytest"
@@ -250,14 +251,9 @@ func TestFlow(t *testing.T) {
 	good := proxytest.StartProxy(t, proxytest.Behaviour{})
 	refusing := proxytest.StartProxy(t, proxytest.Behaviour{Status: http.StatusForbidden})
 
-	prov, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	gs := grpc.NewServer()
 	provisionerv1.RegisterProvisionerServiceServer(gs, checkingProvisioner{})
-	go func() { _ = gs.Serve(prov) }()
-	t.Cleanup(gs.Stop)
+	provAddr := grpctest.Serve(t, gs)
 	provCfg := filepath.Join(e.dir, "providers.yaml")
 	if err := os.WriteFile(provCfg, []byte("providers:\n  - name: local-1\n    type: local\n  - name: gcp-eu\n    type: gcp\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -265,7 +261,7 @@ func TestFlow(t *testing.T) {
 
 	events := e.followHealth(t)
 	p, addrs := servicetest.Start(t, ".", e.args("replica-a",
-		"--providers-config="+provCfg, "--provisioner=local-1="+prov.Addr().String(), "--provider-check-interval=10s"))
+		"--providers-config="+provCfg, "--provisioner=local-1="+provAddr, "--provider-check-interval=10s"))
 	base := "http://" + addrs.HTTP
 
 	e.publish(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, external(t, "uid-squid", "via-squid", sq.Addr()))

@@ -5,17 +5,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/providerhealth"
@@ -48,21 +47,11 @@ func newFixture(t *testing.T) *fixture {
 	srv := grpc.NewServer()
 	healthv1.RegisterHealthServiceServer(srv, &api.Server{Store: st, Hub: hub, Log: log,
 		Providers: []api.Provider{{Name: "pve", Type: "proxmox"}, {Name: "kvm-home", Type: "kvm"}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		_ = conn.Close()
 		cancel()
-		srv.Stop()
 		<-hubDone
 	})
+	conn := grpctest.Dial(t, grpctest.Serve(t, srv))
 	return &fixture{st: st, hub: hub, client: healthv1.NewHealthServiceClient(conn)}
 }
 

@@ -23,6 +23,7 @@ import (
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/providerhealth"
@@ -64,20 +65,10 @@ func (f *fakeProvisioner) set(check func(context.Context, *provisionerv1.CheckBa
 // connected to it.
 func startProvisioner(t *testing.T, provider string, f *fakeProvisioner) *providerhealth.GRPCChecker {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer()
 	provisionerv1.RegisterProvisionerServiceServer(srv, f)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return providerhealth.NewGRPCChecker(provider, ln.Addr().String(), conn)
+	addr := grpctest.Serve(t, srv)
+	return providerhealth.NewGRPCChecker(provider, addr, grpctest.Dial(t, addr))
 }
 
 func targets(ts ...*provisionerv1.TargetStatus) func(context.Context, *provisionerv1.CheckBackendRequest) (*provisionerv1.CheckBackendResponse, error) {

@@ -19,6 +19,7 @@ import (
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/app"
 	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
@@ -257,19 +258,14 @@ func TestResyncFromOrchestrator(t *testing.T) {
 // writes its token to a file; it returns the address and the file.
 func serveOrchestrator(t *testing.T, fake *fakeOrchestrator) (addr, tokenFile string) {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer()
 	proxyv1.RegisterProxyServiceServer(srv, fake)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	addr = grpctest.Serve(t, srv)
 	tokenFile = filepath.Join(t.TempDir(), "orchestrator-token")
 	if err := os.WriteFile(tokenFile, []byte(fake.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return lis.Addr().String(), tokenFile
+	return addr, tokenFile
 }
 
 // TestResyncAfterNATSOutage: events published while NATS was down are

@@ -2,18 +2,17 @@ package dispatch_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
@@ -206,18 +205,7 @@ func TestWatchResume(t *testing.T) {
 	defer cancel()
 	srv := grpc.NewServer()
 	proxyv1.RegisterProxyServiceServer(srv, h.api)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := proxyv1.NewProxyServiceClient(conn)
+	client := proxyv1.NewProxyServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 
 	a := h.create(managed("a"))
 	list, err := client.ListProxies(ctx, &proxyv1.ListProxiesRequest{})

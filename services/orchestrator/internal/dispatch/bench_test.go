@@ -3,7 +3,6 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -12,9 +11,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 )
 
 // BenchmarkConverge creates N proxies through the gRPC API (32 concurrent
@@ -45,18 +44,7 @@ func converge(b *testing.B, n int) {
 
 	srv := grpc.NewServer()
 	proxyv1.RegisterProxyServiceServer(srv, h.api)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	client := proxyv1.NewProxyServiceClient(conn)
+	client := proxyv1.NewProxyServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
 	ctx := context.Background()
 
 	b.ResetTimer()
