@@ -58,3 +58,20 @@ func TestKeepConsumingSpacesAttempts(t *testing.T) {
 		t.Errorf("waits = %v, want %v", waits, want)
 	}
 }
+
+// Retry stops at the first success and reports no error.
+func TestRetryStopsAtSuccess(t *testing.T) {
+	first, most := retryFirst, retryMost
+	retryFirst, retryMost = time.Millisecond, time.Millisecond
+	t.Cleanup(func() { retryFirst, retryMost = first, most })
+	attempts := 0
+	err := Retry(t.Context(), slog.New(slog.DiscardHandler), "test setup", func(context.Context) error {
+		if attempts++; attempts < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if err != nil || attempts != 3 {
+		t.Errorf("Retry = %v after %d attempts, want nil after 3", err, attempts)
+	}
+}

@@ -86,3 +86,44 @@ func TestKeepConsumingWaitsOutNATS(t *testing.T) {
 func containsWarning(log string) bool {
 	return strings.Contains(log, "WARNING: consuming test results failed; retrying")
 }
+
+// A service connecting while NATS is down starts anyway; the streams are
+// created once NATS is up.
+func TestConnectWhileNATSDown(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	url := srv.URL()
+	srv.Stop()
+	var out logtest.Buffer
+	names := bus.Names{}
+	nc, js, err := bus.Connect(t.Context(), url, "test", names, slog.New(slog.NewTextHandler(&out, nil)))
+	if err != nil {
+		t.Fatalf("Connect while NATS is down: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	if !strings.Contains(out.String(), "WARNING: NATS JetStream is unreachable") {
+		t.Errorf("no WARNING logged; log:\n%s", out.String())
+	}
+	srv.Start(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		_, err := js.Stream(ctx, names.ProxyEventStream())
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("streams not created after NATS came back: %v; log:\n%s", err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the server
+	}
+}
+
+// A malformed URL is the one thing Connect fails on.
+func TestConnectRejectsAMalformedURL(t *testing.T) {
+	t.Parallel()
+	if _, _, err := bus.Connect(t.Context(), "nats://127.0.0.1:notaport", "test", bus.Names{}, slog.New(slog.DiscardHandler)); err == nil {
+		t.Error("Connect accepted a malformed URL")
+	}
+}

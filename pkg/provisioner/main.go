@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
@@ -92,21 +91,10 @@ func Setup(ctx context.Context, s *service.Service, spec Spec, f Flags) error {
 	rt := NewRuntime(RuntimeOptions{Provider: p.Name, Backend: backend, Log: s.Log, Metrics: metrics})
 	provisionerv1.RegisterProvisionerServiceServer(s.GRPC, &Server{RT: rt})
 
-	nc, err := nats.Connect(f.NATSURL, nats.Name(spec.Name+"/"+f.ReplicaID), nats.MaxReconnects(-1))
-	if err != nil {
-		return fmt.Errorf("connecting to NATS at %s: %w", f.NATSURL, err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return err
-	}
 	names := bus.Names{Prefix: f.NATSPrefix}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := bus.EnsureStreams(sctx, js, names); err != nil {
-		nc.Close()
-		return fmt.Errorf("NATS streams: %w", err)
+	nc, js, err := bus.Connect(ctx, f.NATSURL, spec.Name+"/"+f.ReplicaID, names, s.Log)
+	if err != nil {
+		return err
 	}
 	w := &Worker{
 		RT: rt, JS: js, Names: names, ReplicaID: f.ReplicaID,

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -205,20 +204,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(c.NATSURL, nats.Name("health "+c.ReplicaID), nats.MaxReconnects(-1))
-	if err != nil {
-		pool.Close()
-		return fmt.Errorf("connecting to NATS: %w", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		pool.Close()
-		return err
-	}
 	names := bus.Names{Prefix: c.NATSPrefix}
-	if err := bus.EnsureStreams(ctx, js, names); err != nil {
-		nc.Close()
+	nc, js, err := bus.Connect(ctx, c.NATSURL, "health "+c.ReplicaID, names, s.Log)
+	if err != nil {
 		pool.Close()
 		return err
 	}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -213,20 +212,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	})
 	met = metrics.New(s.Metrics, st, s.Log)
 
-	nc, err := nats.Connect(c.NATSURL, nats.Name("lease"), nats.MaxReconnects(-1))
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("connecting to NATS: %w", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		db.Close()
-		return nil, err
-	}
 	names := bus.Names{Prefix: c.NATSPrefix}
-	if err := bus.EnsureStreams(ctx, js, names); err != nil {
-		nc.Close()
+	nc, js, err := bus.Connect(ctx, c.NATSURL, "lease", names, s.Log)
+	if err != nil {
 		db.Close()
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/app"
@@ -307,6 +308,37 @@ func TestResyncAfterNATSOutage(t *testing.T) {
 	// The event consumers resumed too.
 	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidC, "proxy-c"), 30)
 	lt.Eventually(t, 30*time.Second, "proxy-c is leasable from its event after the outage", func() bool { return listed(t, c)["proxy-c"] })
+}
+
+// TestStartsWhileNATSIsDown: a replica starting during a NATS outage
+// serves leases on the pool the orchestrator lists, and follows events
+// once NATS is back.
+func TestStartsWhileNATSIsDown(t *testing.T) {
+	t.Parallel()
+	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 10, pageSize: 10, proxies: []*proxyv1.Proxy{
+		lt.Proxy(uidA, "proxy-a"),
+	}}
+	addr, tokenFile := serveOrchestrator(t, fake)
+	nsrv := natstest.New(t)
+	nsrv.Stop()
+	env := lt.Start(t, lt.Options{NATS: nsrv, Config: func(c *app.Config) {
+		c.OrchestratorAddr = addr
+		c.OrchestratorToken = tokenFile
+	}})
+	c := env.Client("grpc", "crawler-a")
+	resp, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{TargetHost: "example.com"})
+	if r.Code() != codes.OK || resp.GetLease().GetProxyName() != "proxy-a" {
+		t.Fatalf("acquire while NATS is down: %v %v, want a lease on proxy-a", resp, r.Status)
+	}
+
+	nsrv.Start(t)
+	js := nsrv.JetStream(t)
+	lt.Eventually(t, 30*time.Second, "the service created the streams once NATS is up", func() bool {
+		_, err := js.Stream(lt.Ctx(t), bus.Names{Prefix: env.Config.NATSPrefix}.ProxyEventStream())
+		return err == nil
+	})
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidB, "proxy-b"), 20)
+	lt.Eventually(t, 30*time.Second, "proxy-b is leasable from its event once NATS is up", func() bool { return listed(t, c)["proxy-b"] })
 }
 
 // TestStartsWithoutOrchestrator: an unreachable orchestrator delays the

@@ -87,22 +87,32 @@ func (s *Syncer) Resyncs() int {
 
 // Run consumes both event streams and runs resyncs until ctx ends.
 //
-// While NATS is unreachable (a restart, a network blip) the consumers are
-// set up again and again (bus.KeepConsuming), the service meanwhile
-// serving the pool the database holds; once they are up again a resync
-// catches up on what was missed.
+// The two are independent: while NATS is unreachable (a restart, a
+// network blip, a replica starting before NATS) the consumers are set up
+// again and again (bus.KeepConsuming), while resyncs from the orchestrator
+// keep the pool current; once the consumers are up again a resync catches
+// up on what was missed.
 func (s *Syncer) Run(ctx context.Context) error {
+	resyncs := make(chan struct{})
+	if s.cfg.Lister == nil {
+		s.log.Warn("WARNING: no orchestrator address configured; the pool is learnt from events alone and is not resynced (a proxy whose last event aged out of the stream stays unknown)")
+		close(resyncs)
+	} else {
+		go func() { defer close(resyncs); s.resyncLoop(ctx) }()
+	}
 	attempts := 0
 	bus.KeepConsuming(ctx, s.log, "the pool's event streams", func(ctx context.Context) error {
 		if attempts++; attempts > 1 {
 			s.RequestResync("event consumers set up again")
 		}
-		return s.run(ctx)
+		return s.consume(ctx)
 	})
+	<-resyncs
 	return nil
 }
 
-func (s *Syncer) run(ctx context.Context) error {
+// consume follows both event streams until ctx ends.
+func (s *Syncer) consume(ctx context.Context) error {
 	proxies, err := s.js.OrderedConsumer(ctx, s.cfg.Names.ProxyEventStream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{s.cfg.Names.ProxyEventSubjects()},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
@@ -136,12 +146,13 @@ func (s *Syncer) run(ctx context.Context) error {
 		return fmt.Errorf("consuming health events: %w", err)
 	}
 	defer hc.Stop()
+	<-ctx.Done()
+	return nil
+}
 
-	if s.cfg.Lister == nil {
-		s.log.Warn("WARNING: no orchestrator address configured; the pool is learnt from events alone and is not resynced (a proxy whose last event aged out of the stream stays unknown)")
-		<-ctx.Done()
-		return nil
-	}
+// resyncLoop resyncs at start, every ResyncInterval and when asked, until
+// ctx ends; a failed resync is retried with backoff.
+func (s *Syncer) resyncLoop(ctx context.Context) {
 	if s.Resyncs() == 0 {
 		s.RequestResync("start")
 	}
@@ -156,7 +167,7 @@ func (s *Syncer) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick:
 		case <-s.resync:
 		case <-retry:
@@ -164,7 +175,7 @@ func (s *Syncer) run(ctx context.Context) error {
 		retry = nil
 		if err := s.Resync(ctx); err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
 			s.log.Warn("pool resync failed; retrying", "error", err, "retry_in", backoff)
 			retry = time.After(backoff)

@@ -6,12 +6,10 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
@@ -97,17 +95,10 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(c.NATSURL, nats.Name("orchestrator"), nats.MaxReconnects(-1))
+	names := bus.Names{Prefix: c.NATSPrefix}
+	nc, js, err := bus.Connect(ctx, c.NATSURL, "orchestrator", names, s.Log)
 	if err != nil {
 		pool.Close()
-		return fmt.Errorf("connecting to NATS at %s: %w", c.NATSURL, err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	names := bus.Names{Prefix: c.NATSPrefix}
-	if err := bus.EnsureStreams(ctx, js, names); err != nil {
 		return err
 	}
 
