@@ -19,6 +19,7 @@ import (
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
@@ -39,6 +40,10 @@ type Dispatcher struct {
 	ClaimBatch int
 	// Poll bounds how long a loop sleeps without a notification.
 	Poll time.Duration
+	// EventRefresh is how often the ProxyEvent publisher sends every
+	// proxy's current state again (default a seventh of the streams'
+	// retention), so that no proxy's last event ages out of the stream.
+	EventRefresh time.Duration
 	// Now is the clock (time.Now by default).
 	Now func() time.Time
 	// GC handles the results of orphan GC's list and delete commands.
@@ -50,6 +55,13 @@ func (d *Dispatcher) now() time.Time {
 		return d.Now()
 	}
 	return time.Now()
+}
+
+func (d *Dispatcher) eventRefresh() time.Duration {
+	if d.EventRefresh > 0 {
+		return d.EventRefresh
+	}
+	return bus.EventRetention / 7
 }
 
 func (d *Dispatcher) poll() time.Duration {
@@ -429,7 +441,8 @@ func (d *Dispatcher) outbox(ctx context.Context) error {
 	}
 	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(outboxLockKey)) }()
 	var cursor int64
-	if err := conn.QueryRow(ctx, "SELECT revision FROM orchestrator.event_cursor").Scan(&cursor); err != nil {
+	var refreshed time.Time
+	if err := conn.QueryRow(ctx, "SELECT revision, refresh_time FROM orchestrator.event_cursor").Scan(&cursor, &refreshed); err != nil {
 		return err
 	}
 	for ctx.Err() == nil {
@@ -448,27 +461,12 @@ func (d *Dispatcher) outbox(ctx context.Context) error {
 			return err
 		}
 		if len(changes) > 0 {
-			futures := make([]jetstream.PubAckFuture, 0, len(changes))
-			for _, c := range changes {
-				ev := &busv1.ProxyEvent{Revision: c.Revision, Type: c.Type, Proxy: c.Proxy, ChangeTime: timestamppb.New(c.Time)}
-				m, err := bus.Message(ctx, d.Names.ProxyEventSubject(c.Proxy.GetUid()), ev)
-				if err != nil {
-					return err
-				}
-				f, err := d.JS.PublishMsgAsync(m)
-				if err != nil {
-					return err
-				}
-				futures = append(futures, f)
+			evs := make([]*busv1.ProxyEvent, len(changes))
+			for i, c := range changes {
+				evs[i] = &busv1.ProxyEvent{Revision: c.Revision, Type: c.Type, Proxy: c.Proxy, ChangeTime: timestamppb.New(c.Time)}
 			}
-			for _, f := range futures {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					return err
-				case <-ctx.Done():
-					return ctx.Err()
-				}
+			if err := d.publishEvents(ctx, evs); err != nil {
+				return err
 			}
 			cursor = changes[len(changes)-1].Revision
 			if _, err := conn.Exec(ctx, "UPDATE orchestrator.event_cursor SET revision = $1", cursor); err != nil {
@@ -479,6 +477,15 @@ func (d *Dispatcher) outbox(ctx context.Context) error {
 				continue
 			}
 		}
+		if time.Since(refreshed) >= d.eventRefresh() {
+			if err := d.refreshEvents(ctx, cursor); err != nil {
+				return err
+			}
+			refreshed = time.Now()
+			if _, err := conn.Exec(ctx, "UPDATE orchestrator.event_cursor SET refresh_time = $1", refreshed); err != nil {
+				return err
+			}
+		}
 		select {
 		case <-ctx.Done():
 		case <-wake:
@@ -486,6 +493,65 @@ func (d *Dispatcher) outbox(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// publishEvents publishes evs in order, each on its proxy's subject, and
+// waits until JetStream has stored them all.
+func (d *Dispatcher) publishEvents(ctx context.Context, evs []*busv1.ProxyEvent) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(evs))
+	for _, ev := range evs {
+		m, err := bus.Message(ctx, d.Names.ProxyEventSubject(ev.GetProxy().GetUid()), ev)
+		if err != nil {
+			return err
+		}
+		f, err := d.JS.PublishMsgAsync(m)
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// refreshEvents publishes again the current state of every proxy whose
+// latest change is at cursor or older (already published). The streams
+// keep a proxy's last event for bus.EventRetention only, and a proxy can
+// go unchanged for longer; a consumer starting afterwards (a health or
+// lease replica) would never learn of it. The events carry the revision of
+// the proxy's latest change, so consumers that have it ignore them. Only
+// the outbox calls this, between two batches: no newer event of a proxy
+// can have been sent before its refreshed one.
+func (d *Dispatcher) refreshEvents(ctx context.Context, cursor int64) error {
+	const page = 500
+	after, n := "", 0
+	for {
+		rows, err := d.Store.Published(ctx, after, cursor, page)
+		if err != nil {
+			return err
+		}
+		evs := make([]*busv1.ProxyEvent, len(rows))
+		for i, r := range rows {
+			evs[i] = &busv1.ProxyEvent{Revision: r.Revision, Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: r.Proto(false), ChangeTime: timestamppb.New(r.UpdateTime)}
+		}
+		if err := d.publishEvents(ctx, evs); err != nil {
+			return err
+		}
+		n += len(rows)
+		if len(rows) < page {
+			d.Log.Info("republished the current state of every proxy on the event stream", "proxies", n, "revision", cursor)
+			return nil
+		}
+		after = rows[len(rows)-1].UID
+	}
 }
 
 // Metrics are the dispatcher's Prometheus series.

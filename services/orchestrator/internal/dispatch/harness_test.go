@@ -32,16 +32,18 @@ import (
 // harness is one orchestrator database and NATS server with any number of
 // orchestrator replicas running on them in-process.
 type harness struct {
-	t     testing.TB
-	dsn   string
-	nats  *natstest.Server
-	js    jetstream.JetStream
-	logs  *logtest.Buffer // every replica's log
-	names bus.Names
-	provs *providers.Config
-	api   *api.Server
-	store *store.Store
-	gc    *gc.Collector
+	t    testing.TB
+	dsn  string
+	nats *natstest.Server
+	js   jetstream.JetStream
+	logs *logtest.Buffer // every replica's log
+	// eventRefresh is the replicas' Dispatcher.EventRefresh (0: default).
+	eventRefresh time.Duration
+	names        bus.Names
+	provs        *providers.Config
+	api          *api.Server
+	store        *store.Store
+	gc           *gc.Collector
 }
 
 var testProviders = "providers:\n  - {name: fake, type: local}\n  - {name: other, type: local}\n"
@@ -97,6 +99,7 @@ func (h *harness) startReplica() (stop func()) {
 		Store: st, JS: h.js, Names: h.names, Log: log, Work: work, Changes: changes,
 		Engine:  &reconcile.Engine{Timing: fastTiming(), Configured: func(n string) bool { _, ok := h.provs.Get(n); return ok }, Log: log},
 		Metrics: dispatch.NewMetrics(prometheus.NewRegistry()), ClaimBatch: 32, Poll: 100 * time.Millisecond,
+		EventRefresh: h.eventRefresh,
 	}
 	d.GC = &gc.Collector{
 		Store: st, JS: h.js, Names: h.names, Providers: h.provs.Names, Grace: time.Minute,

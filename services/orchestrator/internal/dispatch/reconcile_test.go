@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
@@ -453,5 +454,64 @@ func TestProxyEventsPublished(t *testing.T) {
 	}
 	if strings.Contains(string(m.Data()), "hunter2") || ev.GetProxy().GetSpec().GetCloudInit() != "" {
 		t.Error("cloud-init leaked into a ProxyEvent")
+	}
+}
+
+// A proxy whose last event left the stream (unchanged for longer than the
+// stream keeps messages; here purged) is published again with its current
+// state and revision.
+func TestEventsRefreshedBeforeTheyAgeOut(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.eventRefresh = 300 * time.Millisecond
+	cloud := newCloud()
+	h.startProvisioner("fake", cloud.answer)
+	h.startReplica()
+	req := managed("p1")
+	req.Spec.CloudInit = "#cloud-config\npassword: hunter2\n"
+	p := h.create(req)
+	row := h.waitFor("p1", "Running", phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := h.js.Stream(ctx, h.names.ProxyEventStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := h.names.ProxyEventSubject(p.GetUid())
+	// last returns the stream's event for p1, nil when it has none.
+	last := func() (*busv1.ProxyEvent, string) {
+		m, err := stream.GetLastMsgForSubject(ctx, subject)
+		if err != nil {
+			return nil, ""
+		}
+		ev := &busv1.ProxyEvent{}
+		if err := proto.Unmarshal(m.Data, ev); err != nil {
+			t.Fatal(err)
+		}
+		return ev, string(m.Data)
+	}
+	waitEvent := func(what string) *busv1.ProxyEvent {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if ev, raw := last(); ev != nil && ev.GetRevision() == row.Revision {
+				if strings.Contains(raw, "hunter2") {
+					t.Error("cloud-init leaked into a ProxyEvent")
+				}
+				return ev
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no event at revision %d %s", row.Revision, what)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the stream
+		}
+	}
+	waitEvent("after the proxy became Running")
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+		t.Fatal(err)
+	}
+	ev := waitEvent("after the stream lost it")
+	if ev.GetType() != proxyv1.ChangeType_CHANGE_TYPE_UPDATED || ev.GetProxy().GetUid() != p.GetUid() ||
+		ev.GetProxy().GetStatus().GetPhase() != proxyv1.ProxyPhase_PROXY_PHASE_RUNNING {
+		t.Errorf("refreshed event = %v, want p1's current state as UPDATED", ev)
 	}
 }

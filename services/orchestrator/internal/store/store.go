@@ -200,6 +200,20 @@ const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanu
 	probe_latency_us, health_sequence, next_attempt_time, attempts, command_id, command_step,
 	command_spec_hash, command_deadline, command_issue_time`
 
+// scanRows reads every row of rows (columns) and closes it.
+func scanRows(rows pgx.Rows) ([]*Row, error) {
+	defer rows.Close()
+	var out []*Row
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
 func scanRow(row pgx.Row) (*Row, error) {
 	var (
 		r         Row
@@ -294,15 +308,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Row, int64, error) {
 		if err != nil {
 			return err
 		}
-		defer res.Close()
-		for res.Next() {
-			r, err := scanRow(res)
-			if err != nil {
-				return err
-			}
-			rows = append(rows, r)
-		}
-		return res.Err()
+		rows, err = scanRows(res)
+		return err
 	})
 	return rows, rev, err
 }
@@ -356,6 +363,21 @@ func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, 
 		return rows.Err()
 	})
 	return out, err
+}
+
+// Published returns up to limit proxies in UID order after afterUID whose
+// latest change is at revision upTo or older: those whose current state
+// the ProxyEvent publisher has already sent.
+func (s *Store) Published(ctx context.Context, afterUID string, upTo int64, limit int) ([]*Row, error) {
+	if afterUID == "" {
+		afterUID = "00000000-0000-0000-0000-000000000000"
+	}
+	rows, err := s.pool.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
+		WHERE uid > $1::uuid AND revision <= $2 ORDER BY uid LIMIT $3`, afterUID, upTo, limit)
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows)
 }
 
 // Revision is the latest committed revision.

@@ -74,16 +74,7 @@ func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []*Row
-	for rows.Next() {
-		r, err := scanRow(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return scanRows(rows)
 }
 
 // Known reports which of uids belong to a stored proxy.
