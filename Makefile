@@ -87,8 +87,9 @@ build:
 	for s in $(SERVICES); do go build -o bin/$$s ./services/$$s || exit 1; done
 	go build -o bin/egressctl ./cmd/egressctl
 
-## test: unit and integration tests with the race detector (needs PostgreSQL)
+## test: unit and integration tests with the race detector; starts or installs PostgreSQL and squid unless EGRESS_TEST_DATABASE_URL is set
 test:
+	@[ -n "$$EGRESS_TEST_DATABASE_URL" ] || scripts/ensure-deps.sh
 	go test $(GO_TEST_FLAGS) $(MODULE)/...
 
 ## test-e2e: every service as a real process over real PostgreSQL and NATS (needs squid or uses the built-in proxy)
