@@ -133,13 +133,19 @@ func (d *Dispatcher) claimOnce(ctx context.Context, batch int) (int, error) {
 	return claimed, nil
 }
 
-// publish sends commands after their rows committed. A failed publish is
-// logged and left to the command's deadline, after which it is reissued.
+// publish sends commands after their rows committed. A proxy's command
+// that JetStream did not store is taken back (Engine.Unsent), so that it
+// is issued again after a short backoff rather than at its deadline.
 func (d *Dispatcher) publish(ctx context.Context, cmds []*busv1.Command) {
 	if len(cmds) == 0 {
 		return
 	}
-	futures := make([]jetstream.PubAckFuture, 0, len(cmds))
+	type sent struct {
+		cmd *busv1.Command
+		f   jetstream.PubAckFuture
+	}
+	var pending []sent
+	var unsent []*busv1.Command
 	for _, c := range cmds {
 		m, err := bus.Message(ctx, d.Names.CommandSubject(c.GetProvider()), c)
 		if err != nil {
@@ -148,21 +154,56 @@ func (d *Dispatcher) publish(ctx context.Context, cmds []*busv1.Command) {
 		}
 		f, err := d.JS.PublishMsgAsync(m, jetstream.WithMsgID(c.GetCommandId()))
 		if err != nil {
-			d.Log.Warn("publishing a command failed; it is reissued after its deadline",
-				"command", c.GetCommandId(), "proxyUID", c.GetProxyUid(), "error", err)
+			d.Log.Warn("publishing a command failed", "command", c.GetCommandId(), "proxyUID", c.GetProxyUid(), "error", err)
+			unsent = append(unsent, c)
 			continue
 		}
-		futures = append(futures, f)
+		pending = append(pending, sent{c, f})
 	}
-	for _, f := range futures {
+	for _, p := range pending {
 		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			d.Log.Warn("a command was not stored by JetStream; it is reissued after its deadline", "error", err)
+		case <-p.f.Ok():
+		case err := <-p.f.Err():
+			d.Log.Warn("a command was not stored by JetStream", "command", p.cmd.GetCommandId(), "proxyUID", p.cmd.GetProxyUid(), "error", err)
+			unsent = append(unsent, p.cmd)
 		case <-ctx.Done():
 			return
 		}
 	}
+	d.takeBack(ctx, unsent)
+}
+
+// takeBack returns unsent proxy commands to the queue (orphan GC's
+// commands have no proxy: GC issues them again on its own schedule). A
+// proxy whose command changed meanwhile is left alone.
+func (d *Dispatcher) takeBack(ctx context.Context, unsent []*busv1.Command) {
+	unsent = slices.DeleteFunc(unsent, func(c *busv1.Command) bool { return c.GetProxyUid() == "" })
+	if len(unsent) == 0 {
+		return
+	}
+	slices.SortFunc(unsent, func(a, b *busv1.Command) int { return strings.Compare(a.GetProxyUid(), b.GetProxyUid()) })
+	err := d.Store.Write(ctx, func(tx *store.Tx) error {
+		for _, c := range unsent {
+			r, err := tx.Lock(ctx, c.GetProxyUid())
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if r.CommandID != c.GetCommandId() {
+				continue
+			}
+			d.Engine.Unsent(r, tx.Now())
+			tx.Update(r)
+		}
+		return nil
+	})
+	if err != nil {
+		d.Log.Warn("taking back unsent commands failed; they are issued again after their deadline", "commands", len(unsent), "error", err)
+		return
+	}
+	d.Log.Warn("commands not stored by JetStream are issued again after a backoff", "commands", len(unsent))
 }
 
 // RunResults applies provisioner results from the shared durable consumer

@@ -39,11 +39,13 @@ type harness struct {
 	logs *logtest.Buffer // every replica's log
 	// eventRefresh is the replicas' Dispatcher.EventRefresh (0: default).
 	eventRefresh time.Duration
-	names        bus.Names
-	provs        *providers.Config
-	api          *api.Server
-	store        *store.Store
-	gc           *gc.Collector
+	// timing is the replicas' reconcile timing (nil: fastTiming).
+	timing *reconcile.Timing
+	names  bus.Names
+	provs  *providers.Config
+	api    *api.Server
+	store  *store.Store
+	gc     *gc.Collector
 }
 
 var testProviders = "providers:\n  - {name: fake, type: local}\n  - {name: other, type: local}\n"
@@ -93,11 +95,15 @@ func (h *harness) startReplica() (stop func()) {
 		h.t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(h.logs, nil))
+	timing := fastTiming()
+	if h.timing != nil {
+		timing = *h.timing
+	}
 	work, changes := store.NewSignal(), store.NewSignal()
 	st := store.New(pool)
 	d := &dispatch.Dispatcher{
 		Store: st, JS: h.js, Names: h.names, Log: log, Work: work, Changes: changes,
-		Engine:  &reconcile.Engine{Timing: fastTiming(), Configured: func(n string) bool { _, ok := h.provs.Get(n); return ok }, Log: log},
+		Engine:  &reconcile.Engine{Timing: timing, Configured: func(n string) bool { _, ok := h.provs.Get(n); return ok }, Log: log},
 		Metrics: dispatch.NewMetrics(prometheus.NewRegistry()), ClaimBatch: 32, Poll: 100 * time.Millisecond,
 		EventRefresh: h.eventRefresh,
 	}

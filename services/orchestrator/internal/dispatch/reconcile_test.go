@@ -77,6 +77,38 @@ func TestReplicaStartedDuringNATSOutage(t *testing.T) {
 	h.waitFor("p1", "Ready", phase(proxyv1.ProxyPhase_PROXY_PHASE_READY))
 }
 
+// A command JetStream refuses to store (here its stream is missing, as
+// while a clustered stream elects a leader) is taken back and issued again
+// after a short backoff, not at its deadline (a minute here). While NATS
+// is merely disconnected, the client holds publishes until it reconnects.
+func TestCommandJetStreamRefusedIsReissuedSoon(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	timing := fastTiming()
+	timing.CreateDeadline = time.Minute
+	h.timing = &timing
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.js.DeleteStream(ctx, h.names.CommandStream()); err != nil {
+		t.Fatal(err)
+	}
+	h.startReplica()
+	h.create(managed("p1"))
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(h.logs.String(), "commands not stored by JetStream are issued again after a backoff") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the refused Create was not taken back; log:\n%s", h.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the log
+	}
+	if err := bus.EnsureStreams(ctx, h.js, h.names); err != nil {
+		t.Fatal(err)
+	}
+	cloud := newCloud()
+	h.startProvisioner("fake", cloud.answer)
+	h.waitFor("p1", "Running well before the Create's deadline", phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
+}
+
 func TestReplaceOnSpecChange(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

@@ -99,6 +99,16 @@ type Decision struct {
 	Release bool
 }
 
+// Unsent takes back r's command, which never reached JetStream (NATS was
+// unreachable): it counts as a failed attempt and the step is decided
+// again after the transient backoff, instead of at the command's deadline
+// (up to 20 minutes for a Create).
+func (e *Engine) Unsent(r *store.Row, now time.Time) {
+	r.CommandID, r.CommandDeadline = "", nil
+	r.Attempts++
+	r.NextAttemptTime = at(now.Add(e.backoff(r.Attempts, e.Timing.TransientBase, e.Timing.TransientMax)))
+}
+
 // Decide runs the state machine on a claimed proxy at now.
 func (e *Engine) Decide(r *store.Row, now time.Time) Decision {
 	if r.CommandID != "" {
