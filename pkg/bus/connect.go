@@ -8,17 +8,30 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Connect connects a service to NATS as name and makes sure the streams
-// exist. NATS being unreachable does not fail it: the connection keeps
+// ConnectOptions say how a service connects to NATS.
+type ConnectOptions struct {
+	URL string
+	// Name identifies the connection on the server (monitoring, logs).
+	Name  string
+	Names Names
+	Log   *slog.Logger
+	// Metrics, when set, receives egress_nats_connected (1 while connected)
+	// and egress_nats_reconnects_total.
+	Metrics prometheus.Registerer
+}
+
+// Connect connects a service to NATS and makes sure the streams exist. NATS being unreachable does not fail it: the connection keeps
 // trying in the background (forever, as after any later disconnect), the
 // streams are ensured once it is up, and meanwhile the service serves
 // what needs no NATS, its consumers waiting under KeepConsuming. Only
 // what no retry can mend is an error: a malformed URL. The connection
 // lives until the caller closes it; the background work until ctx ends.
-func Connect(ctx context.Context, url, name string, names Names, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
+func Connect(ctx context.Context, o ConnectOptions) (*nats.Conn, jetstream.JetStream, error) {
+	log := o.Log
+	nc, err := nats.Connect(o.URL, nats.Name(o.Name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("WARNING: disconnected from NATS; reconnecting", "error", err)
@@ -34,10 +47,16 @@ func Connect(ctx context.Context, url, name string, names Names, log *slog.Logge
 		nc.Close()
 		return nil, nil, err
 	}
+	if o.Metrics != nil {
+		if err := registerConnMetrics(o.Metrics, nc); err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+	}
 	ensure := func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return EnsureStreams(ctx, js, names)
+		return EnsureStreams(ctx, js, o.Names)
 	}
 	err = nats.ErrNoServers
 	if nc.IsConnected() {
@@ -48,4 +67,26 @@ func Connect(ctx context.Context, url, name string, names Names, log *slog.Logge
 	log.Warn("WARNING: NATS JetStream is unreachable; starting without it, its consumers wait for it", "error", err)
 	go func() { _ = Retry(ctx, log, "ensuring the NATS streams", ensure) }()
 	return nc, js, nil
+}
+
+func registerConnMetrics(reg prometheus.Registerer, nc *nats.Conn) error {
+	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "egress_nats_connected",
+		Help: "1 while the service is connected to NATS, else 0.",
+	}, func() float64 {
+		if nc.IsConnected() {
+			return 1
+		}
+		return 0
+	})
+	reconnects := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "egress_nats_reconnects_total",
+		Help: "Times the service's NATS connection was established again after it was lost.",
+	}, func() float64 { return float64(nc.Stats().Reconnects) })
+	for _, c := range []prometheus.Collector{connected, reconnects} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("registering NATS metrics: %w", err)
+		}
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
@@ -96,13 +97,17 @@ func TestConnectWhileNATSDown(t *testing.T) {
 	srv.Stop()
 	var out logtest.Buffer
 	names := bus.Names{}
-	nc, js, err := bus.Connect(t.Context(), url, "test", names, slog.New(slog.NewTextHandler(&out, nil)))
+	reg := prometheus.NewRegistry()
+	nc, js, err := bus.Connect(t.Context(), bus.ConnectOptions{URL: url, Name: "test", Names: names, Log: slog.New(slog.NewTextHandler(&out, nil)), Metrics: reg})
 	if err != nil {
 		t.Fatalf("Connect while NATS is down: %v", err)
 	}
 	t.Cleanup(nc.Close)
 	if !strings.Contains(out.String(), "WARNING: NATS JetStream is unreachable") {
 		t.Errorf("no WARNING logged; log:\n%s", out.String())
+	}
+	if got := gauge(t, reg, "egress_nats_connected"); got != 0 {
+		t.Errorf("egress_nats_connected = %v while NATS is down, want 0", got)
 	}
 	srv.Start(t)
 	deadline := time.Now().Add(30 * time.Second)
@@ -118,12 +123,43 @@ func TestConnectWhileNATSDown(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // polling the server
 	}
+	if got := gauge(t, reg, "egress_nats_connected"); got != 1 {
+		t.Errorf("egress_nats_connected = %v once connected, want 1", got)
+	}
+	srv.Restart(t)
+	deadline = time.Now().Add(30 * time.Second)
+	for before := gauge(t, reg, "egress_nats_reconnects_total"); gauge(t, reg, "egress_nats_reconnects_total") <= before; {
+		if time.Now().After(deadline) {
+			t.Fatal("egress_nats_reconnects_total did not count the reconnect after a restart")
+		}
+		time.Sleep(50 * time.Millisecond) // polling the client
+	}
+}
+
+// gauge reads a metric without labels from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 // A malformed URL is the one thing Connect fails on.
 func TestConnectRejectsAMalformedURL(t *testing.T) {
 	t.Parallel()
-	if _, _, err := bus.Connect(t.Context(), "nats://127.0.0.1:notaport", "test", bus.Names{}, slog.New(slog.DiscardHandler)); err == nil {
+	if _, _, err := bus.Connect(t.Context(), bus.ConnectOptions{URL: "nats://127.0.0.1:notaport", Name: "test", Log: slog.New(slog.DiscardHandler)}); err == nil {
 		t.Error("Connect accepted a malformed URL")
 	}
 }

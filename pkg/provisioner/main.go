@@ -92,7 +92,7 @@ func Setup(ctx context.Context, s *service.Service, spec Spec, f Flags) error {
 	provisionerv1.RegisterProvisionerServiceServer(s.GRPC, &Server{RT: rt})
 
 	names := bus.Names{Prefix: f.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, f.NATSURL, spec.Name+"/"+f.ReplicaID, names, s.Log)
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.NATSURL, Name: spec.Name + "/" + f.ReplicaID, Names: names, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		return err
 	}

@@ -205,7 +205,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, c.NATSURL, "health "+c.ReplicaID, names, s.Log)
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "health " + c.ReplicaID, Names: names, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		pool.Close()
 		return err

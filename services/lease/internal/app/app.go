@@ -213,7 +213,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	met = metrics.New(s.Metrics, st, s.Log)
 
 	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, c.NATSURL, "lease", names, s.Log)
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "lease", Names: names, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		db.Close()
 		return nil, err

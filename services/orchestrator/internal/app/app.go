@@ -96,7 +96,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, c.NATSURL, "orchestrator", names, s.Log)
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "orchestrator", Names: names, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		pool.Close()
 		return err
