@@ -288,7 +288,10 @@ func (h *harness) waitFor(name string, what string, cond func(*store.Row) bool) 
 			h.t.Fatal(err)
 		}
 		if time.Now().After(deadline) {
-			h.t.Fatalf("%s: not %s within 20s; last: %+v (err %v)", name, what, *r, err)
+			if r == nil {
+				h.t.Fatalf("%s: not %s within 20s: %v", name, what, err)
+			}
+			h.t.Fatalf("%s: not %s within 20s; last: %+v", name, what, *r)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
