@@ -94,3 +94,14 @@ func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
 	}
 	return js
 }
+
+// DownURL is the URL of a NATS server that is not running: a loopback port
+// a test server listened on and no longer does, for tests of what a client
+// does while NATS is down.
+func DownURL(t testing.TB) string {
+	t.Helper()
+	s := New(t)
+	url := s.URL()
+	s.Stop()
+	return url
+}

@@ -13,16 +13,21 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store/storetest"
 )
 
+// The binary starts and serves whether NATS is up or down.
 func TestBinaryLifecycle(t *testing.T) {
 	t.Parallel()
-	dsn, _ := storetest.New(t)
-	ns := natstest.New(t)
-	servicetest.AssertLifecycle(t, ".", "health", []string{
-		"--database-url=" + dsn,
-		"--nats-url=" + ns.URL(),
-		"--probe-target=https://127.0.0.1:9/",
-		"--auth-disabled",
-	})
+	for name, natsURL := range map[string]string{"NATS up": natstest.New(t).URL(), "NATS down": natstest.DownURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dsn, _ := storetest.New(t)
+			servicetest.AssertLifecycle(t, ".", "health", []string{
+				"--database-url=" + dsn,
+				"--nats-url=" + natsURL,
+				"--probe-target=https://127.0.0.1:9/",
+				"--auth-disabled",
+			})
+		})
+	}
 }
 
 // TestMigrateSubcommand applies the schema with `health migrate` to an

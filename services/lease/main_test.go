@@ -8,11 +8,15 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
 )
 
+// The binary starts and serves whether NATS is up or down.
 func TestBinaryLifecycle(t *testing.T) {
 	t.Parallel()
-	db := leasetest.Database(t)
-	nsrv := natstest.New(t)
-	servicetest.AssertLifecycle(t, ".", "lease", []string{
-		"--database-url=" + db, "--nats-url=" + nsrv.URL(), "--auth-disabled",
-	})
+	for name, natsURL := range map[string]string{"NATS up": natstest.New(t).URL(), "NATS down": natstest.DownURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			servicetest.AssertLifecycle(t, ".", "lease", []string{
+				"--database-url=" + leasetest.Database(t), "--nats-url=" + natsURL, "--auth-disabled",
+			})
+		})
+	}
 }

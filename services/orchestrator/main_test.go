@@ -38,14 +38,20 @@ func providersFile(t *testing.T) string {
 	return p
 }
 
+// The binary starts and serves whether NATS is up or down.
 func TestBinaryLifecycle(t *testing.T) {
 	t.Parallel()
-	servicetest.AssertLifecycle(t, ".", "orchestrator", []string{
-		"--auth-disabled",
-		"--providers-config=" + providersFile(t),
-		"--database-url=" + orchtest.Database(t),
-		"--nats-url=" + natstest.New(t).URL(),
-	})
+	for name, natsURL := range map[string]string{"NATS up": natstest.New(t).URL(), "NATS down": natstest.DownURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			servicetest.AssertLifecycle(t, ".", "orchestrator", []string{
+				"--auth-disabled",
+				"--providers-config=" + providersFile(t),
+				"--database-url=" + orchtest.Database(t),
+				"--nats-url=" + natsURL,
+			})
+		})
+	}
 }
 
 // The REST gateway over the real binary: bearer tokens required except on

@@ -17,7 +17,12 @@ func TestBinaryLifecycle(t *testing.T) {
 	if err := os.WriteFile(providers, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	servicetest.AssertLifecycle(t, ".", "provisioner-local", []string{
-		"--providers-config=" + providers, "--provider=local", "--nats-url=" + natstest.New(t).URL(),
-	})
+	// It starts and serves whether NATS is up or down.
+	for name, natsURL := range map[string]string{"NATS up": natstest.New(t).URL(), "NATS down": natstest.DownURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			servicetest.AssertLifecycle(t, ".", "provisioner-local", []string{
+				"--providers-config=" + providers, "--provider=local", "--nats-url=" + natsURL,
+			})
+		})
+	}
 }

@@ -30,8 +30,13 @@ func TestBinaryLifecycle(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	servicetest.AssertLifecycle(t, ".", "provisioner-proxmox",
-		[]string{"--providers-config=" + cfg, "--provider=pve", "--nats-url=" + nats.URL(), "--nats-prefix=lc"})
+	// It starts and serves whether NATS is up or down.
+	for name, natsURL := range map[string]string{"NATS up": nats.URL(), "NATS down": natstest.DownURL(t)} {
+		t.Run(name, func(t *testing.T) {
+			servicetest.AssertLifecycle(t, ".", "provisioner-proxmox",
+				[]string{"--providers-config=" + cfg, "--provider=pve", "--nats-url=" + natsURL, "--nats-prefix=lc"})
+		})
+	}
 }
 
 // A misconfigured process exits 1 at once, saying why.

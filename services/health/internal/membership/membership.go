@@ -92,11 +92,17 @@ func mix(x uint64) uint64 {
 }
 
 // Run joins the replica set and keeps the view current until ctx ends,
-// then leaves it.
+// then leaves it. While NATS is unreachable it keeps trying to join
+// (bus.Retry), owning no proxy meanwhile.
 func (m *Membership) Run(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
 	if m.TTL < time.Second {
 		return fmt.Errorf("membership TTL must be at least 1s, got %s", m.TTL)
 	}
+	_ = bus.Retry(ctx, m.Log, "joining the replica set", func(ctx context.Context) error { return m.run(ctx, js, names) })
+	return nil
+}
+
+func (m *Membership) run(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      Bucket(names),
 		Description: "live health replicas; each key expires unless its replica refreshes it",
