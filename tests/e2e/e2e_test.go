@@ -214,6 +214,32 @@ func TestOrchestratorRestartMidFlight(t *testing.T) {
 	assertDistinctAddresses(t, s, "restart", 10)
 }
 
+// Every service starts while NATS is down and serves; once NATS is up the
+// proxies created meanwhile converge, and a NATS restart mid-flight loses
+// nothing: the proxies become Ready and the lease service leases them.
+func TestNATSOutage(t *testing.T) {
+	s := newSuite(t)
+	s.nats.Stop()
+	s.startAll()
+	s.createProxies("down", 3) // the orchestrator's API needs no NATS
+	s.nats.Start(t)
+	s.waitAll("down", 3, "Ready and healthy after NATS came up", 3*time.Minute, ready)
+
+	s.createProxies("restart", 3)
+	s.nats.Restart(t)
+	s.waitAll("restart", 3, "Ready and healthy after a NATS restart", 3*time.Minute, ready)
+	leases := s.leases()
+	waitFor(t, "a lease on a proxy created around the restart", time.Minute, func() bool {
+		resp, err := leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{
+			Ttl: durationpb.New(time.Minute), Selector: &leasev1.ProxySelector{Labels: map[string]string{"id": "restart-01"}},
+		})
+		return err == nil && resp.GetLease().GetProxyName() == "restart-01"
+	})
+	if dirs := s.instanceDirs(); len(dirs) != 6 {
+		t.Errorf("local instances = %d, want 6 (one per proxy)", len(dirs))
+	}
+}
+
 // One of two health replicas dies; the other probes every proxy.
 func TestHealthReplicaKilled(t *testing.T) {
 	s := newSuite(t)
