@@ -23,14 +23,18 @@ type ConnectOptions struct {
 	Metrics prometheus.Registerer
 }
 
-// Connect connects a service to NATS and makes sure the streams exist. NATS being unreachable does not fail it: the connection keeps
-// trying in the background (forever, as after any later disconnect), the
-// streams are ensured once it is up, and meanwhile the service serves
-// what needs no NATS, its consumers waiting under KeepConsuming. Only
-// what no retry can mend is an error: a malformed URL. The connection
-// lives until the caller closes it; the background work until ctx ends.
+// Connect connects a service to NATS and makes sure the streams exist.
+// NATS being unreachable does not fail it: the connection keeps trying in
+// the background (forever, as after any later disconnect), the streams
+// are ensured once it is up, and meanwhile the service serves what needs
+// no NATS, its consumers waiting under KeepConsuming. Only what no retry
+// can mend is an error: a malformed URL. The connection lives until the
+// caller closes it; the background work until ctx ends.
 func Connect(ctx context.Context, o ConnectOptions) (*nats.Conn, jetstream.JetStream, error) {
 	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	nc, err := nats.Connect(o.URL, nats.Name(o.Name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {

@@ -95,7 +95,7 @@ func (s *Syncer) Resyncs() int {
 func (s *Syncer) Run(ctx context.Context) error {
 	resyncs := make(chan struct{})
 	if s.cfg.Lister == nil {
-		s.log.Warn("WARNING: no orchestrator address configured; the pool is learnt from events alone and is not resynced with nothing to check them against")
+		s.log.Warn("WARNING: no orchestrator address configured; the pool is learnt from events alone, with no resync from the orchestrator to check it against")
 		close(resyncs)
 	} else {
 		go func() { defer close(resyncs); s.resyncLoop(ctx) }()
