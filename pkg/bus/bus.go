@@ -140,7 +140,8 @@ func (n Names) StreamConfigs() []jetstream.StreamConfig {
 }
 
 // EnsureStreams creates the streams, or updates them to the canonical
-// configuration. Every service calls it at start; it is idempotent.
+// configuration; it is idempotent. Services call it through Connect, at
+// start or as soon as NATS answers.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names) error {
 	for _, cfg := range n.StreamConfigs() {
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
