@@ -190,7 +190,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 		lt.Proxy(uidC, "proxy-c", func(p *proxyv1.Proxy) { p.Status.Phase = proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING }),
 		lt.Proxy(uidD, "proxy-d"),
 	}}
-	addr, tokenFile := serveOrchestrator(t, fake)
+	orchestrator := serveOrchestrator(t, fake)
 
 	// The database already knows proxy-e (deleted since, its event missed)
 	// and a newer state of proxy-d than the listing.
@@ -199,10 +199,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	pre.Apply(t, lt.Proxy(uidE, "proxy-e"), 50)
 	pre.Apply(t, lt.Proxy(uidD, "proxy-d", func(p *proxyv1.Proxy) { p.Status.Healthy = false }), 150)
 
-	env := lt.Start(t, lt.Options{DatabaseURL: db, Config: func(c *app.Config) {
-		c.OrchestratorAddr = addr
-		c.OrchestratorToken = tokenFile
-	}})
+	env := lt.Start(t, lt.Options{DatabaseURL: db, Config: orchestrator})
 	// The first resync completes before the service serves.
 	if n := env.Parts.Syncer.Resyncs(); n < 1 {
 		t.Fatalf("the service serves after %d resyncs, want the initial one done", n)
@@ -243,7 +240,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	fake.mu.Lock()
 	fake.token = "rotated-orchestrator-token"
 	fake.mu.Unlock()
-	if err := os.WriteFile(tokenFile, []byte("rotated-orchestrator-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(env.Config.OrchestratorToken, []byte("rotated-orchestrator-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env.Parts.Syncer.RequestResync("test")
@@ -256,17 +253,18 @@ func TestResyncFromOrchestrator(t *testing.T) {
 }
 
 // serveOrchestrator serves fake as the orchestrator's ProxyService and
-// writes its token to a file; it returns the address and the file.
-func serveOrchestrator(t *testing.T, fake *fakeOrchestrator) (addr, tokenFile string) {
+// writes its token to a file; it returns the configuration that points the
+// lease service at it.
+func serveOrchestrator(t *testing.T, fake *fakeOrchestrator) func(*app.Config) {
 	t.Helper()
 	srv := grpc.NewServer()
 	proxyv1.RegisterProxyServiceServer(srv, fake)
-	addr = grpctest.Serve(t, srv)
-	tokenFile = filepath.Join(t.TempDir(), "orchestrator-token")
+	addr := grpctest.Serve(t, srv)
+	tokenFile := filepath.Join(t.TempDir(), "orchestrator-token")
 	if err := os.WriteFile(tokenFile, []byte(fake.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return addr, tokenFile
+	return func(c *app.Config) { c.OrchestratorAddr, c.OrchestratorToken = addr, tokenFile }
 }
 
 // TestResyncAfterNATSOutage: events published while NATS was down are
@@ -277,11 +275,10 @@ func TestResyncAfterNATSOutage(t *testing.T) {
 	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 10, pageSize: 10, proxies: []*proxyv1.Proxy{
 		lt.Proxy(uidA, "proxy-a"),
 	}}
-	addr, tokenFile := serveOrchestrator(t, fake)
+	orchestrator := serveOrchestrator(t, fake)
 	nsrv := natstest.New(t)
 	env := lt.Start(t, lt.Options{NATS: nsrv, Config: func(c *app.Config) {
-		c.OrchestratorAddr = addr
-		c.OrchestratorToken = tokenFile
+		orchestrator(c)
 		c.ResyncInterval = 0 // no periodic resync to stand in for the reconnect
 	}})
 	c := env.Client("grpc", "crawler-a")
@@ -318,13 +315,10 @@ func TestStartsWhileNATSIsDown(t *testing.T) {
 	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 10, pageSize: 10, proxies: []*proxyv1.Proxy{
 		lt.Proxy(uidA, "proxy-a"),
 	}}
-	addr, tokenFile := serveOrchestrator(t, fake)
+	orchestrator := serveOrchestrator(t, fake)
 	nsrv := natstest.New(t)
 	nsrv.Stop()
-	env := lt.Start(t, lt.Options{NATS: nsrv, Config: func(c *app.Config) {
-		c.OrchestratorAddr = addr
-		c.OrchestratorToken = tokenFile
-	}})
+	env := lt.Start(t, lt.Options{NATS: nsrv, Config: orchestrator})
 	c := env.Client("grpc", "crawler-a")
 	resp, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{TargetHost: "example.com"})
 	if r.Code() != codes.OK || resp.GetLease().GetProxyName() != "proxy-a" {

@@ -34,8 +34,9 @@ func (l listing) ListProxies(context.Context, *proxyv1.ListProxiesRequest, ...gr
 }
 
 // TestRunWaitsOutNATS: the syncer starting while NATS is down does not
-// stop the service; it retries, and once NATS is back it resyncs and
-// follows the events.
+// stop the service: it resyncs from the orchestrator without waiting for
+// NATS, keeps setting up its consumers, and once NATS is back follows the
+// events.
 func TestRunWaitsOutNATS(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -67,16 +68,15 @@ func TestRunWaitsOutNATS(t *testing.T) {
 	if len(done) > 0 {
 		t.Fatalf("Run returned %v while NATS was down, want it to wait", <-done)
 	}
-	nsrv.Start(t)
-
 	leasable := func(uid string) bool {
 		var ok bool
 		_ = db.QueryRow(ctx, `SELECT leasable FROM lease.proxies WHERE uid = $1`, uid).Scan(&ok)
 		return ok
 	}
-	lt.Eventually(t, 30*time.Second, "the pool resynced once NATS was back", func() bool {
+	lt.Eventually(t, 30*time.Second, "the pool resynced while NATS is down", func() bool {
 		return syncer.Resyncs() > 0 && leasable(uidA)
 	})
+	nsrv.Start(t)
 	lt.PublishProxy(t, nsrv, names.Prefix, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidB, "proxy-b"), 11)
 	lt.Eventually(t, 30*time.Second, "proxy-b's event applied", func() bool { return leasable(uidB) })
 	if len(done) > 0 {
