@@ -210,6 +210,7 @@ func (e *Engine) issue(r *store.Row, step store.Step, now time.Time) Decision {
 		Provider:  r.Spec.GetProvider(),
 		IssueTime: timestamppb.New(now),
 		Attempt:   uint32(r.Attempts + 1),
+		Purpose:   busv1.CommandPurpose_COMMAND_PURPOSE_RECONCILE,
 	}
 	var deadline time.Duration
 	switch step {
