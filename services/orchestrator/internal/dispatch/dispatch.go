@@ -277,7 +277,7 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
-		if res.GetSpecHash() == gc.Marker {
+		if res.GetPurpose() == busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
 			// Orphan GC's own commands answer no proxy.
 			if d.GC != nil {
 				if res.GetOperation() == busv1.Operation_OPERATION_LIST {

@@ -27,10 +27,6 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
-// Marker is the spec hash of orphan-delete commands, so their results,
-// which answer no proxy, are recognised.
-const Marker = "orphan-gc"
-
 // lockKey is the advisory lock of the sweep singleton.
 const lockKey = 0x65677265_73730002
 
@@ -111,7 +107,7 @@ func (c *Collector) Sweep(ctx context.Context) error {
 		cmd := &busv1.Command{
 			CommandId: uuid.NewString(),
 			Provider:  provider,
-			SpecHash:  Marker,
+			Purpose:   busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC,
 			Operation: busv1.Operation_OPERATION_LIST,
 			IssueTime: timestamppb.New(now),
 			Deadline:  timestamppb.New(now.Add(c.Deadline)),
@@ -171,7 +167,7 @@ func (c *Collector) HandleList(ctx context.Context, res *busv1.CommandResult) {
 			CommandId: uuid.NewString(),
 			ProxyUid:  uid,
 			Provider:  provider,
-			SpecHash:  Marker,
+			Purpose:   busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC,
 			Operation: busv1.Operation_OPERATION_DELETE,
 			IssueTime: timestamppb.New(now),
 			Deadline:  timestamppb.New(now.Add(c.Deadline)),

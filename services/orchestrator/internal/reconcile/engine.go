@@ -41,6 +41,9 @@ type Timing struct {
 	// UnconfiguredRetry is how often a proxy whose provider is missing from
 	// the config is looked at again.
 	UnconfiguredRetry time.Duration
+	// StoppedGrace is how long an instance may stay stopped before it is
+	// replaced; 0 never replaces it.
+	StoppedGrace time.Duration
 }
 
 // DefaultTiming is the production schedule.
@@ -57,6 +60,7 @@ func DefaultTiming() Timing {
 		QuotaBase:         30 * time.Second,
 		QuotaMax:          30 * time.Minute,
 		UnconfiguredRetry: time.Minute,
+		StoppedGrace:      5 * time.Minute,
 	}
 }
 
@@ -153,6 +157,17 @@ func (e *Engine) Decide(r *store.Row, now time.Time) Decision {
 		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
 		r.Reason, r.Message = "Replacing", "the spec changed; replacing the instance"
 		return e.issue(r, store.StepReplaceDelete, now)
+	case e.stoppedTooLong(r, now):
+		// It cannot serve and nobody started it again (a Proxmox VM whose
+		// guest agent was switched off can never report an address):
+		// replace it, as a spec change would.
+		e.Log.Warn("WARNING: instance stopped for longer than the grace period; replacing it",
+			"proxy", r.Name, "uid", r.UID, "providerID", r.ProviderID, "stoppedSince", *r.StoppedSince, "grace", e.Timing.StoppedGrace)
+		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
+		r.Reason = "InstanceStopped"
+		r.Message = fmt.Sprintf("the instance has been stopped since %s, longer than the %s grace period; replacing it",
+			r.StoppedSince.UTC().Format(time.RFC3339), e.Timing.StoppedGrace)
+		return e.issue(r, store.StepReplaceDelete, now)
 	default:
 		return e.issue(r, store.StepPoll, now)
 	}
@@ -195,6 +210,7 @@ func (e *Engine) issue(r *store.Row, step store.Step, now time.Time) Decision {
 		Provider:  r.Spec.GetProvider(),
 		IssueTime: timestamppb.New(now),
 		Attempt:   uint32(r.Attempts + 1),
+		Purpose:   busv1.CommandPurpose_COMMAND_PURPOSE_RECONCILE,
 	}
 	var deadline time.Duration
 	switch step {
@@ -372,7 +388,14 @@ func (e *Engine) retryDelay(r *store.Row, class errclass.Class) time.Duration {
 	return e.backoff(r.Attempts, e.Timing.TransientBase, e.Timing.TransientMax)
 }
 
+// stoppedTooLong reports whether r's instance has been stopped for the
+// grace period.
+func (e *Engine) stoppedTooLong(r *store.Row, now time.Time) bool {
+	return e.Timing.StoppedGrace > 0 && r.StoppedSince != nil && now.Sub(*r.StoppedSince) >= e.Timing.StoppedGrace
+}
+
 func (e *Engine) clearInstance(r *store.Row) {
+	r.StoppedSince = nil
 	r.ProviderID, r.IP, r.InstanceSpecHash = "", "", ""
 	r.Healthy = false
 	r.CommandStep = store.StepNone
@@ -400,13 +423,29 @@ func (e *Engine) setInstance(r *store.Row, inst *provisionerv1.Instance, now tim
 		r.Reason, r.Message = "InstanceFailed", "the provider reports the instance failed"
 		r.FailedSpecHash = r.SpecHash
 		r.NextAttemptTime = nil
+	case inst.GetState() == provisionerv1.InstanceState_INSTANCE_STATE_STOPPED:
+		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
+		if r.StoppedSince == nil {
+			r.StoppedSince = at(now)
+		}
+		r.Reason, r.Message = "InstanceStopped", "the instance exists but is not running"
+		r.NextAttemptTime = at(now.Add(e.Timing.ProvisioningPoll))
+		if e.Timing.StoppedGrace > 0 {
+			// The message stays the same while it waits, so polling a
+			// stopped instance writes no new revision.
+			replaceAt := r.StoppedSince.Add(e.Timing.StoppedGrace)
+			r.Message += fmt.Sprintf("; it is replaced at %s unless it starts", replaceAt.UTC().Format(time.RFC3339))
+			if replaceAt.Before(*r.NextAttemptTime) {
+				r.NextAttemptTime = at(replaceAt)
+			}
+		}
 	default:
 		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
 		r.Reason, r.Message = "WaitingForAddress", ""
-		if inst.GetState() == provisionerv1.InstanceState_INSTANCE_STATE_STOPPED {
-			r.Reason, r.Message = "InstanceStopped", "the instance exists but is not running"
-		}
 		r.NextAttemptTime = at(now.Add(e.Timing.ProvisioningPoll))
+	}
+	if inst.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_STOPPED {
+		r.StoppedSince = nil
 	}
 }
 

@@ -43,7 +43,10 @@ func withInstance(r *store.Row) {
 	r.ProviderID, r.InstanceSpecHash, r.IP = "vms/101/proxy-u1", "h1", "10.0.0.9"
 	r.Phase = proxyv1.ProxyPhase_PROXY_PHASE_RUNNING
 }
-func deleting(r *store.Row)    { r.DeleteTime = &t0 }
+func deleting(r *store.Row) { r.DeleteTime = &t0 }
+func stoppedSince(t time.Time) rowOpt {
+	return func(r *store.Row) { r.StoppedSince = &t }
+}
 func skipCleanup(r *store.Row) { r.SkipCleanup = true }
 func provider(p string) rowOpt { return func(r *store.Row) { r.Spec.Provider = p } }
 func external(r *store.Row) {
@@ -73,6 +76,8 @@ func TestDecideTable(t *testing.T) {
 		{"instance of this spec: read it", row(withInstance), busv1.Operation_OPERATION_GET, false, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, ""},
 		{"spec changed: delete to replace", row(withInstance, specChanged), busv1.Operation_OPERATION_DELETE, false, proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, "Replacing"},
 		{"replacement deleted: poll until gone", row(withInstance, specChanged, func(r *store.Row) { r.CommandStep = store.StepReplacePoll }), busv1.Operation_OPERATION_GET, false, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, ""},
+		{"stopped within the grace period: read it", row(withInstance, stoppedSince(t0.Add(-4*time.Minute))), busv1.Operation_OPERATION_GET, false, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, ""},
+		{"stopped for the grace period: delete to replace", row(withInstance, stoppedSince(t0.Add(-5*time.Minute))), busv1.Operation_OPERATION_DELETE, false, proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, "InstanceStopped"},
 		{"external: never provisioned", row(external), 0, false, proxyv1.ProxyPhase_PROXY_PHASE_PENDING, ""},
 		{"permanent failure latched", row(failedLatch), 0, false, proxyv1.ProxyPhase_PROXY_PHASE_FAILED, ""},
 		{"latch released by a spec change", row(failedLatch, specChanged), busv1.Operation_OPERATION_CREATE, false, proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, "Provisioning"},
