@@ -186,10 +186,38 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 		}
 	}
 	if vmid == 0 {
+		// A node that does not answer lists its VMs as status unknown,
+		// without their names: one of them may be this proxy's VM, and a
+		// clone now would make a second one.
+		var unseen []resource
+		for _, r := range res {
+			if r.Status == "unknown" && r.VMID >= be.cfg.VMIDRange.Min && r.VMID <= be.cfg.VMIDRange.Max {
+				unseen = append(unseen, r)
+			}
+		}
+		mayClone := func() error {
+			if len(unseen) == 0 || be.cfg.CloneWhileNodesUnreachable {
+				return nil
+			}
+			nodes := map[string]bool{}
+			for _, r := range unseen {
+				nodes[r.Node] = true
+			}
+			names := make([]string, 0, len(nodes))
+			for n := range nodes {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return errclass.New(errclass.Transient, "no VM of %s found, but %d VMs in vmidRange are on nodes that do not answer (%s) and may hide it; not cloning until they answer (proxmox.cloneWhileNodesUnreachable: true clones anyway)",
+				name, len(unseen), strings.Join(names, ", ")).WithMetadata("nodes", strings.Join(names, ","))
+		}
 		for probe := 0; probe < maxProbes && vmid == 0; probe++ {
 			cand := vmidFor(uid, be.cfg.VMIDRange, probe)
 			r, taken := byID[cand]
 			if !taken {
+				if err := mayClone(); err != nil {
+					return nil, err
+				}
 				if err := be.cloneInto(ctx, p, cand, name, uid); err != nil {
 					return nil, err
 				}
@@ -207,6 +235,9 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 			case vmOurs:
 				vmid, node, cfg = cand, r.Node, c
 			case vmGone:
+				if err := mayClone(); err != nil {
+					return nil, err
+				}
 				if err := be.cloneInto(ctx, p, cand, name, uid); err != nil {
 					return nil, err
 				}
