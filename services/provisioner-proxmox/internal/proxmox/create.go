@@ -172,6 +172,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 
 	vmid, node := 0, ""
 	var cfg map[string]string
+	var created time.Time // the mark's time, of a VM this call cloned
 	if len(named) == 1 {
 		r := named[0]
 		if r.Status == "unknown" {
@@ -218,7 +219,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 				if err := mayClone(); err != nil {
 					return nil, err
 				}
-				if err := be.cloneInto(ctx, p, cand, name, uid); err != nil {
+				if created, err = be.cloneInto(ctx, p, cand, name, uid); err != nil {
 					return nil, err
 				}
 				vmid, node = cand, p.node
@@ -238,7 +239,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 				if err := mayClone(); err != nil {
 					return nil, err
 				}
-				if err := be.cloneInto(ctx, p, cand, name, uid); err != nil {
+				if created, err = be.cloneInto(ctx, p, cand, name, uid); err != nil {
 					return nil, err
 				}
 				vmid, node = cand, p.node
@@ -259,7 +260,10 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	if cfg != nil {
 		log.DebugContext(ctx, "proxmox vm adopted", "status", st.Status, "qmpstatus", st.QMP)
 	}
-	inst := be.instance(vmid, name, node, uid, cfg)
+	if cfg != nil {
+		created = parseMark(cfg["description"]).createdAt
+	}
+	inst := be.instance(vmid, name, node, uid, created)
 	if st.Status == "running" {
 		log.DebugContext(ctx, "proxmox vm ensured running")
 		return inst, nil
@@ -321,14 +325,17 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 
 // cloneInto checks the template and full-clones it to vmid with the mark
 // in the description, waiting for the clone task.
-func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, uid string) error {
+func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, uid string) (time.Time, error) {
 	tnode, err := be.checkTemplate(ctx, p)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
+	// The mark holds whole seconds; Create answers the time as written, so
+	// that it equals what Get and List read back.
+	created := be.now().UTC().Truncate(time.Second)
 	form := url.Values{
 		"newid": {strconv.Itoa(vmid)}, "name": {name}, "full": {"1"},
-		"description": {markLines(uid, be.now())},
+		"description": {markLines(uid, created)},
 	}
 	if be.cfg.Storage != "" {
 		form.Set("storage", be.cfg.Storage)
@@ -339,7 +346,10 @@ func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, ui
 	err = be.task(ctx, call{name: "Clone", method: http.MethodPost, path: vmPath(tnode, p.template) + "/clone", form: form,
 		attrs: []any{"node", tnode, "vmid", p.template, "newid", vmid, "name", name},
 		trace: []any{"description", form.Get("description"), "storage", be.cfg.Storage, "target", form.Get("target")}}, tnode, be.b.Clone)
-	return notFoundAsTransient(err)
+	if err != nil {
+		return time.Time{}, notFoundAsTransient(err)
+	}
+	return created, nil
 }
 
 // checkTemplate refuses a template that is missing, not a template, has a
@@ -517,19 +527,16 @@ func (be *Backend) waitRunning(ctx context.Context, node string, vmid int) error
 	}
 }
 
-func (be *Backend) instance(vmid int, name, node, uid string, cfg map[string]string) *provisionerv1.Instance {
+func (be *Backend) instance(vmid int, name, node, uid string, created time.Time) *provisionerv1.Instance {
 	in := &provisionerv1.Instance{
 		ProviderId: providerID(vmid, name), ProxyUid: uid, Name: name,
 		State:   provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING,
 		Details: map[string]string{"node": node, "vmid": strconv.Itoa(vmid)},
 	}
-	if cfg != nil {
-		if m := parseMark(cfg["description"]); !m.createdAt.IsZero() {
-			in.CreateTime = timestamppb.New(m.createdAt)
-		}
-	}
-	if in.CreateTime == nil {
-		in.CreateTime = timestamppb.New(be.now())
+	// From the mark only, as the contract says: a mark without a time
+	// leaves it unset (orphan GC spares such an instance).
+	if !created.IsZero() {
+		in.CreateTime = timestamppb.New(created)
 	}
 	return in
 }
