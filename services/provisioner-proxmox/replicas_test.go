@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -376,4 +377,49 @@ func TestSIGTERMHandsTheInFlightCreateToTheOther(t *testing.T) {
 		t.Errorf("%d VMs, want 1", n)
 	}
 	assertNoSecrets(t, c, a, b)
+}
+
+// A request that runs out of requestTimeoutSeconds is Transient, and says
+// so with its ErrorInfo reason over gRPC and in the NATS result alike.
+func TestPerRequestTimeoutCarriesItsReason(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	f, err := os.OpenFile(c.config, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("      requestTimeoutSeconds: 1\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_, addr, _ := c.startAddr(t, "a")
+	// Every answer is held far past the one-second budget.
+	c.fake.Inject(pvefake.Fault{Delay: 20 * time.Second})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = provisionerv1.NewProvisionerServiceClient(conn).GetInstance(ctx,
+		&provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/150000/proxy-slow", ProxyUid: "9c9c9c9c-0000-4000-8000-000000000002"})
+	if err == nil {
+		t.Fatal("get against a stalled API succeeded")
+	}
+	var reason string
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errclass.Domain {
+			reason = info.GetReason()
+		}
+	}
+	if reason != errclass.Transient.String() || errclass.Of(errclass.FromStatus(err)) != errclass.Transient {
+		t.Errorf("gRPC answer %v carries reason %q, want %s", err, reason, errclass.Transient)
+	}
+
+	c.publishCreate(t, "cmd-timeout", "9c9c9c9c-0000-4000-8000-000000000003")
+	res := c.results(t, 1, 60*time.Second)[0]
+	if res.GetError().GetReason() != errclass.Transient {
+		t.Errorf("NATS result %v, want reason %s", res.GetError(), errclass.Transient)
+	}
 }
