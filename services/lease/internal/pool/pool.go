@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -162,7 +163,7 @@ func (s *Syncer) resyncLoop(ctx context.Context) {
 		defer t.Stop()
 		tick = t.C
 	}
-	backoff := time.Second
+	retryIn := &backoff.ExponentialBackOff{InitialInterval: time.Second, Multiplier: 2, MaxInterval: time.Minute}
 	var retry <-chan time.Time
 	for {
 		select {
@@ -177,12 +178,12 @@ func (s *Syncer) resyncLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			s.log.Warn("pool resync failed; retrying", "error", err, "retry_in", backoff)
-			retry = time.After(backoff)
-			backoff = min(backoff*2, time.Minute)
+			wait := retryIn.NextBackOff()
+			s.log.Warn("pool resync failed; retrying", "error", err, "retry_in", wait)
+			retry = time.After(wait)
 			continue
 		}
-		backoff = time.Second
+		retryIn.Reset()
 	}
 }
 

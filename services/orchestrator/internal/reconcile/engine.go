@@ -9,9 +9,9 @@ package reconcile
 import (
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -70,27 +70,23 @@ type Engine struct {
 	// Configured reports whether a provider is in the providers config.
 	Configured func(string) bool
 	Log        *slog.Logger
-	// Jitter returns a factor in [0.8, 1.2); tests fix it.
-	Jitter func() float64
+	// NoJitter turns off the ±20% jitter of the backoffs; tests set it.
+	NoJitter bool
 }
 
-func (e *Engine) jitter() float64 {
-	if e.Jitter != nil {
-		return e.Jitter()
-	}
-	return 0.8 + 0.4*rand.Float64()
-}
-
-// backoff is base·2^(attempt-1), capped at max, with jitter.
+// backoff is base·2^(attempt-1), capped at max, with ±20% jitter.
 func (e *Engine) backoff(attempt int32, base, max time.Duration) time.Duration {
-	d := base
-	for i := int32(1); i < attempt && d < max; i++ {
-		d *= 2
+	b := &backoff.ExponentialBackOff{InitialInterval: base, Multiplier: 2, MaxInterval: max, RandomizationFactor: 0.2}
+	if e.NoJitter {
+		b.RandomizationFactor = 0
 	}
-	if d > max {
-		d = max
+	// The attempt count is stored with the proxy, not the backoff: step to
+	// its interval (the cap is reached long before 64 doublings).
+	d := b.NextBackOff()
+	for i := int32(1); i < min(attempt, 64); i++ {
+		d = b.NextBackOff()
 	}
-	return time.Duration(float64(d) * e.jitter())
+	return d
 }
 
 func at(t time.Time) *time.Time { return &t }
