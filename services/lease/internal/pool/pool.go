@@ -15,8 +15,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
@@ -194,13 +196,27 @@ func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
 		s.log.Warn("dropping a proxy event that cannot be decoded", "subject", m.Subject(), "error", err)
 		return
 	}
-	p, err := FromProxy(ev.GetProxy(), ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED)
+	deleted := ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED
+	p, err := FromProxy(ev.GetProxy(), deleted)
+	if err != nil && ev.GetRevision() > 0 && storable(ev.GetProxy().GetUid()) {
+		s.met.Events.WithLabelValues("proxy", "skipped").Inc()
+		s.skip(mctx, "event", ev.GetProxy().GetUid(), ev.GetProxy().GetName(), ev.GetRevision(), deleted, err)
+		return
+	}
 	if err != nil || ev.GetRevision() <= 0 {
 		s.met.Events.WithLabelValues("proxy", "invalid").Inc()
-		s.log.Warn("dropping an invalid proxy event", "subject", m.Subject(), "revision", ev.GetRevision(), "error", err)
+		s.met.Skipped.WithLabelValues("event").Inc()
+		s.log.Warn("WARNING: dropping an invalid proxy event", "subject", m.Subject(), "revision", ev.GetRevision(), "error", err)
 		return
 	}
 	applied, err := s.st.ApplyProxy(mctx, p, ev.GetRevision())
+	if store.Rejected(err) {
+		// The same snapshot fails every time: a resync would fail on it
+		// too. Skip it, and keep the proxy out of the pool meanwhile.
+		s.met.Events.WithLabelValues("proxy", "skipped").Inc()
+		s.skip(mctx, "event", p.UID, p.Name, ev.GetRevision(), deleted, err)
+		return
+	}
 	if err != nil {
 		s.met.Events.WithLabelValues("proxy", "error").Inc()
 		if ctx.Err() == nil {
@@ -239,6 +255,12 @@ func (s *Syncer) handleHealth(ctx context.Context, m jetstream.Msg) {
 	applied, err := s.st.ApplyHealth(mctx, store.HealthTransition{
 		Sequence: t.GetSequence(), ProxyUID: t.GetProxyUid(), ProviderID: t.GetProviderId(), Healthy: t.GetHealthy(), Time: when,
 	})
+	if store.Rejected(err) {
+		s.met.Events.WithLabelValues("health", "skipped").Inc()
+		s.met.Skipped.WithLabelValues("event").Inc()
+		s.log.Warn("WARNING: skipping a health event that cannot be applied", "proxy_uid", t.GetProxyUid(), "sequence", t.GetSequence(), "error", err)
+		return
+	}
 	if err != nil {
 		s.met.Events.WithLabelValues("health", "error").Inc()
 		if ctx.Err() == nil {
@@ -282,16 +304,23 @@ func (s *Syncer) Resync(ctx context.Context) error {
 		for _, p := range resp.GetProxies() {
 			ps, err := FromProxy(p, false)
 			if err != nil {
-				s.log.Warn("skipping an invalid proxy in the resync", "error", err)
+				if storable(p.GetUid()) {
+					// It exists: withdrawn, not deleted.
+					seen = append(seen, p.GetUid())
+				}
+				s.skip(ctx, "resync", p.GetUid(), p.GetName(), resp.GetRevision(), false, err)
 				continue
 			}
 			page = append(page, ps)
 			seen = append(seen, ps.UID)
 		}
-		n, err := s.st.ApplySnapshot(ctx, page, resp.GetRevision())
+		n, rejected, err := s.st.ApplySnapshot(ctx, page, resp.GetRevision())
 		if err != nil {
 			s.met.Resyncs.WithLabelValues("error").Inc()
 			return err
+		}
+		for _, r := range rejected {
+			s.skip(ctx, "resync", r.Proxy.UID, r.Proxy.Name, resp.GetRevision(), false, r.Err)
 		}
 		applied += n
 		if resp.GetNextPageToken() == "" {
@@ -317,7 +346,40 @@ func (s *Syncer) Resync(ctx context.Context) error {
 	return nil
 }
 
-// FromProxy turns an orchestrator Proxy into the lease service's view.
+// skip isolates a proxy whose snapshot cannot be applied, so that it never
+// stops the rest of the pool: counted, logged loudly by name, and
+// withdrawn from leasing (deleted, for a tombstone) until a snapshot that
+// can be applied arrives.
+func (s *Syncer) skip(ctx context.Context, source, uid, name string, revision int64, deleted bool, cause error) {
+	s.met.Skipped.WithLabelValues(source).Inc()
+	s.log.WarnContext(ctx, "WARNING: skipping a proxy that cannot be applied; it is not leased until a snapshot that can be applied arrives",
+		"source", source, "proxy_uid", uid, "proxy_name", name, "revision", revision, "deleted", deleted, "error", cause)
+	if !storable(uid) {
+		return
+	}
+	if err := s.st.Withdraw(ctx, uid, revision, deleted); err != nil && ctx.Err() == nil {
+		s.log.WarnContext(ctx, "WARNING: withdrawing a skipped proxy failed; the next resync tries again", "proxy_uid", uid, "error", err)
+	}
+}
+
+// storable reports text PostgreSQL can store: UTF-8 without NUL bytes.
+func storable(v string) bool {
+	return v != "" && utf8.ValidString(v) && !strings.ContainsRune(v, 0)
+}
+
+// checkText names the first field of a proxy PostgreSQL could not store.
+func checkText(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		v := fields[i+1]
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return status.Errorf(codes.InvalidArgument, "%s is not UTF-8 text without NUL bytes", fields[i])
+		}
+	}
+	return nil
+}
+
+// FromProxy turns an orchestrator Proxy into the lease service's view. A
+// text field PostgreSQL cannot store is an error naming the field.
 func FromProxy(p *proxyv1.Proxy, deleted bool) (store.ProxyState, error) {
 	if p.GetUid() == "" {
 		return store.ProxyState{}, status.Error(codes.InvalidArgument, "proxy without uid")
@@ -350,6 +412,15 @@ func FromProxy(p *proxyv1.Proxy, deleted bool) (store.ProxyState, error) {
 	if p.GetSpec().GetLease() != nil && p.GetSpec().GetLease().MaxLeases != nil {
 		v := p.GetSpec().GetLease().GetMaxLeases()
 		ps.MaxLeases = &v
+	}
+	if err := checkText("uid", ps.UID, "name", ps.Name, "spec.provider", ps.Provider, "spec.placement.region", ps.Region,
+		"spec.placement.zone", ps.Zone, "address host", ps.Host, "status.provider_id", ps.ProviderID); err != nil {
+		return store.ProxyState{}, fmt.Errorf("proxy %q: %w", ps.UID, err)
+	}
+	for k, v := range ps.Labels {
+		if err := checkText("labels key", k, "labels["+k+"]", v); err != nil {
+			return store.ProxyState{}, fmt.Errorf("proxy %q: %w", ps.UID, err)
+		}
 	}
 	return ps, nil
 }
