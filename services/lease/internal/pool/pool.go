@@ -16,26 +16,23 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
 )
 
 // Lister is the part of the orchestrator's ProxyService a resync uses.
-type Lister interface {
-	ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest, opts ...grpc.CallOption) (*proxyv1.ListProxiesResponse, error)
-}
+type Lister = proxysync.Lister
 
 // Config configures a Syncer.
 type Config struct {
@@ -57,10 +54,7 @@ type Syncer struct {
 	met *metrics.Metrics
 	log *slog.Logger
 
-	resync chan struct{}
-
-	mu      sync.Mutex
-	resyncs int
+	loop *proxysync.Loop
 }
 
 // New returns a Syncer.
@@ -68,24 +62,16 @@ func New(st *store.Store, js jetstream.JetStream, cfg Config, met *metrics.Metri
 	if cfg.ResyncTimeout <= 0 {
 		cfg.ResyncTimeout = time.Minute
 	}
-	return &Syncer{st: st, js: js, cfg: cfg, met: met, log: log, resync: make(chan struct{}, 1)}
+	s := &Syncer{st: st, js: js, cfg: cfg, met: met, log: log}
+	s.loop = &proxysync.Loop{Resync: s.resync, Interval: cfg.ResyncInterval, What: "the pool", Log: log}
+	return s
 }
 
 // RequestResync asks for a resync soon (coalescing requests).
-func (s *Syncer) RequestResync(reason string) {
-	select {
-	case s.resync <- struct{}{}:
-		s.log.Info("pool resync requested", "reason", reason)
-	default:
-	}
-}
+func (s *Syncer) RequestResync(reason string) { s.loop.Request(reason) }
 
 // Resyncs is how many resyncs have completed, for tests.
-func (s *Syncer) Resyncs() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.resyncs
-}
+func (s *Syncer) Resyncs() int { return s.loop.Done() }
 
 // Run consumes both event streams and runs resyncs until ctx ends.
 //
@@ -100,7 +86,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		s.log.Warn("WARNING: no orchestrator address configured; the pool is learnt from events alone, with no resync from the orchestrator to check it against")
 		close(resyncs)
 	} else {
-		go func() { defer close(resyncs); s.resyncLoop(ctx) }()
+		go func() { defer close(resyncs); s.loop.Run(ctx) }()
 	}
 	attempts := 0
 	bus.KeepConsuming(ctx, s.log, "the pool's event streams", func(ctx context.Context) error {
@@ -150,42 +136,6 @@ func (s *Syncer) consume(ctx context.Context) error {
 	defer hc.Stop()
 	<-ctx.Done()
 	return nil
-}
-
-// resyncLoop resyncs at start, every ResyncInterval and when asked, until
-// ctx ends; a failed resync is retried with backoff.
-func (s *Syncer) resyncLoop(ctx context.Context) {
-	if s.Resyncs() == 0 {
-		s.RequestResync("start")
-	}
-	var tick <-chan time.Time
-	if s.cfg.ResyncInterval > 0 {
-		t := time.NewTicker(s.cfg.ResyncInterval)
-		defer t.Stop()
-		tick = t.C
-	}
-	backoff := time.Second
-	var retry <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick:
-		case <-s.resync:
-		case <-retry:
-		}
-		retry = nil
-		if err := s.Resync(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Warn("pool resync failed; retrying", "error", err, "retry_in", backoff)
-			retry = time.After(backoff)
-			backoff = min(backoff*2, time.Minute)
-			continue
-		}
-		backoff = time.Second
-	}
 }
 
 func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
@@ -284,53 +234,46 @@ func (s *Syncer) Resync(ctx context.Context) error {
 	if s.cfg.Lister == nil {
 		return errors.New("no orchestrator configured")
 	}
+	return s.loop.Once(ctx)
+}
+
+func (s *Syncer) resync(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ResyncTimeout)
 	defer cancel()
 	start := time.Now()
 	seen := []string{}
-	var firstRevision int64
 	applied := 0
-	req := &proxyv1.ListProxiesRequest{PageSize: 1000}
-	for {
-		resp, err := s.cfg.Lister.ListProxies(ctx, req)
-		if err != nil {
-			s.met.Resyncs.WithLabelValues("error").Inc()
-			return fmt.Errorf("listing proxies from the orchestrator: %s", status.Code(err).String()+": "+status.Convert(err).Message())
-		}
-		if firstRevision == 0 || resp.GetRevision() < firstRevision {
-			firstRevision = resp.GetRevision()
-		}
-		page := make([]store.ProxyState, 0, len(resp.GetProxies()))
-		for _, p := range resp.GetProxies() {
+	firstRevision, err := proxysync.List(ctx, s.cfg.Lister, func(proxies []*proxyv1.Proxy, revision int64) error {
+		page := make([]store.ProxyState, 0, len(proxies))
+		for _, p := range proxies {
 			ps, err := FromProxy(p, false)
 			if err != nil {
 				if storable(p.GetUid()) {
 					// It exists: withdrawn, not deleted.
 					seen = append(seen, p.GetUid())
 				}
-				s.skip(ctx, "resync", p.GetUid(), p.GetName(), resp.GetRevision(), false, err)
+				s.skip(ctx, "resync", p.GetUid(), p.GetName(), revision, false, err)
 				continue
 			}
 			page = append(page, ps)
 			seen = append(seen, ps.UID)
 		}
-		n, rejected, err := s.st.ApplySnapshot(ctx, page, resp.GetRevision())
+		n, rejected, err := s.st.ApplySnapshot(ctx, page, revision)
 		if err != nil {
-			s.met.Resyncs.WithLabelValues("error").Inc()
 			return err
 		}
 		for _, r := range rejected {
-			s.skip(ctx, "resync", r.Proxy.UID, r.Proxy.Name, resp.GetRevision(), false, r.Err)
+			s.skip(ctx, "resync", r.Proxy.UID, r.Proxy.Name, revision, false, r.Err)
 		}
 		applied += n
-		if resp.GetNextPageToken() == "" {
-			break
-		}
-		req.PageToken = resp.GetNextPageToken()
+		return nil
+	})
+	if err != nil {
+		s.met.Resyncs.WithLabelValues("error").Inc()
+		return err
 	}
 	deleted := 0
 	if firstRevision > 0 {
-		var err error
 		deleted, err = s.st.DeleteMissing(ctx, seen, firstRevision)
 		if err != nil {
 			s.met.Resyncs.WithLabelValues("error").Inc()
@@ -338,9 +281,6 @@ func (s *Syncer) Resync(ctx context.Context) error {
 		}
 	}
 	s.met.Resyncs.WithLabelValues("ok").Inc()
-	s.mu.Lock()
-	s.resyncs++
-	s.mu.Unlock()
 	s.log.Info("pool resynced from the orchestrator", "proxies", len(seen), "changed", applied, "deleted", deleted,
 		"revision", firstRevision, "duration", time.Since(start))
 	return nil
