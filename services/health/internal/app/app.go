@@ -28,6 +28,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/api"
@@ -51,6 +52,10 @@ type Config struct {
 	ProbeCAFile   string
 	Defaults      engine.Defaults
 	MaxConcurrent int
+
+	OrchestratorAddr  string
+	OrchestratorToken string
+	ResyncInterval    time.Duration
 
 	Provisioners          provisionerFlag
 	ProviderCheckInterval time.Duration
@@ -108,6 +113,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Defaults.SuccessThreshold, "success-threshold", engine.DefaultDefaults.SuccessThreshold, "default successes in a row before a proxy is healthy")
 	fs.IntVar(&c.Defaults.FailureThreshold, "failure-threshold", engine.DefaultDefaults.FailureThreshold, "default failures in a row before a healthy proxy is unhealthy")
 	fs.IntVar(&c.MaxConcurrent, "max-concurrent-probes", 4096, "most probes in flight at once")
+	fs.StringVar(&c.OrchestratorAddr, "orchestrator-addr", "",
+		"gRPC address of the orchestrator (host:port), whose ListProxies checks the proxies learnt from events; empty: events only")
+	fs.StringVar(&c.OrchestratorToken, "orchestrator-token-file", "", "file holding the bearer token for the orchestrator")
+	fs.DurationVar(&c.ResyncInterval, "resync-interval", 5*time.Minute, "period of the safety-net resync from the orchestrator; 0 turns it off")
 	fs.Var(&c.Provisioners, "provisioner", "provider=host:port of a provider's provisioner gRPC API; repeat, or separate with commas")
 	fs.DurationVar(&c.ProviderCheckInterval, "provider-check-interval", time.Minute, "time between provider backend checks; 0 turns them off, otherwise at least 10s")
 	fs.DurationVar(&c.ProviderCheckTimeout, "provider-check-timeout", 0, "limit of one round of provider checks: 15s, or the interval when shorter; at most the interval")
@@ -139,6 +148,12 @@ func (c *Config) Validate() error {
 	}
 	if c.StateFlushInterval <= 0 {
 		errs = append(errs, errors.New("--state-flush-interval must be positive"))
+	}
+	if c.OrchestratorToken != "" && c.OrchestratorAddr == "" {
+		errs = append(errs, errors.New("--orchestrator-token-file needs --orchestrator-addr"))
+	}
+	if c.ResyncInterval < 0 {
+		errs = append(errs, errors.New("--resync-interval must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -258,6 +273,32 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		}}
 	mem.OnChange = func([]string) { fl.Rebalance() }
 
+	var resync *proxysync.Loop
+	var orch *grpc.ClientConn
+	if c.OrchestratorAddr != "" {
+		var lister proxysync.Lister
+		if orch, lister, err = proxysync.Dial(c.OrchestratorAddr, c.OrchestratorToken); err != nil {
+			_ = nc.Drain()
+			pool.Close()
+			return err
+		}
+		resync = &proxysync.Loop{What: "the probed proxies", Interval: c.ResyncInterval, Log: log, Resync: func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			start := time.Now()
+			listed, changed, purged, err := fl.Resync(ctx, lister)
+			if err != nil {
+				return err
+			}
+			log.Info("probed proxies resynced from the orchestrator", "proxies", listed, "changed", changed, "purged", purged, "duration", time.Since(start))
+			return nil
+		}}
+		fl.Resumed = func() { resync.Request("proxy event consumer set up again") }
+		nc.SetReconnectHandler(func(*nats.Conn) { resync.Request("NATS reconnected") })
+	} else {
+		log.Warn("WARNING: no orchestrator address configured; the probed proxies are learnt from events alone, and proxies deleted while events were missed (or after a reset of the orchestrator's database) keep being probed")
+	}
+
 	var targets []providerhealth.Target
 	var apiProviders []api.Provider
 	var conns []*grpc.ClientConn
@@ -304,6 +345,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	goWorker("hub", hub.Run)
 	goWorker("membership", func(ctx context.Context) error { return mem.Run(ctx, js, names) })
 	goWorker("proxy events", func(ctx context.Context) error { return fl.Follow(ctx, js, names) })
+	if resync != nil {
+		goWorker("proxy resync", func(ctx context.Context) error { resync.Run(ctx); return nil })
+	}
 	goWorker("state flush", func(ctx context.Context) error {
 		return flushStates(ctx, c.StateFlushInterval, st, eng, &gone, c.ReplicaID, log)
 	})
@@ -314,6 +358,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		wg.Wait()
 		for _, conn := range conns {
 			_ = conn.Close()
+		}
+		if orch != nil {
+			_ = orch.Close()
 		}
 		_ = nc.Drain()
 		pool.Close()

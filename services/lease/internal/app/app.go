@@ -9,21 +9,17 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
-	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
-	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/pool"
@@ -222,23 +218,11 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	var lister pool.Lister
 	var orch *grpc.ClientConn
 	if c.OrchestratorAddr != "" {
-		opts := append(telemetry.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if c.OrchestratorToken != "" {
-			tok := fileToken{path: c.OrchestratorToken}
-			if _, err := tok.read(); err != nil {
-				nc.Close()
-				db.Close()
-				return nil, err
-			}
-			opts = append(opts, grpc.WithPerRPCCredentials(&tok))
-		}
-		orch, err = grpc.NewClient(c.OrchestratorAddr, opts...)
-		if err != nil {
+		if orch, lister, err = proxysync.Dial(c.OrchestratorAddr, c.OrchestratorToken); err != nil {
 			nc.Close()
 			db.Close()
-			return nil, fmt.Errorf("--orchestrator-addr: %w", err)
+			return nil, err
 		}
-		lister = proxyv1.NewProxyServiceClient(orch)
 	}
 	syncer := pool.New(st, js, pool.Config{Names: names, Lister: lister, ResyncInterval: c.ResyncInterval}, met, s.Log)
 	if lister != nil && c.InitialResyncTimeout > 0 {
@@ -312,35 +296,6 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 		}
 	}
 }
-
-// fileToken sends the bearer token held in a file, re-read on every call
-// (resyncs are rare), so a rotated Secret takes effect without a restart.
-// The token never appears in errors or logs.
-type fileToken struct{ path string }
-
-func (f *fileToken) read() (string, error) {
-	b, err := os.ReadFile(f.path)
-	if err != nil {
-		return "", fmt.Errorf("--orchestrator-token-file: %w", errors.Unwrap(err))
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", errors.New("--orchestrator-token-file: the file is empty")
-	}
-	return tok, nil
-}
-
-// GetRequestMetadata implements credentials.PerRPCCredentials.
-func (f *fileToken) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
-	tok, err := f.read()
-	if err != nil {
-		return nil, err
-	}
-	return auth.BearerToken(tok).GetRequestMetadata(ctx, uri...)
-}
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials.
-func (f *fileToken) RequireTransportSecurity() bool { return false }
 
 // streamWorkers is how many goroutines serve gRPC calls before the server
 // starts one per call. Lease calls wait for their round, so hundreds are in
