@@ -2,7 +2,15 @@ module github.com/egress-proxies/egress-proxies/services/provisioner-kvm
 
 go 1.26.0
 
-require github.com/egress-proxies/egress-proxies/pkg v0.0.0
+require (
+	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
+	github.com/egress-proxies/egress-proxies/pkg v0.0.0
+	github.com/egress-proxies/egress-proxies/pkg/api v0.0.0
+	golang.org/x/crypto v0.59.0
+	golang.org/x/sync v0.25.0
+	google.golang.org/protobuf v1.36.12
+	libvirt.org/go/libvirtxml v1.12008.0
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -15,6 +23,7 @@ require (
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.1 // indirect
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.34.0 // indirect
+	github.com/kdomanski/iso9660 v0.4.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/peterbourgon/ff/v3 v3.4.0 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
@@ -46,14 +55,13 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.11.1 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/net v0.62.0 // indirect
-	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/grpc v1.85.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 replace (
