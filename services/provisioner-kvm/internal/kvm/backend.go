@@ -43,8 +43,10 @@ type Options struct {
 	// CheckTimeout bounds one host's check (15s by default).
 	CheckTimeout time.Duration
 
-	// dial replaces the SSH dialer (unit tests).
+	// dial replaces the SSH dialer (unit tests); wrap wraps every
+	// connection's API (tests stop an operation at a chosen call).
 	dial hostDialer
+	wrap func(libvirtAPI) libvirtAPI
 }
 
 // Defaults of Options.
@@ -102,7 +104,7 @@ func New(provider string, cfg Config, log *slog.Logger, opts Options) (*Backend,
 		name:         provider,
 		cfg:          cfg,
 		log:          log,
-		hosts:        newHostPool(dial, cfg.MaxConcurrentPerHost, log),
+		hosts:        newHostPool(dial, cfg.MaxConcurrentPerHost, log, opts.wrap),
 		images:       newImageCache(opts.HTTPClient),
 		now:          opts.Now,
 		checkTimeout: opts.CheckTimeout,

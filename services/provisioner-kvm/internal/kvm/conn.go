@@ -95,6 +95,7 @@ type hostPool struct {
 	dial    hostDialer
 	perHost int
 	log     *slog.Logger
+	wrap    func(libvirtAPI) libvirtAPI
 	mu      sync.Mutex
 	entries map[string]*hostEntry
 }
@@ -111,8 +112,8 @@ type hostEntry struct {
 	probing atomic.Bool
 }
 
-func newHostPool(dial hostDialer, perHost int, log *slog.Logger) *hostPool {
-	return &hostPool{dial: dial, perHost: perHost, log: log, entries: map[string]*hostEntry{}}
+func newHostPool(dial hostDialer, perHost int, log *slog.Logger, wrap func(libvirtAPI) libvirtAPI) *hostPool {
+	return &hostPool{dial: dial, perHost: perHost, log: log, wrap: wrap, entries: map[string]*hostEntry{}}
 }
 
 func (p *hostPool) entry(name string) *hostEntry {
@@ -241,10 +242,14 @@ func (p *hostPool) dropOnTransportError(ctx context.Context, host Host, c *hostC
 }
 
 func (p *hostPool) traced(ctx context.Context, host Host, c *hostClient) libvirtAPI {
-	if p.log.Enabled(ctx, slog.LevelDebug) {
-		return &tracingAPI{inner: c.api, log: p.log.With("host", host.Name), ctx: ctx}
+	api := c.api
+	if p.wrap != nil {
+		api = p.wrap(api)
 	}
-	return c.api
+	if p.log.Enabled(ctx, slog.LevelDebug) {
+		return &tracingAPI{inner: api, log: p.log.With("host", host.Name), ctx: ctx}
+	}
+	return api
 }
 
 // close closes every connection.

@@ -187,3 +187,10 @@ func readFileRoot(p string) (string, error) {
 	b, err := os.ReadFile(p)
 	return string(b), err
 }
+
+func writeTestFile(t *testing.T, p, body string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
