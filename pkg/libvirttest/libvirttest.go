@@ -362,13 +362,6 @@ func (e *Env) ImageHits() int {
 	return e.imageHits
 }
 
-// AddNeighbour puts ip → mac in the host's neighbour table on the bridge,
-// the entry a guest's first packet would leave, so the ARP fallback finds
-// an address for a guest that has no OS to send one.
-func (e *Env) AddNeighbour(ip, mac string) {
-	run(e.t, "ip", "neigh", "replace", ip, "lladdr", mac, "dev", e.Bridge, "nud", "permanent")
-}
-
 // String describes the env for failure messages.
 func (e *Env) String() string {
 	return fmt.Sprintf("sshd %s user %s pool %s (%s) bridge %s", e.SSHAddress, e.User, e.Pool, e.PoolDir, e.Bridge)
