@@ -62,6 +62,10 @@ func (c *hostClient) alive() bool {
 	}
 }
 
+// dialTimeout bounds one dial: TCP connect, SSH handshake and libvirt
+// handshake together.
+const dialTimeout = 30 * time.Second
+
 // hostDialer opens a connection to a host: the real one goes over SSH,
 // tests inject their own.
 type hostDialer func(ctx context.Context, host Host) (*hostClient, error)
@@ -157,7 +161,11 @@ func (p *hostPool) get(ctx context.Context, host Host) (*hostClient, error) {
 		e.client = nil
 	}
 	start := time.Now()
-	c, err := p.dial(ctx, host)
+	// A black-holed host must not hold the slot for the OS connect timeout
+	// or, mid-handshake, forever: a dial never takes longer than this.
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	c, err := p.dial(dctx, host)
 	if err != nil {
 		p.log.DebugContext(ctx, "libvirt dial failed", "host", host.Name, "duration", time.Since(start), "error", err.Error())
 		return nil, err

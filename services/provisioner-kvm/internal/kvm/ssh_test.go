@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/libvirttest"
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 )
 
 // sshServer is an in-process x/crypto/ssh server that lets one key in and
@@ -283,4 +285,38 @@ func TestSSHKeepaliveDropsADeadLink(t *testing.T) {
 	if f.srv.keepalives.Load() == 0 {
 		t.Error("no keepalive reached the server")
 	}
+}
+
+// insecureIgnoreHostKey dials without known_hosts and says so at start.
+func TestInsecureIgnoreHostKey(t *testing.T) {
+	t.Parallel()
+	f := newSSHFixture(t)
+	h := f.host()
+	h.KnownHostsFile = ""
+	h.Pool = "egress-no-such-pool"
+	var logs logtest.Buffer
+	be, err := New("kvm-test", Config{
+		Hosts:                 []Host{h},
+		Images:                map[string]Image{"x": {URL: "http://127.0.0.1:1/x.qcow2"}},
+		MachineTypes:          map[string]MachineType{"s": {VCPUs: 1, MemoryMiB: 64}},
+		InsecureIgnoreHostKey: true,
+	}.withBridge(), slog.New(slog.NewJSONHandler(&logs, nil)), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	if !strings.Contains(logs.String(), "WARNING: insecureIgnoreHostKey is set") {
+		t.Errorf("no WARNING at start:\n%s", logs.String())
+	}
+	// Past SSH and into libvirt, which knows no such pool.
+	if got := be.Check(context.Background()); got[0].GetReason() != ReasonPoolNotFound {
+		t.Fatalf("Check = %v, want PoolNotFound from libvirt", got[0])
+	}
+}
+
+func (c Config) withBridge() Config {
+	for i := range c.Hosts {
+		c.Hosts[i].Bridge = "br0"
+	}
+	return c
 }
