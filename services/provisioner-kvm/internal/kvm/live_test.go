@@ -107,8 +107,17 @@ func TestLiveLifecycle(t *testing.T) {
 			if strings.Contains(x, "<graphics") {
 				t.Error("domain has graphics")
 			}
-			if hasNVRAM := strings.Contains(x, "<nvram"); hasNVRAM != (image == "tiny-uefi") {
-				t.Errorf("nvram in XML = %v for %s", hasNVRAM, image)
+			nvram := ""
+			if _, after, ok := strings.Cut(x, "<nvram"); ok {
+				_, after, _ = strings.Cut(after, ">")
+				nvram, _, _ = strings.Cut(after, "<")
+			}
+			if (nvram != "") != (image == "tiny-uefi") {
+				t.Errorf("nvram %q in XML for %s", nvram, image)
+			}
+			// The overlay has the machine type's 1 GiB on the 16 MiB base.
+			if info := env.Virsh("vol-info", "--pool", env.Pool, overlayName(name)); !strings.Contains(info, "1.00 GiB") {
+				t.Errorf("overlay: %s", info)
 			}
 			// The seed on the host holds the user-data byte for byte.
 			_, files, err := nocloud.ReadSeedISO([]byte(readVolume(t, env, seedName(name))))
@@ -140,6 +149,11 @@ func TestLiveLifecycle(t *testing.T) {
 			if st := env.DomainState(name); st != "" {
 				t.Errorf("domain still there (%s)", st)
 			}
+			if nvram != "" {
+				if _, err := os.Stat(nvram); !os.IsNotExist(err) {
+					t.Errorf("NVRAM %s left after Delete: %v", nvram, err)
+				}
+			}
 			for _, v := range env.Volumes() {
 				if strings.HasPrefix(v, name) {
 					t.Errorf("volume %s left in the pool", v)
@@ -153,8 +167,8 @@ func TestLiveLifecycle(t *testing.T) {
 			}
 		})
 	}
-	// What stays in the pool is the cached base and its marker, downloaded
-	// once for both images... no: once per key.
+	// What stays in the pool is each key's cached base and its marker,
+	// each downloaded once.
 	vols := env.Volumes()
 	slices.Sort(vols)
 	want := []string{"base-tiny-uefi.qcow2", "base-tiny-uefi.qcow2.sha256", "base-tiny.qcow2", "base-tiny.qcow2.sha256"}
