@@ -57,9 +57,9 @@ func TestKVMBackend(t *testing.T) {
 	waitFor(t, "domain "+name+" running on the host", 2*time.Minute, func() bool { return env.DomainState(name) == "running" })
 	// The tiny image has no OS, so neither the guest agent nor the host's
 	// neighbour table can give an address, and this machine's libvirt 9.0
-	// cannot read the neighbour table of its 6.x kernel at all ("internal
-	// error: wrong nlmsg len", docs/provisioner-kvm.md, known gaps): the
-	// proxy stays Provisioning with its domain running and marked.
+	// cannot read the neighbour table anyway ("internal error: wrong nlmsg
+	// len", docs/provisioner-kvm.md, known gaps): the proxy stays
+	// Provisioning with its domain running and marked.
 	p := s.waitAll("kvm", 1, "Provisioning", time.Minute, func(p *proxyv1.Proxy) bool {
 		return p.GetStatus().GetPhase() == proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING && p.GetStatus().GetProviderId() != ""
 	})[0]
