@@ -58,4 +58,6 @@ if ! command -v squid >/dev/null && [ ! -x /usr/sbin/squid ]; then
 	# runs; the tests never use it.
 	if command -v service >/dev/null; then service squid stop >/dev/null 2>&1 || true; fi
 fi
-echo "ensure-deps: PostgreSQL, NATS and squid are ready"
+# The KVM backend's tests need a real libvirtd (and sshd, QEMU, qemu-img).
+"$(dirname "$0")/ensure-libvirt.sh"
+echo "ensure-deps: PostgreSQL, NATS, squid and libvirtd are ready"
