@@ -12,11 +12,13 @@ import (
 	"testing/iotest"
 )
 
-type timeoutErr struct{}
+// netTimeout is a net.Error that timed out, as a dial or read deadline
+// reports it.
+type netTimeout struct{}
 
-func (timeoutErr) Error() string   { return "i/o timeout" }
-func (timeoutErr) Timeout() bool   { return true }
-func (timeoutErr) Temporary() bool { return true }
+func (netTimeout) Error() string   { return "i/o timeout" }
+func (netTimeout) Timeout() bool   { return true }
+func (netTimeout) Temporary() bool { return true }
 
 func TestDefaultClassifier(t *testing.T) {
 	t.Parallel()
@@ -71,8 +73,6 @@ func TestDefaultClassifier(t *testing.T) {
 		})
 	}
 }
-
-type netTimeout struct{ timeoutErr }
 
 // A read error met while peeking reaches the caller, not a short body.
 func TestCaptchaPeekKeepsReadError(t *testing.T) {

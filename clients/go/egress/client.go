@@ -45,7 +45,9 @@ import (
 // Options configure a Client. Only the token and the TLS settings are
 // required to talk to a suite; the rest have working defaults.
 type Options struct {
-	// Token is the bearer token the lease service knows this crawler by.
+	// Token is the bearer token the lease service knows this crawler by
+	// (a token with the crawler role). Empty sends none: only for a
+	// service running with --auth-disabled.
 	Token string
 	// Insecure talks to the service without TLS (a local suite only; the
 	// token then travels in clear text).
@@ -114,9 +116,6 @@ func New(addr string, o Options) (*Client, error) {
 	if addr == "" {
 		return nil, errors.New("egress: address is empty")
 	}
-	if o.Token == "" {
-		return nil, errors.New("egress: Options.Token is empty")
-	}
 	var tc credentials.TransportCredentials
 	switch {
 	case o.Insecure:
@@ -138,10 +137,11 @@ func New(addr string, o Options) (*Client, error) {
 		}
 		tc = credentials.NewTLS(cfg)
 	}
-	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(tc),
-		grpc.WithPerRPCCredentials(bearer{token: o.Token, requireTLS: !o.Insecure}),
-	}, o.DialOptions...)
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(tc)}
+	if o.Token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: o.Token, requireTLS: !o.Insecure}))
+	}
+	dial = append(dial, o.DialOptions...)
 	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
