@@ -36,6 +36,9 @@ type RoundTripper struct {
 	Classifier Classifier
 	// MaxAttempts is how many proxies one request may try; 0: 3.
 	MaxAttempts int
+	// OnVerdict, when set, is called after every attempt with the lease it
+	// went through and how it was classified (for logs and metrics).
+	OnVerdict func(req *http.Request, l *Lease, v Verdict)
 
 	mu     sync.Mutex
 	hosts  map[string]*hostSlot
@@ -93,14 +96,21 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		v := classifier.Classify(out, resp, err)
+		if rt.OnVerdict != nil {
+			rt.OnVerdict(out, l, v)
+		}
 		if !v.Ban() {
 			return resp, err
 		}
+		// Forget the lease first so that no new request of this host
+		// takes it, report before releasing so that no acquire gets the
+		// proxy back for this host in between.
+		rt.forget(host, l)
 		if _, rerr := l.Report(context.WithoutCancel(ctx), v.Outcome, v.options()...); rerr != nil {
 			l.c.log.Warn("WARNING: reporting a ban failed; the proxy may be offered for this target again",
 				"lease_id", l.ID, "proxy", l.ProxyName, "target", host, "outcome", v.Outcome.String(), "error", rerr)
 		}
-		rt.drop(host, l)
+		_ = l.Release()
 		retry := attempt < attempts && ctx.Err() == nil && replayable(req) && (err == nil || idempotent(req))
 		if !retry {
 			return resp, err
@@ -169,9 +179,8 @@ func (s *hostSlot) held() *Lease {
 	return nil
 }
 
-// drop forgets the host's lease l (unless another already replaced it) and
-// releases it.
-func (rt *RoundTripper) drop(host string, l *Lease) {
+// forget drops the host's lease l unless another already replaced it.
+func (rt *RoundTripper) forget(host string, l *Lease) {
 	rt.mu.Lock()
 	slot := rt.hosts[host]
 	rt.mu.Unlock()
@@ -182,7 +191,6 @@ func (rt *RoundTripper) drop(host string, l *Lease) {
 		}
 		slot.mu.Unlock()
 	}
-	_ = l.Release()
 }
 
 // Leases returns the leases held now, by target host.
