@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -284,13 +285,18 @@ func (c *Client) Acquire(ctx context.Context, target string, sel Selector, ttl t
 	return l, err
 }
 
-// retryable: no proxy now, or the service briefly unavailable.
+// retryable: no proxy now, or the service briefly unavailable. A
+// certificate the client cannot verify is a setting to fix, not a moment
+// to wait out.
 func retryable(err error) bool {
 	if errors.Is(err, ErrNoProxyAvailable) {
 		return true
 	}
 	switch status.Code(err) {
-	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+	case codes.Unavailable:
+		msg := status.Convert(errors.Unwrap(err)).Message()
+		return !strings.Contains(msg, "x509:") && !strings.Contains(msg, "tls: failed to verify")
+	case codes.ResourceExhausted, codes.Aborted:
 		return true
 	}
 	return false

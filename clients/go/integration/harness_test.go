@@ -20,6 +20,7 @@ import (
 	"github.com/elazarl/goproxy"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -36,15 +37,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The in-process NATS servers and the gRPC/HTTP clients' pools
-		// wind down asynchronously after their tests' cleanups.
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
-	)
+	goleak.VerifyTestMain(m)
 }
-
 const token = "tok-crawler-0123456789"
 
 // suite is one lease service (a real process) with its database and NATS,
@@ -64,6 +58,13 @@ type suite struct {
 // expired leases are swept every 200ms.
 func newSuite(t *testing.T, n int) *suite {
 	t.Helper()
+	return newSuiteTLS(t, n, nil)
+}
+
+// newSuiteTLS is newSuite with the lease service serving TLS with tf's
+// certificate when tf is set.
+func newSuiteTLS(t *testing.T, n int, tf *tlsFiles) *suite {
+	t.Helper()
 	s := &suite{t: t, nats: natstest.New(t), site: newSite(t)}
 	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "clients_empty", Fingerprint: "none",
 		Migrate: func(context.Context, string) error { return nil }})
@@ -71,11 +72,17 @@ func newSuite(t *testing.T, n int) *suite {
 	if err := os.WriteFile(tokens, []byte("crawler-a "+token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s.proc, s.lease = servicetest.Start(t, "../../../services/lease", []string{
+	args := []string{
 		"--database-url=" + dsn, "--nats-url=" + s.nats.URL(), "--auth-token-file=" + tokens,
 		"--min-ttl=1s", "--sweep-interval=200ms", "--pool-refresh-interval=200ms",
-	})
-	conn, err := grpc.NewClient(s.lease.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}
+	creds := insecure.NewCredentials()
+	if tf != nil {
+		args = append(args, "--tls-cert-file="+tf.certFile, "--tls-key-file="+tf.keyFile)
+		creds = credentials.NewTLS(&tls.Config{RootCAs: tf.pool, ServerName: tlsServerName})
+	}
+	s.proc, s.lease = servicetest.Start(t, "../../../services/lease", args)
+	conn, err := grpc.NewClient(s.lease.GRPC, grpc.WithTransportCredentials(creds),
 		grpc.WithPerRPCCredentials(auth.BearerToken(token)))
 	if err != nil {
 		t.Fatal(err)
