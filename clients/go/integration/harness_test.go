@@ -39,6 +39,7 @@ import (
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
+
 const token = "tok-crawler-0123456789"
 
 // suite is one lease service (a real process) with its database and NATS,
