@@ -100,4 +100,3 @@ func (e *env) requests(method, sub string) []gcpfake.Request {
 	}
 	return out
 }
-

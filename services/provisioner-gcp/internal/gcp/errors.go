@@ -18,12 +18,12 @@ import (
 // codes (operation error codes) that mean "out of quota or capacity":
 // QuotaExceeded, so the orchestrator retries with its slower backoff.
 var quotaReasons = map[string]bool{
-	"QUOTA_EXCEEDED":                           true,
-	"quotaExceeded":                            true,
-	"rateLimitExceeded":                        true,
-	"userRateLimitExceeded":                    true,
-	"RESOURCE_EXHAUSTED":                       true,
-	"ZONE_RESOURCE_POOL_EXHAUSTED":             true,
+	"QUOTA_EXCEEDED":                            true,
+	"quotaExceeded":                             true,
+	"rateLimitExceeded":                         true,
+	"userRateLimitExceeded":                     true,
+	"RESOURCE_EXHAUSTED":                        true,
+	"ZONE_RESOURCE_POOL_EXHAUSTED":              true,
 	"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": true,
 }
 
