@@ -27,6 +27,9 @@ type Spec struct {
 	// NewBackend builds the backend from its provider's config block. It
 	// must not need the backend to be reachable.
 	NewBackend func(ctx context.Context, p providers.Provider, log *slog.Logger) (Backend, error)
+	// Flags registers the backend's own flags, if any (parsed before
+	// NewBackend runs).
+	Flags func(*flag.FlagSet)
 }
 
 // Flags are the runtime's flags (each also EGRESS_<NAME>).
@@ -61,8 +64,13 @@ func Main(spec Spec, args []string) int {
 	var f Flags
 	return service.Main(service.Binary{
 		Options: spec.Options,
-		Flags:   f.Register,
-		Setup:   func(ctx context.Context, s *service.Service) error { return Setup(ctx, s, spec, f) },
+		Flags: func(fs *flag.FlagSet) {
+			f.Register(fs)
+			if spec.Flags != nil {
+				spec.Flags(fs)
+			}
+		},
+		Setup: func(ctx context.Context, s *service.Service) error { return Setup(ctx, s, spec, f) },
 	}, args)
 }
 
