@@ -35,7 +35,7 @@ func orchestrator(t *testing.T) (string, *natstest.Server) {
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
 	providers := filepath.Join(dir, "providers.yaml")
-	if err := os.WriteFile(tokens, []byte("ops tok-ops\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("ops tok-ops admin\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(providers, []byte("providers:\n  - {name: local, type: local}\n"), 0o600); err != nil {

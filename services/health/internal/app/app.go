@@ -22,14 +22,12 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
-	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/fleet"
@@ -52,7 +50,10 @@ type Config struct {
 	Defaults      engine.Defaults
 	MaxConcurrent int
 
-	Provisioners          provisionerFlag
+	Provisioners provisionerFlag
+	// ProvisionerClient is how every provisioner is reached (TLS, token);
+	// its Addr comes from Provisioners.
+	ProvisionerClient     service.Client
 	ProviderCheckInterval time.Duration
 	ProviderCheckTimeout  time.Duration
 
@@ -109,6 +110,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Defaults.FailureThreshold, "failure-threshold", engine.DefaultDefaults.FailureThreshold, "default failures in a row before a healthy proxy is unhealthy")
 	fs.IntVar(&c.MaxConcurrent, "max-concurrent-probes", 4096, "most probes in flight at once")
 	fs.Var(&c.Provisioners, "provisioner", "provider=host:port of a provider's provisioner gRPC API; repeat, or separate with commas")
+	c.ProvisionerClient.RegisterFlags(fs, "provisioner", "the provisioners")
 	fs.DurationVar(&c.ProviderCheckInterval, "provider-check-interval", time.Minute, "time between provider backend checks; 0 turns them off, otherwise at least 10s")
 	fs.DurationVar(&c.ProviderCheckTimeout, "provider-check-timeout", 0, "limit of one round of provider checks: 15s, or the interval when shorter; at most the interval")
 	fs.StringVar(&c.ReplicaID, "replica-id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's name in the replica set")
@@ -264,8 +266,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	for _, p := range provCfg.Providers {
 		t := providerhealth.Target{Name: p.Name, Type: p.Type}
 		if addr, ok := c.Provisioners[p.Name]; ok {
-			conn, err := grpc.NewClient(addr,
-				append(telemetry.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+			client := c.ProvisionerClient
+			client.Addr = addr
+			conn, err := client.Dial()
 			if err != nil {
 				return fmt.Errorf("--provisioner %s: %w", p.Name, err)
 			}
