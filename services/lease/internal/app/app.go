@@ -29,11 +29,11 @@ import (
 // Config is everything the lease service is configured with beyond the
 // common service options.
 type Config struct {
-	DatabaseURL       string
-	DatabaseMaxConns  int
-	MigrateOnStart    bool
-	NATSURL           string
-	NATSPrefix        string
+	DatabaseURL      string
+	DatabaseMaxConns int
+	MigrateOnStart   bool
+	NATSURL          string
+	NATSPrefix       string
 	// Orchestrator is where full resyncs list the pool; an empty Addr
 	// means events only.
 	Orchestrator   service.Client
