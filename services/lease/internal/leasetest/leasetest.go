@@ -114,6 +114,8 @@ type Options struct {
 	Config func(*app.Config)
 	// AuthDisabled runs without tokens.
 	AuthDisabled bool
+	// Limits are the per-client rate limits; none when zero.
+	Limits auth.Limits
 	// DatabaseURL reuses a database; empty creates one.
 	DatabaseURL string
 	// NATS reuses a server; nil starts one.
@@ -148,7 +150,7 @@ func Start(t testing.TB, o Options) *Env {
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err := service.New(ctx, service.Options{
 		Name: "lease", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0",
-		LogLevel: "error", LogFormat: "json", ShutdownTimeout: 5 * time.Second, Auth: authCfg,
+		LogLevel: "error", LogFormat: "json", ShutdownTimeout: 5 * time.Second, Auth: authCfg, Limits: o.Limits,
 	}, app.Options()...)
 	if err != nil {
 		cancel()
