@@ -152,7 +152,7 @@ func describe(err error, o *options) string {
 		}
 		return "the " + o.target + " is unavailable: " + msg
 	case codes.Unauthenticated:
-		return st.Message() + " (set --token or EGRESS_TOKEN)"
+		return st.Message() + " (set --token-file, EGRESS_TOKEN_FILE, --token or EGRESS_TOKEN)"
 	case codes.DeadlineExceeded:
 		return fmt.Sprintf("no answer within %s (--timeout)", o.timeout)
 	}
