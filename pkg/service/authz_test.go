@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -212,5 +213,40 @@ func TestRoleMatrix(t *testing.T) {
 	}
 	if rest < 15 {
 		t.Errorf("only %d REST routes exercised", rest)
+	}
+}
+
+// gRPC reflection is off unless asked for, and a service whose gRPC server
+// has a method the role table lacks refuses to run.
+func TestReflectionFlagAndUncoveredMethods(t *testing.T) {
+	t.Parallel()
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("ops tok-admin admin\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{false, true} {
+		s, err := New(context.Background(), Options{Name: "refl", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0",
+			LogLevel: "error", Reflection: on, Auth: &auth.Config{TokenFile: tokens}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, has := s.GRPC.GetServiceInfo()["grpc.reflection.v1.ServerReflection"]
+		if has != on {
+			t.Errorf("--grpc-reflection=%v: reflection served = %v", on, has)
+		}
+		_ = s.grpcLis.Close()
+		_ = s.httpLis.Close()
+	}
+
+	s, err := New(context.Background(), Options{Name: "uncovered", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0",
+		LogLevel: "error", ShutdownTimeout: time.Second, Auth: &auth.Config{TokenFile: tokens}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testgrpc.RegisterTestServiceServer(s.GRPC, testgrpc.UnimplementedTestServiceServer{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Run(ctx); err == nil || !strings.Contains(err.Error(), "/grpc.testing.TestService/EmptyCall") {
+		t.Errorf("Run with a method missing from the role table = %v, want a refusal naming it", err)
 	}
 }

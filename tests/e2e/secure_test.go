@@ -207,6 +207,22 @@ func TestSecureSuite(t *testing.T) {
 			}
 		}
 	}
+	for _, addr := range []string{s.orchestrator.HTTP, s.lease.HTTP, health.HTTP, s.provisioner.HTTP} {
+		resp, err := s.httpClient().Get(s.base(addr) + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || len(metrics) == 0 {
+			t.Errorf("/metrics of %s over HTTPS = %d", addr, resp.StatusCode)
+		}
+		for _, secret := range []string{"e2e-cl0ud-s3cret", opsToken, crawlerToken, serviceToken, viewerToken} {
+			if strings.Contains(string(metrics), secret) {
+				t.Errorf("the metrics of %s contain %q", addr, secret)
+			}
+		}
+	}
 	if strings.Contains(lease.Output(), "the initial resync from the orchestrator failed") {
 		t.Errorf("the lease service could not resync over TLS:\n%s", lease.Output())
 	}
