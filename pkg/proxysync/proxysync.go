@@ -1,7 +1,6 @@
 // Package proxysync is how a service that keeps its own view of the proxies
-// (lease, health) checks it against the orchestrator: the client of
-// ProxyService.ListProxies with the bearer token from a file, the paged
-// listing, and the loop that runs a resync at start, periodically and on
+// (lease, health) checks it against the orchestrator: the paged
+// ProxyService.ListProxies listing and the loop that runs a resync at start, periodically and on
 // request, retrying a failed one with backoff. Events keep a view current;
 // a resync repairs what events missed (an outage, a reset of the
 // orchestrator's database).
@@ -9,76 +8,22 @@ package proxysync
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
-	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 )
 
 // Lister is the part of the orchestrator's ProxyService a resync uses.
 type Lister interface {
 	ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest, opts ...grpc.CallOption) (*proxyv1.ListProxiesResponse, error)
 }
-
-// Dial returns a client of the orchestrator at addr that sends the bearer
-// token held in tokenFile (none when empty). The file must be readable
-// now; it is read again on every call, so a rotated Secret takes effect
-// without a restart.
-func Dial(addr, tokenFile string) (*grpc.ClientConn, Lister, error) {
-	opts := append(telemetry.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if tokenFile != "" {
-		tok := &fileToken{path: tokenFile}
-		if _, err := tok.read(); err != nil {
-			return nil, nil, err
-		}
-		opts = append(opts, grpc.WithPerRPCCredentials(tok))
-	}
-	conn, err := grpc.NewClient(addr, opts...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--orchestrator-addr: %w", err)
-	}
-	return conn, proxyv1.NewProxyServiceClient(conn), nil
-}
-
-// fileToken sends the bearer token held in a file, re-read on every call
-// (resyncs are rare). The token never appears in errors or logs.
-type fileToken struct{ path string }
-
-func (f *fileToken) read() (string, error) {
-	b, err := os.ReadFile(f.path)
-	if err != nil {
-		return "", fmt.Errorf("--orchestrator-token-file: %w", errors.Unwrap(err))
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", errors.New("--orchestrator-token-file: the file is empty")
-	}
-	return tok, nil
-}
-
-// GetRequestMetadata implements credentials.PerRPCCredentials.
-func (f *fileToken) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
-	tok, err := f.read()
-	if err != nil {
-		return nil, err
-	}
-	return auth.BearerToken(tok).GetRequestMetadata(ctx, uri...)
-}
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials.
-func (f *fileToken) RequireTransportSecurity() bool { return false }
 
 // PageSize is how many proxies one ListProxies call asks for.
 const PageSize = 1000

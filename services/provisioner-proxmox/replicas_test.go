@@ -23,6 +23,7 @@ import (
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
@@ -43,6 +44,9 @@ type cluster struct {
 	js     jetstream.JetStream
 	names  bus.Names
 	config string
+	// apiTokens is the provisioners' token file: svc-token (service),
+	// ops-token (admin) and crawler-token (crawler).
+	apiTokens string
 }
 
 func newCluster(t testing.TB) *cluster {
@@ -78,7 +82,8 @@ func newCluster(t testing.TB) *cluster {
       machineTypes: {small: {cores: 1, memoryMiB: 1024}}
 `, fake.URL, token, ca))
 	ns := natstest.New(t)
-	c := &cluster{fake: fake, nats: ns, js: ns.JetStream(t), names: bus.Names{Prefix: "it"}, config: cfg}
+	c := &cluster{fake: fake, nats: ns, js: ns.JetStream(t), names: bus.Names{Prefix: "it"}, config: cfg,
+		apiTokens: write("api-tokens", "health svc-token service\nops ops-token admin\nfleet crawler-token crawler,viewer\n")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := bus.EnsureStreams(ctx, c.js, c.names); err != nil {
@@ -98,7 +103,7 @@ func (c *cluster) startAddr(t testing.TB, replica string, extra ...string) (*pro
 	t.Helper()
 	args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
 		"--providers-config=" + c.config, "--provider=pve", "--nats-url=" + c.nats.URL(),
-		"--nats-prefix=" + c.names.Prefix, "--replica-id=" + replica, "--log-level=debug-4"}, extra...)
+		"--nats-prefix=" + c.names.Prefix, "--replica-id=" + replica, "--log-level=debug-4", "--auth-token-file=" + c.apiTokens}, extra...)
 	p := proctest.Start(t, proctest.Build(t, "."), args)
 	serving := p.WaitLog(t, 60*time.Second, proctest.Msg("serving"))
 	p.WaitLog(t, 30*time.Second, proctest.Msg("taking provisioner commands"))
@@ -293,14 +298,39 @@ func TestGRPCOnTheBinary(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	_, addr, httpAddr := c.startAddr(t, "a")
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	dial := func(token string) provisionerv1.ProvisionerServiceClient {
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if token != "" {
+			opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(token)))
+		}
+		conn, err := grpc.NewClient(addr, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return provisionerv1.NewProvisionerServiceClient(conn)
 	}
-	defer conn.Close()
-	client := provisionerv1.NewProvisionerServiceClient(conn)
+	client := dial("svc-token")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+
+	// Only the suite's services may call a provisioner: no token is
+	// UNAUTHENTICATED, an operator's or a crawler's token PERMISSION_DENIED,
+	// and none of them reaches the backend.
+	before := c.fake.TotalCalls()
+	for token, want := range map[string]codes.Code{"": codes.Unauthenticated, "wrong": codes.Unauthenticated,
+		"ops-token": codes.PermissionDenied, "crawler-token": codes.PermissionDenied} {
+		_, err := dial(token).DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: "pve", ProviderId: "vms/100/x", ProxyUid: "x"})
+		if status.Code(err) != want {
+			t.Errorf("DeleteInstance with token %q = %v, want %v", token, err, want)
+		}
+		if want == codes.PermissionDenied && !strings.Contains(status.Convert(err).Message(), "needs the role service") {
+			t.Errorf("the denial does not name the role: %v", err)
+		}
+	}
+	if after := c.fake.TotalCalls(); after != before {
+		t.Errorf("refused calls reached Proxmox: %d requests", after-before)
+	}
 	check, err := client.CheckBackend(ctx, &provisionerv1.CheckBackendRequest{Provider: "pve"})
 	if err != nil {
 		t.Fatal(err)

@@ -240,7 +240,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	fake.mu.Lock()
 	fake.token = "rotated-orchestrator-token"
 	fake.mu.Unlock()
-	if err := os.WriteFile(env.Config.OrchestratorToken, []byte("rotated-orchestrator-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(env.Config.Orchestrator.TokenFile, []byte("rotated-orchestrator-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env.Parts.Syncer.RequestResync("test")
@@ -264,7 +264,7 @@ func serveOrchestrator(t *testing.T, fake *fakeOrchestrator) func(*app.Config) {
 	if err := os.WriteFile(tokenFile, []byte(fake.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return func(c *app.Config) { c.OrchestratorAddr, c.OrchestratorToken = addr, tokenFile }
+	return func(c *app.Config) { c.Orchestrator.Addr, c.Orchestrator.TokenFile = addr, tokenFile }
 }
 
 // TestResyncAfterNATSOutage: events published while NATS was down are
@@ -348,7 +348,7 @@ func TestStartsWithoutOrchestrator(t *testing.T) {
 	lis.Close() // nothing listens there now
 	start := time.Now()
 	env := lt.Start(t, lt.Options{Config: func(c *app.Config) {
-		c.OrchestratorAddr = addr
+		c.Orchestrator.Addr = addr
 		c.InitialResyncTimeout = time.Second
 	}})
 	t.Logf("started in %v", time.Since(start))
