@@ -181,8 +181,8 @@ func TestLiveLifecycle(t *testing.T) {
 	if strings.Contains(logs.String(), "secret-marker-do-not-log") {
 		t.Error("the cloud-init reached the log")
 	}
-	if !strings.Contains(logs.String(), `"msg":"libvirt call"`) || !strings.Contains(logs.String(), `"call":"DomainDefineXML"`) {
-		t.Error("no libvirt call trace at debug")
+	if !strings.Contains(logs.String(), `"msg":"libvirt call"`) || !strings.Contains(logs.String(), `"call":"DomainDefineXML","duration":`) {
+		t.Error("no libvirt call trace with durations at debug")
 	}
 }
 
