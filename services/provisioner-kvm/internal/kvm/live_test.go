@@ -138,7 +138,9 @@ func TestLiveLifecycle(t *testing.T) {
 				t.Fatalf("Get = %v, %v; want provisioning without an address", got, err)
 			}
 			list, err := be.List(ctx)
-			if err != nil || !slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool { return i.GetProviderId() == wantID && i.GetProxyUid() == u }) {
+			if err != nil || !slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool {
+				return i.GetProviderId() == wantID && i.GetProxyUid() == u && i.GetDetails()["libvirtState"] == "running"
+			}) {
 				t.Fatalf("List = %v, %v; want %s in it", list, err, wantID)
 			}
 
