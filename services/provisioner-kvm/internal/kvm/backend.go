@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -587,12 +588,15 @@ func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) 
 func (be *Backend) listHost(ctx context.Context, h Host) ([]*provisionerv1.Instance, error) {
 	var out []*provisionerv1.Instance
 	err := be.hosts.call(ctx, h, func(api libvirtAPI) error {
-		doms, _, err := api.ConnectListAllDomains(1, 0)
+		// One call for every domain's name and state; then one per proxy
+		// domain for its mark.
+		recs, err := api.ConnectGetAllDomainStats(nil, uint32(libvirt.DomainStatsState), 0)
 		if err != nil {
 			return err
 		}
-		for _, d := range doms {
-			if len(d.Name) <= len(namePrefix) || d.Name[:len(namePrefix)] != namePrefix {
+		for _, r := range recs {
+			d := r.Dom
+			if !strings.HasPrefix(d.Name, namePrefix) {
 				continue
 			}
 			m, err := readMark(api, d)
@@ -605,18 +609,29 @@ func (be *Backend) listHost(ctx context.Context, h Host) ([]*provisionerv1.Insta
 			if !m.managed() {
 				continue
 			}
-			st, _, err := api.DomainGetState(d, 0)
-			if hasCode(err, libvirt.ErrNoDomain) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			out = append(out, be.instance(h, d.Name, providerID(h.Name, d.Name), m, libvirt.DomainState(st), ""))
+			out = append(out, be.instance(h, d.Name, providerID(h.Name, d.Name), m, statsState(r), ""))
 		}
 		return nil
 	})
 	return out, err
+}
+
+// statsState reads state.state from a domain stats record.
+func statsState(r libvirt.DomainStatsRecord) libvirt.DomainState {
+	for _, p := range r.Params {
+		if p.Field != "state.state" {
+			continue
+		}
+		switch v := p.Value.I.(type) {
+		case int32:
+			return libvirt.DomainState(v)
+		case uint32:
+			return libvirt.DomainState(v)
+		case int64:
+			return libvirt.DomainState(v)
+		}
+	}
+	return libvirt.DomainNostate
 }
 
 // formatVersion decodes libvirt's major*1e6 + minor*1e3 + micro.

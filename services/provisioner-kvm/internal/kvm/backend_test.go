@@ -297,7 +297,8 @@ func TestListOverTheFake(t *testing.T) {
 	api.domains["proxy-unmarked"] = &fakeDomain{state: libvirt.DomainRunning}
 	api.domains["web01"] = &fakeDomain{state: libvirt.DomainRunning}
 	list, err := be.List(context.Background())
-	if err != nil || len(list) != 2 || list[0].GetProxyUid() != "a" || list[1].GetProxyUid() != "b" || list[0].GetCreateTime() == nil {
+	if err != nil || len(list) != 2 || list[0].GetProxyUid() != "a" || list[1].GetProxyUid() != "b" || list[0].GetCreateTime() == nil ||
+		list[0].GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING || list[0].GetDetails()["libvirtState"] != "running" {
 		t.Fatalf("List = %v, %v", list, err)
 	}
 }

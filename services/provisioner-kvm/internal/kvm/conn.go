@@ -26,7 +26,7 @@ type libvirtAPI interface {
 	ConnectGetLibVersion() (uint64, error)
 	ConnectGetVersion() (uint64, error)
 	ConnectGetHostname() (string, error)
-	ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error)
+	ConnectGetAllDomainStats(doms []libvirt.Domain, stats uint32, flags uint32) ([]libvirt.DomainStatsRecord, error)
 	DomainLookupByName(name string) (libvirt.Domain, error)
 	DomainDefineXML(xml string) (libvirt.Domain, error)
 	DomainCreate(dom libvirt.Domain) error

@@ -105,17 +105,20 @@ func (f *fakeAPI) ConnectGetHostname() (string, error) {
 	return "fake-host", f.enter("ConnectGetHostname")
 }
 
-func (f *fakeAPI) ConnectListAllDomains(int32, libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error) {
+func (f *fakeAPI) ConnectGetAllDomainStats(_ []libvirt.Domain, _ uint32, _ uint32) ([]libvirt.DomainStatsRecord, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("ConnectListAllDomains"); err != nil {
-		return nil, 0, err
+	if err := f.enter("ConnectGetAllDomainStats"); err != nil {
+		return nil, err
 	}
-	var out []libvirt.Domain
-	for n := range f.domains {
-		out = append(out, libvirt.Domain{Name: n})
+	var out []libvirt.DomainStatsRecord
+	for n, d := range f.domains {
+		out = append(out, libvirt.DomainStatsRecord{Dom: libvirt.Domain{Name: n}, Params: []libvirt.TypedParam{
+			{Field: "state.state", Value: libvirt.TypedParamValue{D: 1, I: int32(d.state)}},
+			{Field: "state.reason", Value: libvirt.TypedParamValue{D: 1, I: int32(0)}},
+		}})
 	}
-	return out, uint32(len(out)), nil
+	return out, nil
 }
 
 func (f *fakeAPI) DomainLookupByName(name string) (libvirt.Domain, error) {

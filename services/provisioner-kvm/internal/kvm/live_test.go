@@ -138,7 +138,9 @@ func TestLiveLifecycle(t *testing.T) {
 				t.Fatalf("Get = %v, %v; want provisioning without an address", got, err)
 			}
 			list, err := be.List(ctx)
-			if err != nil || !slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool { return i.GetProviderId() == wantID && i.GetProxyUid() == u }) {
+			if err != nil || !slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool {
+				return i.GetProviderId() == wantID && i.GetProxyUid() == u && i.GetDetails()["libvirtState"] == "running"
+			}) {
 				t.Fatalf("List = %v, %v; want %s in it", list, err, wantID)
 			}
 
@@ -181,8 +183,8 @@ func TestLiveLifecycle(t *testing.T) {
 	if strings.Contains(logs.String(), "secret-marker-do-not-log") {
 		t.Error("the cloud-init reached the log")
 	}
-	if !strings.Contains(logs.String(), `"msg":"libvirt call"`) || !strings.Contains(logs.String(), `"call":"DomainDefineXML"`) {
-		t.Error("no libvirt call trace at debug")
+	if !strings.Contains(logs.String(), `"msg":"libvirt call"`) || !strings.Contains(logs.String(), `"call":"DomainDefineXML","duration":`) {
+		t.Error("no libvirt call trace with durations at debug")
 	}
 }
 

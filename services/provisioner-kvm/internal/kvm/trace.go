@@ -47,11 +47,11 @@ func (t *tracingAPI) ConnectGetHostname() (string, error) {
 	return h, err
 }
 
-func (t *tracingAPI) ConnectListAllDomains(need int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error) {
+func (t *tracingAPI) ConnectGetAllDomainStats(doms []libvirt.Domain, stats uint32, flags uint32) ([]libvirt.DomainStatsRecord, error) {
 	s := time.Now()
-	d, n, err := t.inner.ConnectListAllDomains(need, flags)
-	t.done("ConnectListAllDomains", s, err, "count", len(d))
-	return d, n, err
+	r, err := t.inner.ConnectGetAllDomainStats(doms, stats, flags)
+	t.done("ConnectGetAllDomainStats", s, err, "stats", stats, "count", len(r))
+	return r, err
 }
 
 func (t *tracingAPI) DomainLookupByName(name string) (libvirt.Domain, error) {
