@@ -19,7 +19,8 @@ import (
 // terminated, which releases the lock on the server — the holder's context
 // is cancelled with the cause, and Run tries to take the lock again.
 //
-// There is a window of at most Watch (plus the ping's timeout) in which a
+// There is a window of at most Watch (plus the ping's timeout, at least
+// 5s) in which a
 // holder that lost its connection still runs while another replica has
 // already taken the lock: work run this way must stay safe when, rarely,
 // two runs overlap (orchestrator GC and the event outbox are idempotent;
@@ -39,6 +40,10 @@ type Singleton struct {
 	// Watch is how often the holder pings its lock connection; 0 means 5s.
 	Watch time.Duration
 }
+
+// pingTimeout is the least time a watch ping may take before the holder
+// gives up its lead, so a busy database or machine does not end it.
+const pingTimeout = 5 * time.Second
 
 // ErrLeadershipLost is the cause of the holder's context ending when its
 // lock connection failed.
@@ -128,7 +133,9 @@ func (s *Singleton) holdAndLead(ctx context.Context, conn *pgx.Conn, lead func(c
 				return
 			case <-t.C:
 			}
-			pctx, pcancel := context.WithTimeout(lctx, s.watch())
+			// A slow answer is not a lost lock: only a ping that fails or
+			// hangs for pingTimeout ends the lead.
+			pctx, pcancel := context.WithTimeout(lctx, max(s.watch(), pingTimeout))
 			perr := conn.Ping(pctx)
 			pcancel()
 			if perr != nil && lctx.Err() == nil {

@@ -116,6 +116,9 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 					first = i
 				}
 			}
+			if first < 0 {
+				t.Fatal("no replica leads although one was leading a moment ago")
+			}
 			pid := holderPID(t, pool, key)
 			var killed bool
 			if err := pool.QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", pid).Scan(&killed); err != nil || !killed {
