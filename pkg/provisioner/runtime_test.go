@@ -780,15 +780,16 @@ func TestWorkerContinuesTheCommandsTrace(t *testing.T) {
 	env.publish(t, pctx, createCmd("c1", "u1"))
 	parent.End()
 	env.results(t, 1, 15*time.Second)
-	// publisher → provisioner.command → provisioner.create
+	// publisher → provisioner.command → provisioner.create; the command's
+	// span ends once the result is published and the command acked.
 	spans := map[string]sdktrace.ReadOnlySpan{}
-	for _, s := range rec.Ended() {
-		spans[s.Name()] = s
-	}
+	waitFor(t, 10*time.Second, "provisioner.command and provisioner.create spans", func() bool {
+		for _, s := range rec.Ended() {
+			spans[s.Name()] = s
+		}
+		return spans["provisioner.command"] != nil && spans["provisioner.create"] != nil
+	})
 	command, create := spans["provisioner.command"], spans["provisioner.create"]
-	if command == nil || create == nil {
-		t.Fatalf("spans ended: %v; want provisioner.command and provisioner.create", spans)
-	}
 	if command.Parent().TraceID() != parent.SpanContext().TraceID() || command.Parent().SpanID() != parent.SpanContext().SpanID() {
 		t.Errorf("provisioner.command parent = %v, want the publisher's span %v", command.Parent(), parent.SpanContext())
 	}
