@@ -135,8 +135,10 @@ func TestOneTracePerProxyAcrossProcesses(t *testing.T) {
 		"providers:\n  - name: local\n    type: local\n    local: {stateDir: %q, network: %q, proxy: builtin}\n", stateDir, network)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Through the environment: builds whose provisioners take no
+	// credentials ignore it, the others need it.
 	servicetest.Start(t, "../provisioner-local", []string{"--nats-url=" + nats.URL(), "--providers-config=" + providers,
-		"--provider=local", "--replica-id=traced-1", "--ack-wait=5s"}, env...)
+		"--provider=local", "--replica-id=traced-1", "--ack-wait=5s"}, append(env, "EGRESS_AUTH_DISABLED=true")...)
 	_, orch := servicetest.Start(t, ".", []string{"--auth-disabled", "--providers-config=" + providers,
 		"--database-url=" + orchtest.Database(t), "--nats-url=" + nats.URL(), "--gc-interval=1s", "--gc-grace=1h",
 		"--provisioning-poll=200ms"}, env...)
