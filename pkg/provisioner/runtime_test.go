@@ -780,13 +780,26 @@ func TestWorkerContinuesTheCommandsTrace(t *testing.T) {
 	env.publish(t, pctx, createCmd("c1", "u1"))
 	parent.End()
 	env.results(t, 1, 15*time.Second)
+	// publisher → provisioner.command → provisioner.create; the command's
+	// span ends once the result is published and the command acked.
+	spans := map[string]sdktrace.ReadOnlySpan{}
+	waitFor(t, 10*time.Second, "provisioner.command and provisioner.create spans", func() bool {
+		for _, s := range rec.Ended() {
+			spans[s.Name()] = s
+		}
+		return spans["provisioner.command"] != nil && spans["provisioner.create"] != nil
+	})
+	command, create := spans["provisioner.command"], spans["provisioner.create"]
+	if command.Parent().TraceID() != parent.SpanContext().TraceID() || command.Parent().SpanID() != parent.SpanContext().SpanID() {
+		t.Errorf("provisioner.command parent = %v, want the publisher's span %v", command.Parent(), parent.SpanContext())
+	}
+	if create.Parent().SpanID() != command.SpanContext().SpanID() || create.SpanContext().TraceID() != parent.SpanContext().TraceID() {
+		t.Errorf("provisioner.create parent = %v, want provisioner.command %v", create.Parent(), command.SpanContext())
+	}
 	var found bool
 	for _, s := range rec.Ended() {
-		if s.Name() == "provisioner.create" {
+		if s.Name() == "provisioner.create" || s.Name() == "provisioner.command" {
 			found = true
-			if s.Parent().TraceID() != parent.SpanContext().TraceID() || s.Parent().SpanID() != parent.SpanContext().SpanID() {
-				t.Errorf("provisioner.create parent = %v, want the publisher's span %v", s.Parent(), parent.SpanContext())
-			}
 			for _, a := range s.Attributes() {
 				if strings.Contains(a.Value.Emit(), "s3cr3t") {
 					t.Errorf("span attribute %s carries the cloud-init", a.Key)

@@ -130,12 +130,21 @@ func TestRESTWithAuth(t *testing.T) {
 			t.Errorf("%s %s %s = %d %v; want %d with %q", tc.method, tc.path, tc.body, code, body, tc.want, tc.wantMsg)
 		}
 	}
-	metrics, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// Reconciles are counted once a worker claimed the proxy, which may
+	// not have happened yet.
+	var raw []byte
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		metrics, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ = io.ReadAll(metrics.Body)
+		metrics.Body.Close()
+		if strings.Contains(string(raw), "egress_orchestrator_reconciles_total") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // polling /metrics
 	}
-	raw, _ := io.ReadAll(metrics.Body)
-	metrics.Body.Close()
 	// The proxy is Pending, or Provisioning once a worker claimed it.
 	if !strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PENDING"} 1`) &&
 		!strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PROVISIONING"} 1`) {

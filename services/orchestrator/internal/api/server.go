@@ -19,6 +19,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/spec"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -69,7 +70,7 @@ func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyReques
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
-	c := &pendingCreate{req: req, want: spec.Normalize(req.GetSpec()), done: make(chan struct{})}
+	c := &pendingCreate{req: req, want: spec.Normalize(req.GetSpec()), traceParent: telemetry.TraceParent(ctx), done: make(chan struct{})}
 	select {
 	case s.creates() <- c:
 	case <-ctx.Done():
@@ -91,12 +92,14 @@ func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyReques
 }
 
 type pendingCreate struct {
-	req     *proxyv1.CreateProxyRequest
-	want    *proxyv1.ProxySpec
-	done    chan struct{}
-	out     *proxyv1.Proxy
-	created bool
-	err     error
+	req  *proxyv1.CreateProxyRequest
+	want *proxyv1.ProxySpec
+	// traceParent is the call's trace, stored with a new proxy.
+	traceParent string
+	done        chan struct{}
+	out         *proxyv1.Proxy
+	created     bool
+	err         error
 }
 
 // MaxCreateBatch is the most creates one transaction takes.
@@ -167,6 +170,7 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 					continue
 				}
 				r := newRow(c.req, c.want, tx.Now())
+				r.TraceParent = c.traceParent
 				tx.Insert(r)
 				byName[name] = r
 				rows[i] = r
@@ -366,6 +370,7 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		r.Spec, r.Labels, r.SkipCleanup = want, req.GetLabels(), req.GetSkipCleanup()
 		r.Generation++
 		r.SpecHash = spec.Hash(want)
+		r.TraceParent = telemetry.TraceParent(ctx)
 		if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
 			r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
 			r.ObservedGeneration = r.Generation
@@ -411,6 +416,7 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 		r.SkipCleanup = r.SkipCleanup || req.GetSkipCleanup()
 		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
 		r.Reason, r.Message = "Deleting", ""
+		r.TraceParent = telemetry.TraceParent(ctx)
 		row = r
 		if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
 			// Nothing to clean up (or cleanup abandoned): release at once.

@@ -18,6 +18,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -81,8 +85,19 @@ func (c *Collector) lead(ctx context.Context) error {
 	}
 }
 
-// Sweep asks every provider for its managed instances.
-func (c *Collector) Sweep(ctx context.Context) error {
+var tracer = otel.Tracer("github.com/egress-proxies/egress-proxies/services/orchestrator/gc")
+
+// Sweep asks every provider for its managed instances, in a gc.sweep span
+// that the list commands carry to the provisioners.
+func (c *Collector) Sweep(ctx context.Context) (err error) {
+	ctx, span := tracer.Start(ctx, "gc.sweep", trace.WithSpanKind(trace.SpanKindProducer))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "publishing a list command failed")
+		}
+		span.End()
+	}()
 	now := c.now()
 	for _, provider := range c.Providers() {
 		cmd := &busv1.Command{
@@ -104,9 +119,13 @@ func (c *Collector) Sweep(ctx context.Context) error {
 }
 
 // HandleList deletes the orphans among a provider's listed instances. A
-// failed list skips that provider for this sweep.
+// failed list skips that provider for this sweep. ctx carries the list's
+// trace (the sweep's), which the deletes continue.
 func (c *Collector) HandleList(ctx context.Context, res *busv1.CommandResult) {
 	provider := res.GetProvider()
+	ctx, span := tracer.Start(ctx, "gc.handle_list", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("provider", provider)))
+	defer span.End()
 	if e := res.GetError(); e != nil {
 		c.Log.Warn("a provider's instance list failed; skipping it this sweep",
 			"provider", provider, "error", errclass.FromCommandError(e).Error())

@@ -236,10 +236,10 @@ func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
 		r.ProviderID, r.IP, int32(r.Port), r.Healthy, r.Reason, r.Message, r.InstanceSpecHash,
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
-		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince}
+		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent}
 	if insert {
 		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
-			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35)`, args...)
+			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36)`, args...)
 		return
 	}
 	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
@@ -248,7 +248,7 @@ func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
 		instance_spec_hash=$21, failed_spec_hash=$22, observed_generation=$23, phase_transition_time=$24,
 		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
 		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
-		command_issue_time=$34, stopped_since=$35 WHERE uid=$1`, args...)
+		command_issue_time=$34, stopped_since=$35, trace_parent=$36 WHERE uid=$1`, args...)
 }
 
 func isUniqueViolation(err error) bool {
