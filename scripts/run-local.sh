@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Starts the suite's binaries from bin/ on this machine with their default
 # ports, against the local PostgreSQL (database "egress") and NATS, prints
-# where each listens, and stops them all on Ctrl-C (SIGTERM to each, then
-# waits). Usage: scripts/run-local.sh SERVICE...
+# where each listens, and supervises them: the first service to exit ends
+# the run with the end of its log (exit status 1). Whatever ends the run
+# (Ctrl-C too), every service and the local proxies are stopped. Each
+# run's logs stay in .run/logs/<time>-<pid>/ (.run/latest is the newest).
+# Usage: scripts/run-local.sh SERVICE...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,48 +52,88 @@ else
 	export EGRESS_AUTH_DISABLED=${EGRESS_AUTH_DISABLED:-true}
 fi
 
-logdir=${EGRESS_RUN_LOG_DIR:-.run}
+bindir=${EGRESS_RUN_BIN_DIR:-bin}
+rundir=${EGRESS_RUN_LOG_DIR:-.run}
+# The proxies' state directory (deploy/local/providers.yaml): their
+# processes run in sessions of their own and are stopped by it.
+statedir=${EGRESS_RUN_STATE_DIR:-$PWD/.run/local}
+# Each run's logs in a directory of its own, .run/latest pointing at the
+# newest; the last 20 runs are kept.
+logdir="$rundir/logs/$(date -u +%Y%m%dT%H%M%SZ)-$$"
 mkdir -p "$logdir"
+ln -sfn "logs/$(basename "$logdir")" "$rundir/latest"
+ls -1d "$rundir"/logs/*/ 2>/dev/null | sort | head -n -20 | xargs -r rm -rf
 # squid drops to its own user, which must reach the local instances.
-chmod 755 "$logdir"
+chmod 755 "$rundir" "$rundir/logs" "$logdir"
+
 pids=()
+names=()
+stopped=
+# stop ends every service and the local proxies, whatever ended the run
+# (Ctrl-C, a service that exited, an error in this script).
 stop() {
+	[ -n "$stopped" ] && return
+	stopped=1
 	trap - INT TERM
 	echo
 	echo "stopping…"
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
 	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
-	# The local proxies run in sessions of their own (they outlive a
-	# provisioner restart); stop them too. The next run starts them again
-	# when it reads their instances.
-	pkill -TERM -f "$PWD/.run/local/" 2>/dev/null
-	echo "stopped"
-	exit 0
+	# The local proxies outlive a provisioner restart by design; the next
+	# run starts them again when it reads their instances.
+	pkill -TERM -f "$statedir/" 2>/dev/null
+	echo "stopped; logs in $logdir/"
 }
-trap stop INT TERM
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
 
 for svc in "$@"; do
-	bin/"$svc" --log-format=text >"$logdir/$svc.log" 2>&1 &
+	"$bindir/$svc" --log-format=text >"$logdir/$svc.log" 2>&1 &
 	pids+=($!)
+	names+=("$svc")
 done
+
+# exited reports a service that has ended, with the tail of its log, and
+# ends the run.
+exited() {
+	local svc=$1 status=$2
+	echo "$svc exited with status $status; the end of its log ($logdir/$svc.log):" >&2
+	tail -n 30 "$logdir/$svc.log" >&2
+	exit 1
+}
 
 # Wait for every service's "serving" line and print its endpoints.
 printf '%-20s %-16s %-22s %s\n' SERVICE GRPC REST METRICS
-for svc in "$@"; do
+for i in "${!names[@]}"; do
+	svc=${names[$i]}
 	line=""
 	for _ in $(seq 1 100); do
 		line=$(grep -m1 'msg=serving' "$logdir/$svc.log" 2>/dev/null) && break
+		if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+			wait "${pids[$i]}"
+			exited "$svc" $?
+		fi
 		sleep 0.1
 	done
 	if [ -z "$line" ]; then
-		echo "$svc did not start; its log ($logdir/$svc.log):" >&2
+		echo "$svc did not start within 10s; its log ($logdir/$svc.log):" >&2
 		cat "$logdir/$svc.log" >&2
-		stop
+		exit 1
 	fi
 	# A wildcard listener is reached on localhost.
 	grpc=$(sed -n 's/.*grpc=\([^ ]*\).*/\1/p' <<<"$line" | sed 's/^\(\[::\]\|0\.0\.0\.0\):/localhost:/')
 	http=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' <<<"$line" | sed 's/^\(\[::\]\|0\.0\.0\.0\):/localhost:/')
 	printf '%-20s %-16s %-22s %s\n' "$svc" "$grpc" "http://$http" "http://$http/metrics"
 done
-echo "logs in $logdir/; Ctrl-C stops everything"
-wait
+echo "logs in $logdir/ (also $rundir/latest/); Ctrl-C stops everything"
+
+# Supervise: the first service to exit ends the run.
+while :; do
+	wait -n -p done_pid "${pids[@]}"
+	status=$?
+	for i in "${!pids[@]}"; do
+		if [ "${pids[$i]}" = "${done_pid:-}" ]; then
+			exited "${names[$i]}" "$status"
+		fi
+	done
+done
