@@ -30,19 +30,24 @@ if [ -z "${EGRESS_DATABASE_URL:-}" ]; then
 	psql -h 127.0.0.1 -U postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'egress'" | grep -q 1 ||
 		psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE egress" >/dev/null
 fi
+# EGRESS_RUN_PORT_OFFSET moves every service's ports (8100 → 8100+offset,
+# …), so a second suite (the README test) runs beside a developer's.
+offset=${EGRESS_RUN_PORT_OFFSET:-0}
+declare -A grpc_port=([orchestrator]=8100 [lease]=8110 [health]=8120 [provisioner-proxmox]=8130
+	[provisioner-kvm]=8140 [provisioner-gcp]=8150 [provisioner-local]=8160)
 export EGRESS_DATABASE_URL=${EGRESS_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/egress?sslmode=disable}
 export EGRESS_NATS_URL=${EGRESS_NATS_URL:-nats://127.0.0.1:4222}
 export EGRESS_PROVIDERS_CONFIG=${EGRESS_PROVIDERS_CONFIG:-deploy/local/providers.yaml}
-export EGRESS_ORCHESTRATOR_ADDR=${EGRESS_ORCHESTRATOR_ADDR:-localhost:8100}
+export EGRESS_ORCHESTRATOR_ADDR=${EGRESS_ORCHESTRATOR_ADDR:-localhost:$((8100 + offset))}
 # Health probes fetch this through every proxy: the orchestrator's own
 # /healthz, a target this machine runs.
-export EGRESS_PROBE_TARGET=${EGRESS_PROBE_TARGET:-http://127.0.0.1:8101/healthz}
+export EGRESS_PROBE_TARGET=${EGRESS_PROBE_TARGET:-http://127.0.0.1:$((8101 + offset))/healthz}
 # Read instances every 30 s, so a local proxy stopped with the last run is
 # started again soon after this one starts.
 export EGRESS_RESYNC_INTERVAL=${EGRESS_RESYNC_INTERVAL:-30s}
 # provisioner-local serves the `local` provider; health checks it.
 export EGRESS_PROVIDER=${EGRESS_PROVIDER:-local}
-export EGRESS_PROVISIONER=${EGRESS_PROVISIONER:-local=localhost:8160}
+export EGRESS_PROVISIONER=${EGRESS_PROVISIONER:-local=localhost:$((8160 + offset))}
 # Local runs accept unauthenticated calls (each service logs a WARNING),
 # unless EGRESS_LOCAL_AUTH=1 asks for the sample tokens in deploy/local.
 if [ "${EGRESS_LOCAL_AUTH:-}" = 1 ]; then
@@ -88,7 +93,11 @@ trap 'stop; exit 0' INT TERM
 trap stop EXIT
 
 for svc in "$@"; do
-	"$bindir/$svc" --log-format=text >"$logdir/$svc.log" 2>&1 &
+	listen=()
+	if [ "$offset" != 0 ] && [ -n "${grpc_port[$svc]:-}" ]; then
+		listen=(--grpc-listen=":$((grpc_port[$svc] + offset))" --http-listen=":$((grpc_port[$svc] + 1 + offset))")
+	fi
+	"$bindir/$svc" --log-format=text "${listen[@]}" >"$logdir/$svc.log" 2>&1 &
 	pids+=($!)
 	names+=("$svc")
 done
