@@ -201,6 +201,8 @@ func TestServerMapsErrorClasses(t *testing.T) {
 		{"quota", errclass.New(errclass.QuotaExceeded, "Quota 'CPUS' exceeded"), codes.ResourceExhausted, "ERROR_REASON_QUOTA_EXCEEDED"},
 		{"unclassified is transient", fmt.Errorf("connection reset"), codes.Unavailable, "ERROR_REASON_TRANSIENT"},
 		{"canceled keeps its code and carries its reason", context.Canceled, codes.Canceled, "ERROR_REASON_TRANSIENT"},
+		{"a request past its per-request timeout is transient", errclass.Wrap(errclass.Transient, fmt.Errorf("GET /cluster/resources: %w", context.DeadlineExceeded)),
+			codes.Unavailable, "ERROR_REASON_TRANSIENT"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 )
 
@@ -203,5 +205,57 @@ func TestCreateWait(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(errOut), "\n")
 	if lines[len(lines)-1] != "ext\tReady\tHealthy" || (len(lines) == 2 && !strings.HasPrefix(lines[0], "ext\tRunning")) || len(lines) > 2 {
 		t.Errorf("progress lines:\n%s", errOut)
+	}
+}
+
+// proxies watch: without flags only new changes; --list shows the proxies
+// as they are first, then the changes after the listing; --since N every
+// change after revision N. (0 means "from now on": `--since 0` used to be
+// the documented way to see everything, and showed nothing.)
+func TestProxiesWatch(t *testing.T) {
+	t.Parallel()
+	addr, _ := orchestrator(t)
+	base := []string{"--orchestrator", addr, "--token", "tok-ops"}
+	if code, out, errOut := run(append(base, "proxies", "create", "w1", "--provider", "local")...); code != 0 {
+		t.Fatalf("create = %d %s %s", code, out, errOut)
+	}
+	bin := proctest.Build(t, "../..")
+	watch := func(args ...string) *proctest.Process {
+		return proctest.Start(t, bin, append(append([]string{}, base...), append([]string{"proxies", "watch"}, args...)...))
+	}
+	waitOutput := func(p *proctest.Process, want string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(p.Output(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q within 30s in:\n%s", want, p.Output())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	listed := watch("--list")
+	fromNow := watch()
+	waitOutput(listed, "CURRENT  w1")
+	// The change stream is open once the header is out; w2 comes after.
+	waitOutput(fromNow, "REVISION")
+	if code, out, errOut := run(append(base, "proxies", "create", "w2", "--provider", "local")...); code != 0 {
+		t.Fatalf("create = %d %s %s", code, out, errOut)
+	}
+	waitOutput(listed, "CREATED  w2")
+	waitOutput(fromNow, "CREATED  w2")
+	if strings.Contains(fromNow.Output(), "CREATED  w1") {
+		t.Errorf("watch without flags showed w1's creation, from before it started:\n%s", fromNow.Output())
+	}
+	// --since 1: every change after w1's creation, w2's included.
+	since := watch("--since", "1")
+	waitOutput(since, "CREATED  w2")
+	for _, p := range []*proctest.Process{listed, fromNow, since} {
+		p.Signal(t, syscall.SIGTERM)
+		if code := p.Wait(t, 30*time.Second); code != 0 {
+			t.Errorf("watch exited %d after SIGTERM:\n%s", code, p.Output())
+		}
+	}
+	if code, _, errOut := run(append(base, "proxies", "watch", "--list", "--since", "3")...); code != 1 || !strings.Contains(errOut, "exclude each other") {
+		t.Errorf("--list with --since = %d %q", code, errOut)
 	}
 }
