@@ -173,7 +173,9 @@ func (be *Backend) client(ctx context.Context) (*clients, error) {
 		}
 		return nil, errclass.New(class, "gcp credentials: %v", err)
 	}
-	hc := &http.Client{Transport: authed}
+	// The client's own timeout bounds every request: the SDK's
+	// AggregatedList builds its requests without the caller's context.
+	hc := &http.Client{Transport: authed, Timeout: be.requestTimeout}
 	instances, err := compute.NewInstancesRESTClient(ctx, append(opts, option.WithHTTPClient(hc))...)
 	if err != nil {
 		return nil, errclass.New(errclass.Transient, "compute client: %v", err)

@@ -46,7 +46,16 @@ func (be *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
 	}
 	start := time.Now()
 	ts := &provisionerv1.TargetStatus{Name: be.cfg.Project, Address: be.address(), Details: map[string]string{}}
-	err := be.probe(ctx)
+	// The SDK's aggregated list ignores the context (only the client's
+	// request timeout ends it), so the check stops waiting on its own.
+	done := make(chan error, 1)
+	go func() { done <- be.probe(ctx) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
 	ts.Latency = durationpb.New(time.Since(start))
 	if err != nil {
 		ts.Reason = checkReason(ctx, err)

@@ -32,7 +32,11 @@ func main() {
 		os.Exit(1)
 	}
 	url := "http://" + ln.Addr().String()
-	srv := &http.Server{Handler: f}
+	// One line per request, for tests that count calls.
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Printf("request: %s %s\n", r.Method, r.URL.Path)
+		f.ServeHTTP(w, r)
+	})}
 	go func() { _ = srv.Serve(ln) }()
 	fmt.Printf(`fake Compute Engine API, project %s, zones %s
 url: %s
