@@ -69,6 +69,10 @@ var ErrRoundTripperClosed = errors.New("egress: round tripper closed")
 
 // RoundTrip implements http.RoundTripper.
 func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	if rt.Client == nil {
+		closeBody(req)
+		return nil, errors.New("egress: RoundTripper.Client is nil")
+	}
 	host := strings.TrimSuffix(strings.ToLower(req.URL.Hostname()), ".")
 	if host == "" {
 		closeBody(req)
