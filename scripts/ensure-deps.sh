@@ -64,4 +64,6 @@ if ! /usr/bin/python3 -c 'import scrapy, pytest' >/dev/null 2>&1; then
 	echo "ensure-deps: installing python3-scrapy and python3-pytest (the Python client's tests)"
 	apt_install python3 python3-scrapy python3-pytest
 fi
-echo "ensure-deps: PostgreSQL, NATS, squid, Scrapy and pytest are ready"
+# The KVM backend's tests need a real libvirtd (and sshd, QEMU, qemu-img).
+"$(dirname "$0")/ensure-libvirt.sh"
+echo "ensure-deps: PostgreSQL, NATS, squid, Scrapy, pytest and libvirtd are ready"

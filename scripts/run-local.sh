@@ -27,24 +27,31 @@ if [ -z "${EGRESS_DATABASE_URL:-}" ]; then
 	psql -h 127.0.0.1 -U postgres -Atqc "SELECT 1 FROM pg_database WHERE datname = 'egress'" | grep -q 1 ||
 		psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE egress" >/dev/null
 fi
+# Every service listens on this host only: loopback unless told otherwise
+# (EGRESS_RUN_HOST=0.0.0.0 make run reaches them from other machines).
+host=${EGRESS_RUN_HOST:-127.0.0.1}
+self=$host
+[ "$host" = 0.0.0.0 ] && self=127.0.0.1
 export EGRESS_DATABASE_URL=${EGRESS_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/egress?sslmode=disable}
 export EGRESS_NATS_URL=${EGRESS_NATS_URL:-nats://127.0.0.1:4222}
 export EGRESS_PROVIDERS_CONFIG=${EGRESS_PROVIDERS_CONFIG:-deploy/local/providers.yaml}
-export EGRESS_ORCHESTRATOR_ADDR=${EGRESS_ORCHESTRATOR_ADDR:-localhost:8100}
+export EGRESS_ORCHESTRATOR_ADDR=${EGRESS_ORCHESTRATOR_ADDR:-$self:8100}
 # Health probes fetch this through every proxy: the orchestrator's own
 # /healthz, a target this machine runs.
-export EGRESS_PROBE_TARGET=${EGRESS_PROBE_TARGET:-http://127.0.0.1:8101/healthz}
+export EGRESS_PROBE_TARGET=${EGRESS_PROBE_TARGET:-http://$self:8101/healthz}
 # Read instances every 30 s, so a local proxy stopped with the last run is
 # started again soon after this one starts.
 export EGRESS_RESYNC_INTERVAL=${EGRESS_RESYNC_INTERVAL:-30s}
 # provisioner-local serves the `local` provider; health checks it.
 export EGRESS_PROVIDER=${EGRESS_PROVIDER:-local}
-export EGRESS_PROVISIONER=${EGRESS_PROVISIONER:-local=localhost:8160}
+export EGRESS_PROVISIONER=${EGRESS_PROVISIONER:-local=$self:8160}
 # Local runs accept unauthenticated calls (each service logs a WARNING),
 # unless EGRESS_LOCAL_AUTH=1 asks for the sample tokens in deploy/local.
 if [ "${EGRESS_LOCAL_AUTH:-}" = 1 ]; then
 	export EGRESS_AUTH_TOKEN_FILE=${EGRESS_AUTH_TOKEN_FILE:-deploy/local/tokens}
-	export EGRESS_ORCHESTRATOR_TOKEN_FILE=${EGRESS_ORCHESTRATOR_TOKEN_FILE:-deploy/local/admin-token}
+	# What the services call each other with: the service role.
+	export EGRESS_ORCHESTRATOR_TOKEN_FILE=${EGRESS_ORCHESTRATOR_TOKEN_FILE:-deploy/local/service-token}
+	export EGRESS_PROVISIONER_TOKEN_FILE=${EGRESS_PROVISIONER_TOKEN_FILE:-deploy/local/service-token}
 else
 	export EGRESS_AUTH_DISABLED=${EGRESS_AUTH_DISABLED:-true}
 fi
@@ -69,8 +76,20 @@ stop() {
 }
 trap stop INT TERM
 
+# The default gRPC port of each service; HTTP is the next one.
+port_of() {
+	case $1 in
+	orchestrator) echo 8100 ;; lease) echo 8110 ;; health) echo 8120 ;;
+	provisioner-proxmox) echo 8130 ;; provisioner-kvm) echo 8140 ;;
+	provisioner-gcp) echo 8150 ;; provisioner-local) echo 8160 ;;
+	esac
+}
 for svc in "$@"; do
-	bin/"$svc" --log-format=text >"$logdir/$svc.log" 2>&1 &
+	listen=()
+	if port=$(port_of "$svc") && [ -n "$port" ]; then
+		listen=(--grpc-listen="$host:$port" --http-listen="$host:$((port + 1))")
+	fi
+	bin/"$svc" "${listen[@]}" --log-format=text >"$logdir/$svc.log" 2>&1 &
 	pids+=($!)
 done
 
@@ -92,5 +111,12 @@ for svc in "$@"; do
 	http=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' <<<"$line" | sed 's/^\(\[::\]\|0\.0\.0\.0\):/localhost:/')
 	printf '%-20s %-16s %-22s %s\n' "$svc" "$grpc" "http://$http" "http://$http/metrics"
 done
+if [ "${EGRESS_AUTH_DISABLED:-}" = true ]; then
+	echo "WARNING: authentication is OFF: anyone who reaches $host may call every API with every role." \
+		"EGRESS_LOCAL_AUTH=1 make run uses the sample tokens in deploy/local/tokens."
+fi
+if [ "$host" != 127.0.0.1 ] && [ "$host" != localhost ] && [ "$host" != ::1 ]; then
+	echo "WARNING: listening on $host, not on loopback only (EGRESS_RUN_HOST)."
+fi
 echo "logs in $logdir/; Ctrl-C stops everything"
 wait

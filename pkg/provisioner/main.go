@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
@@ -27,6 +28,9 @@ type Spec struct {
 	// NewBackend builds the backend from its provider's config block. It
 	// must not need the backend to be reachable.
 	NewBackend func(ctx context.Context, p providers.Provider, log *slog.Logger) (Backend, error)
+	// Flags registers the backend's own flags, if any (parsed before
+	// NewBackend runs).
+	Flags func(*flag.FlagSet)
 }
 
 // Flags are the runtime's flags (each also EGRESS_<NAME>).
@@ -59,10 +63,21 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 // ProvisionerService and the NATS worker. It returns the exit code.
 func Main(spec Spec, args []string) int {
 	var f Flags
+	opts := spec.Options
+	if opts.Auth == nil {
+		// ProvisionerService creates and deletes instances: only callers
+		// with the service role may use it.
+		opts.Auth = &auth.Config{}
+	}
 	return service.Main(service.Binary{
-		Options: spec.Options,
-		Flags:   f.Register,
-		Setup:   func(ctx context.Context, s *service.Service) error { return Setup(ctx, s, spec, f) },
+		Options: opts,
+		Flags: func(fs *flag.FlagSet) {
+			f.Register(fs)
+			if spec.Flags != nil {
+				spec.Flags(fs)
+			}
+		},
+		Setup: func(ctx context.Context, s *service.Service) error { return Setup(ctx, s, spec, f) },
 	}, args)
 }
 

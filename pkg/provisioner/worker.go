@@ -243,6 +243,7 @@ func (w *Worker) handle(opCtx context.Context, msg jetstream.Msg) {
 	res.ProxyUid = cmd.GetProxyUid()
 	res.Provider = provider
 	res.SpecHash = cmd.GetSpecHash()
+	res.Purpose = cmd.GetPurpose()
 	res.Operation = cmd.GetOperation()
 	res.HandledBy = w.ReplicaID
 	res.CompleteTime = timestamppb.Now()

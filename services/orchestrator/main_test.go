@@ -60,7 +60,7 @@ func TestBinaryLifecycle(t *testing.T) {
 func TestRESTWithAuth(t *testing.T) {
 	t.Parallel()
 	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("ops tok-ops\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("ops tok-ops admin\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, addrs := servicetest.Start(t, ".", []string{

@@ -70,7 +70,7 @@ func newSuiteTLS(t *testing.T, n int, tf *tlsFiles) *suite {
 	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "clients_empty", Fingerprint: "none",
 		Migrate: func(context.Context, string) error { return nil }})
 	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("crawler-a "+token+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("crawler-a "+token+" crawler\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{

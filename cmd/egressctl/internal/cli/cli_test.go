@@ -35,7 +35,7 @@ func orchestrator(t *testing.T) (string, *natstest.Server) {
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
 	providers := filepath.Join(dir, "providers.yaml")
-	if err := os.WriteFile(tokens, []byte("ops tok-ops\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("ops tok-ops admin\nboard tok-viewer viewer\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(providers, []byte("providers:\n  - {name: local, type: local}\n"), 0o600); err != nil {
@@ -102,6 +102,46 @@ func TestProxiesCommands(t *testing.T) {
 		if code != 1 || !strings.Contains(errOut, tc.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 			t.Errorf("%v = %d %q; want one line with %q", tc.args, code, errOut, tc.want)
 		}
+	}
+
+	// Roles: a viewer reads but cannot write, and never sees cloud-init.
+	viewer := func(args ...string) (int, string, string) {
+		return run(append([]string{"--orchestrator", addr, "--token", "tok-viewer"}, args...)...)
+	}
+	if code, _, errOut := viewer("proxies", "create", "p9", "--provider", "local"); code != 1 ||
+		!strings.Contains(errOut, "permissionDenied") || !strings.Contains(errOut, "needs the role admin") {
+		t.Errorf("create as a viewer = %d %q, want the role named", code, errOut)
+	}
+	if code, out, _ := viewer("proxies", "list"); code != 0 || !strings.Contains(out, "p1") {
+		t.Errorf("list as a viewer = %d\n%s", code, out)
+	}
+	dir := t.TempDir()
+	cloudInit := filepath.Join(dir, "user-data")
+	if err := os.WriteFile(cloudInit, []byte("#cloud-config\n# egressctl-s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := cmd("proxies", "create", "p6", "--provider", "local", "--cloud-init-file", cloudInit, "-o", "json"); code != 0 || strings.Contains(out, "s3cret") {
+		t.Errorf("create with cloud-init = %d, the response shows it: %s %s", code, out, errOut)
+	}
+	if code, out, _ := cmd("proxies", "get", "p6", "--full", "-o", "json"); code != 0 || !strings.Contains(out, "egressctl-s3cret") {
+		t.Errorf("get --full as admin = %d, want the cloud-init:\n%s", code, out)
+	}
+	if code, out, _ := cmd("proxies", "get", "p6", "-o", "json"); code != 0 || strings.Contains(out, "s3cret") {
+		t.Errorf("get as admin without --full shows the cloud-init = %d\n%s", code, out)
+	}
+	if code, _, errOut := viewer("proxies", "get", "p6", "--full"); code != 1 || !strings.Contains(errOut, "needs the role admin") {
+		t.Errorf("get --full as a viewer = %d %q", code, errOut)
+	}
+	// The token from a file.
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("tok-ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := run("--orchestrator", addr, "--token-file", tokenFile, "proxies", "get", "p6"); code != 0 || !strings.Contains(out, "p6") {
+		t.Errorf("--token-file = %d %s %s", code, out, errOut)
+	}
+	if _, _, errOut := cmd("proxies", "delete", "p6"); errOut != "" {
+		t.Errorf("delete p6: %s", errOut)
 	}
 
 	// No token; unreachable service.

@@ -218,13 +218,18 @@ func (o *options) waitReady(client proxyv1.ProxyServiceClient, p *proxyv1.Proxy)
 }
 
 func proxiesGet(o *options) *cobra.Command {
-	return &cobra.Command{
+	var full bool
+	c := &cobra.Command{
 		Use:   "get NAME",
 		Short: "Show one proxy",
 		Args:  exactName,
 		RunE: func(_ *cobra.Command, args []string) error {
+			req := &proxyv1.GetProxyRequest{Name: args[0]}
+			if full {
+				req.View = proxyv1.ProxyView_PROXY_VIEW_FULL
+			}
 			return call(o, o.proxyClient, func(ctx context.Context, client proxyv1.ProxyServiceClient) error {
-				resp, err := client.GetProxy(ctx, &proxyv1.GetProxyRequest{Name: args[0]})
+				resp, err := client.GetProxy(ctx, req)
 				if err != nil {
 					return err
 				}
@@ -232,6 +237,8 @@ func proxiesGet(o *options) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().BoolVar(&full, "full", false, "the FULL view, with spec.cloudInit (needs the admin role; shown with -o json or yaml)")
+	return c
 }
 
 func proxiesList(o *options) *cobra.Command {

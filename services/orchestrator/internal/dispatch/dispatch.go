@@ -21,6 +21,7 @@ import (
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
@@ -277,7 +278,7 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
-		if res.GetSpecHash() == gc.Marker {
+		if res.GetPurpose() == busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
 			// Orphan GC's own commands answer no proxy.
 			if d.GC != nil {
 				if res.GetOperation() == busv1.Operation_OPERATION_LIST {
@@ -452,35 +453,15 @@ func (d *Dispatcher) applyHealth(ctx context.Context, msgs []jetstream.Msg) {
 const outboxLockKey = 0x65677265_73730001
 
 // RunOutbox publishes stored changes as ProxyEvents, in revision order, from
-// one replica at a time (an advisory lock), resuming from the stored cursor.
+// one replica at a time (a postgres.Singleton), resuming from the stored
+// cursor.
 func (d *Dispatcher) RunOutbox(ctx context.Context) error {
-	for ctx.Err() == nil {
-		err := d.outbox(ctx)
-		if err != nil && ctx.Err() == nil {
-			d.Log.Warn("event outbox interrupted", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(d.poll()):
-		}
-	}
-	return nil
+	s := &postgres.Singleton{Pool: d.Store.Pool(), Key: outboxLockKey, Name: "ProxyEvent outbox", Log: d.Log, Retry: d.poll()}
+	return s.Run(ctx, d.outbox)
 }
 
 func (d *Dispatcher) outbox(ctx context.Context) error {
-	conn, err := d.Store.Pool().Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(outboxLockKey)).Scan(&got); err != nil {
-		return err
-	}
-	if !got {
-		return nil
-	}
-	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(outboxLockKey)) }()
+	conn := d.Store.Pool()
 	var cursor int64
 	var refreshed time.Time
 	if err := conn.QueryRow(ctx, "SELECT revision, refresh_time FROM orchestrator.event_cursor").Scan(&cursor, &refreshed); err != nil {

@@ -1,0 +1,240 @@
+package gcp
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/google/uuid"
+	"google.golang.org/api/googleapi"
+	"google.golang.org/protobuf/proto"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+)
+
+// placement is a Create request resolved against the config.
+type placement struct {
+	zone, machineType, image string
+}
+
+func (be *Backend) resolve(req *provisionerv1.CreateInstanceRequest) (placement, error) {
+	pl := req.GetPlacement()
+	var p placement
+	var err error
+	if p.zone, err = be.cfg.zoneFor(pl.GetZone()); err != nil {
+		return p, errclass.Wrap(errclass.Permanent, err)
+	}
+	if p.machineType, err = be.cfg.machineTypeFor(pl.GetMachineType()); err != nil {
+		return p, errclass.Wrap(errclass.Permanent, err)
+	}
+	if p.image, err = be.cfg.imageFor(pl.GetImage()); err != nil {
+		return p, errclass.Wrap(errclass.Permanent, err)
+	}
+	if len(req.GetCloudInit()) > maxUserDataBytes {
+		return p, errclass.New(errclass.Permanent, "cloud-init is %d bytes; Compute takes at most %d in one metadata value", len(req.GetCloudInit()), maxUserDataBytes)
+	}
+	return p, nil
+}
+
+// buildInsertRequest is the insert of the proxy's instance: its
+// deterministic name, the three labels (plus the configured ones) on the
+// instance and its boot disk, the cloud-init as user-data byte for byte.
+func (be *Backend) buildInsertRequest(req *provisionerv1.CreateInstanceRequest, name string, p placement) *computepb.InsertInstanceRequest {
+	c := be.cfg
+	labels := make(map[string]string, len(c.Labels)+3)
+	for k, v := range c.Labels {
+		labels[k] = v
+	}
+	labels[labelManaged] = labelManagedOn
+	labels[labelUID] = labelValue(req.GetProxyUid())
+	labels[labelCreatedAt] = strconv.FormatInt(be.now().Unix(), 10)
+
+	nic := &computepb.NetworkInterface{Network: proto.String(c.Network)}
+	if c.Subnetwork != "" {
+		nic.Subnetwork = proto.String(c.Subnetwork)
+	}
+	if *c.ExternalIP {
+		nic.AccessConfigs = []*computepb.AccessConfig{{
+			Name:        proto.String("External NAT"),
+			Type:        proto.String(computepb.AccessConfig_ONE_TO_ONE_NAT.String()),
+			NetworkTier: proto.String(computepb.AccessConfig_PREMIUM.String()),
+		}}
+	}
+	inst := &computepb.Instance{
+		Name:        proto.String(name),
+		Description: proto.String("egress proxy " + req.GetProxyName() + " (" + req.GetProxyUid() + ")"),
+		MachineType: proto.String("zones/" + p.zone + "/machineTypes/" + p.machineType),
+		Labels:      labels,
+		Disks: []*computepb.AttachedDisk{{
+			Boot:       proto.Bool(true),
+			AutoDelete: proto.Bool(true),
+			Type:       proto.String(computepb.AttachedDisk_PERSISTENT.String()),
+			InitializeParams: &computepb.AttachedDiskInitializeParams{
+				SourceImage: proto.String(p.image),
+				DiskSizeGb:  proto.Int64(int64(c.DiskSizeGB)),
+				DiskType:    proto.String("zones/" + p.zone + "/diskTypes/" + c.DiskType),
+				Labels:      labels,
+			},
+		}},
+		NetworkInterfaces: []*computepb.NetworkInterface{nic},
+		Metadata: &computepb.Metadata{Items: []*computepb.Items{{
+			Key:   proto.String("user-data"),
+			Value: proto.String(req.GetCloudInit()),
+		}}},
+	}
+	if len(c.NetworkTags) > 0 {
+		inst.Tags = &computepb.Tags{Items: append([]string(nil), c.NetworkTags...)}
+	}
+	if c.ServiceAccount != nil {
+		inst.ServiceAccounts = []*computepb.ServiceAccount{{
+			Email:  proto.String(c.ServiceAccount.Email),
+			Scopes: append([]string(nil), c.ServiceAccount.Scopes...),
+		}}
+	}
+	switch {
+	case c.Spot:
+		// A reclaimed Spot instance is deleted rather than stopped, so Get
+		// answers NotFound and the orchestrator creates a new one.
+		inst.Scheduling = &computepb.Scheduling{
+			ProvisioningModel:         proto.String(computepb.Scheduling_SPOT.String()),
+			InstanceTerminationAction: proto.String(computepb.Scheduling_DELETE.String()),
+			AutomaticRestart:          proto.Bool(false),
+			OnHostMaintenance:         proto.String(computepb.Scheduling_TERMINATE.String()),
+		}
+	case c.Preemptible:
+		inst.Scheduling = &computepb.Scheduling{
+			Preemptible:       proto.Bool(true),
+			AutomaticRestart:  proto.Bool(false),
+			OnHostMaintenance: proto.String(computepb.Scheduling_TERMINATE.String()),
+		}
+	}
+	return &computepb.InsertInstanceRequest{
+		Project:          c.Project,
+		Zone:             p.zone,
+		InstanceResource: inst,
+		// A fresh ID per attempt: Compute would answer a repeated ID with
+		// the first attempt's operation, failed or not, for an hour.
+		RequestId: proto.String(uuid.NewString()),
+	}
+}
+
+// Create inserts the proxy's instance, or adopts the one an earlier
+// attempt inserted (the name is fixed, so that is a 409 alreadyExists
+// whose labels carry the proxy's UID). It watches the insert operation for
+// at most operationWaitSeconds, so an asynchronous failure (quota, a zone
+// out of resources) comes back classified, then answers with the
+// instance's state as Get reads it; an insert still running then is
+// answered as PROVISIONING and left to Get.
+func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, error) {
+	name, err := instanceName(req.GetProxyUid())
+	if err != nil {
+		return nil, err
+	}
+	p, err := be.resolve(req)
+	if err != nil {
+		return nil, err
+	}
+	c, err := be.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pid := providerID(p.zone, name)
+	log := be.log.With("name", name, "zone", p.zone)
+	ins := be.buildInsertRequest(req, name, p)
+	cctx, cancel := be.call(ctx)
+	op, err := c.instances.Insert(cctx, ins)
+	cancel()
+	switch {
+	case err == nil:
+		log.DebugContext(ctx, "gcp instance insert accepted", "operation", op.Name(), "status", op.Proto().GetStatus().String())
+		if err := be.watch(ctx, op); err != nil {
+			return nil, notFoundAsTransient(err)
+		}
+	case isAlreadyExists(err):
+		log.DebugContext(ctx, "gcp instance already exists; checking it is ours")
+	default:
+		return nil, notFoundAsTransient(err)
+	}
+	inst, err := be.getInstance(ctx, c, p.zone, name)
+	if err != nil {
+		if errclass.Is(err, errclass.NotFound) {
+			// The insert is still running (or Get has not caught up).
+			return &provisionerv1.Instance{ProviderId: pid, ProxyUid: req.GetProxyUid(), Name: name,
+				State:   provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING,
+				Details: map[string]string{"zone": p.zone, "project": be.cfg.Project}}, nil
+		}
+		return nil, notFoundAsTransient(err)
+	}
+	m := markOf(inst.GetLabels())
+	if !m.ours(req.GetProxyUid()) {
+		who := "no proxy-operator labels"
+		if m.managed {
+			who = "the labels of proxy UID " + m.uid
+		}
+		return nil, errclass.New(errclass.Permanent, "instance %s in %s already exists with %s; delete or rename it", name, p.zone, who).
+			WithMetadata("zone", p.zone, "name", name)
+	}
+	out := be.toInstance(inst, p.zone)
+	log.DebugContext(ctx, "gcp instance created", "state", out.GetState().String(), "ip", out.GetIp())
+	return out, nil
+}
+
+// watch polls an operation until it is done or operationWait has passed.
+// A done operation's failure is returned classified; running out of time
+// is not an error (the caller's Get observes the rest).
+func (be *Backend) watch(ctx context.Context, op *compute.Operation) error {
+	if err := operationError(op.Proto()); err != nil {
+		return err
+	}
+	if op.Done() || be.operationWait <= 0 {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, be.operationWait)
+	defer cancel()
+	t := time.NewTicker(be.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-wctx.Done():
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			be.log.DebugContext(ctx, "gcp operation still running; leaving it to Get", "operation", op.Name(), "status", op.Proto().GetStatus().String())
+			return nil
+		case <-t.C:
+		}
+		pctx, pcancel := be.call(wctx)
+		err := op.Poll(pctx)
+		pcancel()
+		if oerr := operationError(op.Proto()); oerr != nil {
+			return oerr
+		}
+		if err != nil {
+			if wctx.Err() != nil && ctx.Err() == nil {
+				return nil
+			}
+			return classify(err)
+		}
+		if op.Done() {
+			return nil
+		}
+	}
+}
+
+func isAlreadyExists(err error) bool {
+	var gerr *googleapi.Error
+	if !errors.As(err, &gerr) || gerr.Code != http.StatusConflict {
+		return false
+	}
+	for _, e := range gerr.Errors {
+		if e.Reason == "alreadyExists" {
+			return true
+		}
+	}
+	return len(gerr.Errors) == 0
+}
