@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -87,4 +88,25 @@ func TestCaptchaPeekKeepsReadError(t *testing.T) {
 	if string(b) != "<p>partial" || !errors.Is(err, boom) {
 		t.Fatalf("read %q, %v; want the partial body then %v", b, err, boom)
 	}
+}
+
+// Whatever an HTML body holds, classifying it leaves the caller the very
+// same bytes.
+func FuzzClassifyKeepsBody(f *testing.F) {
+	f.Add([]byte("<h1>catalog</h1>"), "text/html")
+	f.Add([]byte(strings.Repeat("a", CaptchaPeekBytes-3)+"CAPTCHA"), "text/html; charset=utf-8")
+	f.Add([]byte{}, "application/xhtml+xml")
+	f.Add([]byte("captcha"), "text/html; charset")
+	f.Fuzz(func(t *testing.T, body []byte, contentType string) {
+		resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {contentType}},
+			Body: io.NopCloser(bytes.NewReader(body))}
+		v := DefaultClassifier.Classify(nil, resp, nil)
+		got, err := io.ReadAll(resp.Body)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("body after classifying: %d bytes, %v; want the %d bytes intact", len(got), err, len(body))
+		}
+		if v.Outcome != Success && v.Outcome != Captcha {
+			t.Fatalf("a 200 classified %v", v.Outcome)
+		}
+	})
 }

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +39,33 @@ func TestNewRejectsBadSettings(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "secret-token") {
 				t.Fatalf("error %q, want it to name %q and not carry the token", err, tc.want)
+			}
+		})
+	}
+}
+
+// A RoundTripper without a Client, or a request without a host, fails the
+// request with an error naming what is missing.
+func TestRoundTripperRejectsBadSetup(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		rt   *RoundTripper
+		url  string
+		want string
+	}{
+		{"no client", &RoundTripper{}, "https://shop.example/", "RoundTripper.Client"},
+		{"no host", &RoundTripper{Client: &Client{}}, "/relative", "no host"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			req, err := http.NewRequest(http.MethodGet, tc.url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tc.rt.RoundTrip(req); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("RoundTrip = %v, want an error naming %q", err, tc.want)
 			}
 		})
 	}

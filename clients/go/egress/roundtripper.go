@@ -39,10 +39,17 @@ type RoundTripper struct {
 	// OnVerdict, when set, is called after every attempt with the lease it
 	// went through and how it was classified (for logs and metrics).
 	OnVerdict func(req *http.Request, l *Lease, v Verdict)
+	// IdleTimeout releases a host's lease once no request of that host
+	// has been in flight for this long (counted from the last response's
+	// headers), so that a crawler visiting many hosts does not keep a
+	// proxy for each. 0: one minute; negative: keep leases until a ban, a
+	// loss or Close.
+	IdleTimeout time.Duration
 
 	mu     sync.Mutex
 	hosts  map[string]*hostSlot
 	closed bool
+	idle   sync.WaitGroup // idle releases running
 }
 
 // hostSlot holds the lease of one target host. acquiring lets one request
@@ -52,6 +59,9 @@ type hostSlot struct {
 	acquiring chan struct{}
 	mu        sync.Mutex
 	lease     *Lease
+	inflight  int
+	lastUsed  time.Time
+	timer     *time.Timer
 }
 
 // ErrRoundTripperClosed is returned by RoundTrip after Close.
@@ -59,6 +69,10 @@ var ErrRoundTripperClosed = errors.New("egress: round tripper closed")
 
 // RoundTrip implements http.RoundTripper.
 func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	if rt.Client == nil {
+		closeBody(req)
+		return nil, errors.New("egress: RoundTripper.Client is nil")
+	}
 	host := strings.TrimSuffix(strings.ToLower(req.URL.Hostname()), ".")
 	if host == "" {
 		closeBody(req)
@@ -85,7 +99,9 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, err
 			}
 		}
+		slot := rt.begin(host)
 		resp, err := l.Transport().RoundTrip(out)
+		rt.end(host, slot)
 		var lost *LostError
 		if errors.As(err, &lost) || errors.Is(err, ErrReleased) {
 			// The lease ended before the request left: not the
@@ -179,6 +195,62 @@ func (s *hostSlot) held() *Lease {
 	return nil
 }
 
+func (rt *RoundTripper) idleTimeout() time.Duration {
+	if rt.IdleTimeout == 0 {
+		return time.Minute
+	}
+	return rt.IdleTimeout
+}
+
+// begin counts a request of host in flight.
+func (rt *RoundTripper) begin(host string) *hostSlot {
+	rt.mu.Lock()
+	slot := rt.hosts[host]
+	rt.mu.Unlock()
+	slot.mu.Lock()
+	slot.inflight++
+	slot.mu.Unlock()
+	return slot
+}
+
+// end counts it done and, when the host has nothing in flight, arms the
+// idle release.
+func (rt *RoundTripper) end(host string, slot *hostSlot) {
+	idle := rt.idleTimeout()
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	slot.inflight--
+	slot.lastUsed = time.Now()
+	if idle < 0 || slot.inflight > 0 {
+		return
+	}
+	if slot.timer != nil {
+		slot.timer.Stop()
+	}
+	slot.timer = time.AfterFunc(idle, func() { rt.releaseIdle(slot, idle) })
+}
+
+// releaseIdle releases the slot's lease if it stayed unused for idle.
+func (rt *RoundTripper) releaseIdle(slot *hostSlot, idle time.Duration) {
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		return
+	}
+	rt.idle.Add(1)
+	rt.mu.Unlock()
+	defer rt.idle.Done()
+	slot.mu.Lock()
+	l := slot.lease
+	if l == nil || slot.inflight > 0 || time.Since(slot.lastUsed) < idle {
+		slot.mu.Unlock()
+		return
+	}
+	slot.lease = nil
+	slot.mu.Unlock()
+	_ = l.Release()
+}
+
 // forget drops the host's lease l unless another already replaced it.
 func (rt *RoundTripper) forget(host string, l *Lease) {
 	rt.mu.Lock()
@@ -214,6 +286,9 @@ func (rt *RoundTripper) Close() error {
 	var held []*Lease
 	for _, slot := range rt.hosts {
 		slot.mu.Lock()
+		if slot.timer != nil {
+			slot.timer.Stop()
+		}
 		if slot.lease != nil {
 			held = append(held, slot.lease)
 			slot.lease = nil
@@ -227,6 +302,7 @@ func (rt *RoundTripper) Close() error {
 			first = err
 		}
 	}
+	rt.idle.Wait()
 	return first
 }
 

@@ -70,7 +70,7 @@ func newSuiteTLS(t *testing.T, n int, tf *tlsFiles) *suite {
 	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "clients_empty", Fingerprint: "none",
 		Migrate: func(context.Context, string) error { return nil }})
 	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("crawler-a "+token+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("crawler-a "+token+" crawler\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{
@@ -194,6 +194,7 @@ type site struct {
 	roots      *x509.CertPool
 
 	slow chan struct{} // a request for /slow arrived
+	hold chan struct{} // a request for /hold waits for a value
 
 	mu     sync.Mutex
 	seen   map[string][]string // host → source IPs in order
@@ -201,7 +202,7 @@ type site struct {
 }
 
 func newSite(t *testing.T) *site {
-	s := &site{seen: map[string][]string{}, slow: make(chan struct{}, 16)}
+	s := &site{seen: map[string][]string{}, slow: make(chan struct{}, 16), hold: make(chan struct{})}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ip, _, _ := net.SplitHostPort(r.RemoteAddr)
 		host := strings.ToLower(r.Host)
@@ -223,6 +224,10 @@ func newSite(t *testing.T) *site {
 			if c, b := answer(host, ip, first); c != 0 {
 				code, body = c, b
 			}
+		}
+		if r.URL.Path == "/hold" {
+			s.slow <- struct{}{}
+			<-s.hold
 		}
 		if r.URL.Path == "/slow" {
 			s.slow <- struct{}{}

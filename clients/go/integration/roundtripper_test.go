@@ -214,3 +214,49 @@ func TestRoundTripperWaitsForAProxy(t *testing.T) {
 		t.Errorf("cancelled GET took %v", d)
 	}
 }
+
+// A host's lease is released once no request of it has been in flight for
+// IdleTimeout, never while one is; the next request leases again.
+func TestRoundTripperReleasesIdleLeases(t *testing.T) {
+	t.Parallel()
+	s := newSuite(t, 1)
+	const idle = 300 * time.Millisecond
+	rt := &egress.RoundTripper{Client: s.client(egress.Options{}), TTL: 30 * time.Second, IdleTimeout: idle}
+	defer rt.Close()
+
+	if code, _, err := get(t, rt, "https://example.com/first"); err != nil || code != http.StatusOK {
+		t.Fatalf("GET = %d %v", code, err)
+	}
+	first := rt.Leases()["example.com"]
+	if first == nil {
+		t.Fatal("no lease held after the first GET")
+	}
+	waitFor(t, "the idle lease released", 10*time.Second, func() bool {
+		return len(rt.Leases()) == 0 && s.activeLeases() == 0
+	})
+	if !errors.Is(first.Err(), egress.ErrReleased) {
+		t.Fatalf("idle lease Err = %v", first.Err())
+	}
+
+	// A request in flight for many idle periods keeps its lease.
+	done := make(chan error, 1)
+	go func() {
+		code, _, err := get(t, rt, "https://example.com/hold")
+		if err == nil && code != http.StatusOK {
+			err = errors.New(http.StatusText(code))
+		}
+		done <- err
+	}()
+	<-s.site.slow
+	held := rt.Leases()["example.com"]
+	start := time.Now()
+	waitFor(t, "five idle periods passed", 10*time.Second, func() bool { return time.Since(start) > 5*idle })
+	if l := rt.Leases()["example.com"]; l == nil || l != held || l.Err() != nil || s.activeLeases() != 1 {
+		t.Fatalf("the lease of a request in flight was released: %v", l)
+	}
+	s.site.hold <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "released once idle", 10*time.Second, func() bool { return s.activeLeases() == 0 })
+}

@@ -240,14 +240,15 @@ class LeaseClient:
     def acquire(self, target_host: str = "", selector: Optional[Mapping] = None,
                 ttl: Optional[float] = None, max_wait: Optional[float] = 300.0) -> "Lease":
         """Like try_acquire, but waits with backoff and jitter while no proxy
-        is available or the service is unavailable, for at most ``max_wait``
-        seconds (None: for ever); then raises the last error."""
+        is available (RESOURCE_EXHAUSTED, HTTP 409), the caller is rate
+        limited (HTTP 429) or the service is unavailable, for at most
+        ``max_wait`` seconds (None: for ever); then raises the last error."""
         deadline = None if max_wait is None else time.monotonic() + max_wait
         for wait in self.backoff.waits():
             try:
                 return self.try_acquire(target_host, selector, ttl)
             except LeaseError as e:
-                if not isinstance(e, NoProxyAvailable) and e.code != _UNAVAILABLE:
+                if not isinstance(e, NoProxyAvailable) and e.code != _UNAVAILABLE and e.http_status not in (429, 503):
                     raise
                 if deadline is not None:
                     left = deadline - time.monotonic()

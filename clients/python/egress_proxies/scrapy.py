@@ -23,13 +23,17 @@ Settings (all optional but EGRESS_LEASE_URL):
   for a site's own signs of a ban (a captcha page answered 200).
 - ``EGRESS_MAX_BAN_RETRIES``: how often one request is sent again through
   another proxy after a ban (default 3); then the ban answer is returned.
+- ``EGRESS_IDLE_RELEASE``: release a domain's lease once none of its
+  requests has been in flight for this many seconds (default 60; 0 keeps
+  leases until the spider closes).
 
 A ban is reported on the lease that met it (a cooldown for that domain with
 the service's defaults), the lease is released and the request scheduled
 again; the next request for the domain leases another proxy. Timeouts and
 connection errors are reported as TIMEOUT and ERROR (cooldowns for every
 target) and Scrapy's RetryMiddleware retries them through a new lease.
-Every lease is released when the spider closes. Requests that already carry
+Every lease is released when the spider closes, and a domain's lease once
+the domain has been idle for ``EGRESS_IDLE_RELEASE``. Requests that already carry
 ``meta['proxy']`` set by someone else, or ``meta['egress_skip']``, are left
 alone.
 """
@@ -38,13 +42,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import urllib.parse
 from typing import Callable, Dict, Optional
 
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
-from twisted.internet import defer, threads
+from twisted.internet import defer, task, threads
 from twisted.internet.error import TCPTimedOutError, TimeoutError as TwistedTimeoutError
 
 from .client import BANNED, BLOCKED, ERROR, SUCCESS, TIMEOUT, Lease, LeaseClient, LeaseError
@@ -61,7 +66,8 @@ DEFAULT_BAN_CODES = {403: BLOCKED, 429: BANNED}
 class EgressProxyMiddleware:
     def __init__(self, client: LeaseClient, *, selector: Optional[dict] = None, ttl: float = 120.0,
                  max_wait: float = 300.0, ban_codes: Optional[Dict[int, str]] = None,
-                 ban_detector: Optional[Callable] = None, max_ban_retries: int = 3, stats=None):
+                 ban_detector: Optional[Callable] = None, max_ban_retries: int = 3, stats=None,
+                 idle_release: float = 60.0):
         self.client = client
         self.selector = selector
         self.ttl = ttl
@@ -74,6 +80,10 @@ class EgressProxyMiddleware:
         self._domain_locks: Dict[str, threading.Lock] = {}
         self._held: Dict[str, Lease] = {}  # domain → its lease
         self._all: Dict[str, Lease] = {}  # id → every lease of this spider, for late reports
+        self.idle_release = idle_release
+        self._inflight: Dict[str, int] = {}  # domain → requests in flight
+        self._last_used: Dict[str, float] = {}  # domain → when its last request ended
+        self._idle_loop = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -90,7 +100,9 @@ class EgressProxyMiddleware:
         client = LeaseClient(url, s.get("EGRESS_TOKEN", ""), ca_file=s.get("EGRESS_CA_FILE") or None)
         mw = cls(client, selector=s.getdict("EGRESS_SELECTOR") or None, ttl=s.getfloat("EGRESS_LEASE_TTL", 120.0),
                  max_wait=s.getfloat("EGRESS_ACQUIRE_MAX_WAIT", 300.0), ban_codes=codes, ban_detector=detector,
-                 max_ban_retries=s.getint("EGRESS_MAX_BAN_RETRIES", 3), stats=crawler.stats)
+                 max_ban_retries=s.getint("EGRESS_MAX_BAN_RETRIES", 3), stats=crawler.stats,
+                 idle_release=s.getfloat("EGRESS_IDLE_RELEASE", 60.0))
+        crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         return mw
 
@@ -113,11 +125,14 @@ class EgressProxyMiddleware:
         with dlock:
             lease = self._current(domain)
             if lease is not None:
+                with self._lock:  # not idle: a request is about to use it
+                    self._last_used[domain] = time.monotonic()
                 return lease
             lease = self.client.acquire(domain, self.selector, self.ttl, max_wait=self.max_wait)
             with self._lock:
                 self._held[domain] = lease
                 self._all[lease.id] = lease
+                self._last_used[domain] = time.monotonic()
             self._inc("egress/leases_acquired")
             log.debug("leased %s for %s (lease %s)", lease.proxy_name, domain, lease.id)
             return lease
@@ -138,7 +153,44 @@ class EgressProxyMiddleware:
                         outcome, domain, lease.proxy_name, e)
         lease.release()
 
+    def _begin(self, domain: str) -> None:
+        with self._lock:
+            self._inflight[domain] = self._inflight.get(domain, 0) + 1
+
+    def _end(self, request) -> None:
+        if request.meta.pop("_egress_counted", None) is None:
+            return
+        domain = self.domain(request)
+        with self._lock:
+            self._inflight[domain] = max(self._inflight.get(domain, 0) - 1, 0)
+            self._last_used[domain] = time.monotonic()
+
+    def idle_leases(self, now: Optional[float] = None):
+        """Forgets and returns the leases of domains with nothing in flight
+        for ``idle_release`` seconds; the caller releases them."""
+        now = time.monotonic() if now is None else now
+        out = []
+        with self._lock:
+            for domain, lease in list(self._held.items()):
+                idle = now - self._last_used.get(domain, now)
+                if self._inflight.get(domain, 0) == 0 and idle >= self.idle_release:
+                    del self._held[domain]
+                    out.append(lease)
+        return out
+
+    def _release_idle(self):
+        leases = self.idle_leases()
+        if not leases:
+            return None
+        for lease in leases:
+            log.debug("releasing the idle lease %s on %s for %s", lease.id, lease.proxy_name, lease.target_host)
+            self._inc("egress/leases_released_idle")
+        return threads.deferToThread(lambda: [lease.release() for lease in leases])
+
     def _apply(self, request, lease: Lease):
+        if request.meta.get("_egress_counted") is None:
+            request.meta["_egress_counted"] = True
+            self._begin(self.domain(request))
         request.meta["proxy"] = lease.proxy_url
         request.meta[META_LEASE] = lease.id
         request.meta[META_PROXY_NAME] = lease.proxy_name
@@ -172,6 +224,7 @@ class EgressProxyMiddleware:
         return self.ban_codes.get(response.status)
 
     def process_response(self, request, response, spider):
+        self._end(request)
         lease_id = request.meta.get(META_LEASE)
         if not lease_id:
             return response
@@ -189,12 +242,13 @@ class EgressProxyMiddleware:
             return d
         again = request.replace(dont_filter=True)
         again.meta[META_RETRIES] = retries + 1
-        for key in ("proxy", META_LEASE, META_PROXY_NAME):
+        for key in ("proxy", META_LEASE, META_PROXY_NAME, "_egress_counted"):
             again.meta.pop(key, None)
         d.addCallback(lambda _: again)
         return d
 
     def process_exception(self, request, exception, spider):
+        self._end(request)
         lease_id = request.meta.get(META_LEASE)
         if not lease_id:
             return None
@@ -205,7 +259,14 @@ class EgressProxyMiddleware:
         d.addCallback(lambda _: None)
         return d
 
+    def spider_opened(self, spider):
+        if self.idle_release > 0:
+            self._idle_loop = task.LoopingCall(self._release_idle)
+            self._idle_loop.start(max(self.idle_release / 4, 0.5), now=False)
+
     def spider_closed(self, spider):
+        if self._idle_loop is not None and self._idle_loop.running:
+            self._idle_loop.stop()
         return threads.deferToThread(self.release_all)
 
     def release_all(self) -> None:

@@ -64,3 +64,36 @@ def test_not_configured_without_lease_url():
         "EGRESS_LEASE_URL": "http://lease:8111", "EGRESS_BAN_CODES": {"403": "OUTCOME_BANNED"},
         "EGRESS_SELECTOR": {"labels": {"pool": "eu"}}}))
     assert mw.ban_codes == {403: BANNED} and mw.selector == {"labels": {"pool": "eu"}}
+
+
+class FakeLease:
+    """Stands in for a Lease where only the middleware's bookkeeping is
+    under test (no service is reached)."""
+
+    def __init__(self, name):
+        self.id = name
+        self.proxy_name = name
+        self.proxy_url = "http://" + name + ":3128"
+        self.target_host = ""
+        self.active = True
+
+
+def test_idle_leases_spare_domains_with_requests_in_flight():
+    import time
+
+    mw = middleware(idle_release=60)
+    busy, quiet = FakeLease("busy"), FakeLease("quiet")
+    mw._held = {"busy.example": busy, "quiet.example": quiet}
+    r1, r2 = Request("http://busy.example/a"), Request("http://quiet.example/a")
+    mw._apply(r1, busy)
+    mw._apply(r2, quiet)
+    assert r1.meta["proxy"] == "http://busy:3128"
+    mw._end(r2)
+    now = time.monotonic()
+    assert mw.idle_leases(now + 30) == []
+    assert mw.idle_leases(now + 61) == [quiet]
+    assert mw._held == {"busy.example": busy}
+    mw._end(r1)
+    mw._end(r1)  # counted once, however often it ends
+    assert mw._inflight["busy.example"] == 0
+    assert mw.idle_leases(time.monotonic() + 61) == [busy] and mw._held == {}

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -57,3 +58,27 @@ def test_scrapy_crawl_moves_past_bans(client, tmp_path):
 
     # The spider released every lease when it closed.
     assert all(p.get("activeLeases", 0) == 0 for p in client.list_proxies())
+
+
+def test_idle_domain_lease_is_released(client):
+    from scrapy.http import Request
+
+    from egress_proxies.scrapy import EgressProxyMiddleware
+
+    mw = EgressProxyMiddleware(client, idle_release=60)
+    lease = mw._lease_for("idle.example")
+    req = Request("http://idle.example/page")
+    mw._apply(req, lease)
+    later = time.monotonic() + 120
+    assert mw.idle_leases(later) == []  # a request in flight
+    mw._end(req)
+    idle = mw.idle_leases(time.monotonic() + 120)
+    assert idle == [lease]
+    for each in idle:
+        each.release()
+    active = {p["proxyName"]: p.get("activeLeases", 0) for p in client.list_proxies()}
+    assert active[lease.proxy_name] == 0
+    again = mw._lease_for("idle.example")
+    assert again is not lease and again.active
+    mw.release_all()
+    assert not again.active
