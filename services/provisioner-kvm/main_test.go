@@ -38,7 +38,7 @@ func TestBinaryLifecycle(t *testing.T) {
 	for name, natsURL := range map[string]string{"NATS up": nats.URL(), "NATS down": natstest.DownURL(t)} {
 		t.Run(name, func(t *testing.T) {
 			servicetest.AssertLifecycle(t, ".", "provisioner-kvm",
-				[]string{"--providers-config=" + cfg, "--provider=kvm-home", "--nats-url=" + natsURL, "--nats-prefix=lc"})
+				[]string{"--providers-config=" + cfg, "--provider=kvm-home", "--nats-url=" + natsURL, "--nats-prefix=lc", "--auth-disabled"})
 		})
 	}
 }
@@ -63,7 +63,7 @@ func TestBinaryStartupChecks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := proctest.Start(t, bin, append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--nats-url=" + nats.URL()}, tc.args...))
+			p := proctest.Start(t, bin, append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--nats-url=" + nats.URL(), "--auth-disabled"}, tc.args...))
 			if code := p.Wait(t, 60*time.Second); code != 1 {
 				t.Errorf("exit code %d, want 1", code)
 			}
@@ -75,7 +75,7 @@ func TestBinaryStartupChecks(t *testing.T) {
 	t.Run("missing key file warns", func(t *testing.T) {
 		t.Parallel()
 		p := proctest.Start(t, bin, []string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--nats-url=" + nats.URL(),
-			"--providers-config=" + good, "--provider=kvm-home"})
+			"--providers-config=" + good, "--provider=kvm-home", "--auth-disabled"})
 		p.WaitLog(t, 60*time.Second, proctest.Msg("WARNING: the SSH key material of a kvm host is not usable; its operations fail until it is"))
 		if strings.Contains(p.Output(), "BEGIN OPENSSH") {
 			t.Error("key material in the log")

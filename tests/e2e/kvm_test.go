@@ -41,8 +41,8 @@ func TestKVMBackend(t *testing.T) {
           pool: `+env.Pool+`
           consoleLogDir: `+env.ConsoleDir+`
 `)
-	servicetest.Start(t, "../../services/provisioner-kvm", []string{"--nats-url=" + s.nats.URL(),
-		"--providers-config=" + s.providers, "--provider=kvm-e2e", "--replica-id=kvm-1", "--log-level=debug"})
+	servicetest.Start(t, "../../services/provisioner-kvm", append([]string{"--nats-url=" + s.nats.URL(),
+		"--providers-config=" + s.providers, "--provider=kvm-e2e", "--replica-id=kvm-1", "--log-level=debug"}, s.serving()...))
 	s.startOrchestrator()
 	c := s.proxies()
 	resp, err := c.CreateProxy(ctx(t, 30*time.Second), &proxyv1.CreateProxyRequest{Name: "kvm-00", Spec: &proxyv1.ProxySpec{
