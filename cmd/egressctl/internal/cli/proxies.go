@@ -335,10 +335,13 @@ every change after revision N (kept for the orchestrator's
 				return err
 			}
 			defer closeConn()
-			if o.output == "table" {
-				fmt.Fprintln(o.out, "REVISION  CHANGE   NAME  PHASE  REASON")
+			header := func() {
+				if o.output == "table" {
+					fmt.Fprintln(o.out, "REVISION  CHANGE   NAME  PHASE  REASON")
+				}
 			}
 			if list {
+				header()
 				// The listing's revision: watching from it misses nothing
 				// changed after the listing.
 				req := &proxyv1.ListProxiesRequest{Provider: provider}
@@ -365,6 +368,18 @@ every change after revision N (kept for the orchestrator's
 			stream, err := client.WatchProxies(signalContext(), &proxyv1.WatchProxiesRequest{SinceRevision: since, Provider: provider})
 			if err != nil {
 				return err
+			}
+			// The orchestrator answers with headers once the watch is in
+			// place; without --list the table header says so, so anything
+			// changed after it shows.
+			if _, err := stream.Header(); err != nil {
+				if isCancel(err) {
+					return nil
+				}
+				return err
+			}
+			if !list {
+				header()
 			}
 			for {
 				ev, err := stream.Recv()

@@ -7,11 +7,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -438,6 +440,10 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 	return &proxyv1.DeleteProxyResponse{Proxy: row.Proto(false)}, nil
 }
 
+// WatchRevisionHeader is the response header a watch sends once it is in
+// place, holding the revision it watches from.
+const WatchRevisionHeader = "x-egress-watch-revision"
+
 // WatchProxies implements ProxyService.
 func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.ProxyService_WatchProxiesServer) error {
 	ctx := stream.Context()
@@ -459,6 +465,12 @@ func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.P
 			return internal(err)
 		}
 		since = rev
+	}
+	// The header tells the client the watch is in place: every change
+	// after it is delivered, so a client may act (and a person may
+	// create) once it has arrived.
+	if err := stream.SendHeader(metadata.Pairs(WatchRevisionHeader, strconv.FormatInt(since, 10))); err != nil {
+		return err
 	}
 	poll := s.WatchPoll
 	if poll <= 0 {
