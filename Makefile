@@ -63,7 +63,7 @@ check-generated: generate
 
 ## lint: gofmt, go vet, buf lint, buf format, helm lint
 lint: tools third-party
-	@out=$$(gofmt -l pkg services cmd tests); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l pkg services cmd tests clients examples); if [ -n "$$out" ]; then echo "not gofmt-ed:"; echo "$$out"; exit 1; fi
 	go vet $(MODULE)/...
 	go vet -tags e2e ./tests/e2e/
 	go vet -tags proxmox_integration ./services/provisioner-proxmox/...

@@ -4,7 +4,9 @@
 # 127.0.0.1:4222. Starts them when installed but stopped, installs them from
 # Debian's packages when missing (needs root). Installs squid for the health
 # service's probe tests, which start their own squid with a generated config;
-# the system squid daemon is never started here. Idempotent.
+# the system squid daemon is never started here. Installs Debian's Python 3
+# with python3-scrapy and python3-pytest for the crawler clients' tests
+# (clients/python, run by make test-e2e). Idempotent.
 set -euo pipefail
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -58,4 +60,10 @@ if ! command -v squid >/dev/null && [ ! -x /usr/sbin/squid ]; then
 	# runs; the tests never use it.
 	if command -v service >/dev/null; then service squid stop >/dev/null 2>&1 || true; fi
 fi
-echo "ensure-deps: PostgreSQL, NATS and squid are ready"
+if ! /usr/bin/python3 -c 'import scrapy, pytest' >/dev/null 2>&1; then
+	echo "ensure-deps: installing python3-scrapy and python3-pytest (the Python client's tests)"
+	apt_install python3 python3-scrapy python3-pytest
+fi
+# The KVM backend's tests need a real libvirtd (and sshd, QEMU, qemu-img).
+"$(dirname "$0")/ensure-libvirt.sh"
+echo "ensure-deps: PostgreSQL, NATS, squid, Scrapy, pytest and libvirtd are ready"

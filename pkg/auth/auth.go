@@ -1,14 +1,27 @@
 // Package auth authenticates API callers with bearer tokens read from a
-// mounted file. Each line of the file is `<client-id> <token>`; blank lines
-// and lines starting with '#' are ignored. The file is re-read when it
-// changes (checked at most once a second), so a rotated Secret takes effect
-// without a restart. The client id of a call is available to handlers
-// through ClientID.
+// mounted file and authorizes every call against one table of roles per
+// RPC (table.go).
 //
-// gRPC health and reflection are exempt, and so is everything on the HTTP
-// port that is not the gateway (/healthz, /readyz, /metrics): the gateway
-// forwards the Authorization header to the gRPC server, where the check
-// happens once for both transports.
+// Each line of the token file is
+//
+//	<client-id> <token> <role>[,<role>…]
+//
+// with roles from admin, viewer, crawler and service. Blank lines and lines
+// starting with '#' are ignored. A line of only `<client-id> <token>` (the
+// format before roles existed) is refused: such a token used to be allowed
+// everything, and guessing a role for it would either lock its client out
+// or silently keep that power. The file is re-read when it changes (checked
+// at most once a second), so a rotated Secret takes effect without a
+// restart; a rewrite that does not parse keeps the last good tokens and is
+// logged as a WARNING.
+//
+// gRPC health (and reflection, when a service turns it on) is exempt, and
+// so is everything on the HTTP port that is not the gateway (/healthz,
+// /readyz, /metrics): the gateway forwards the Authorization header to the
+// gRPC server, where the check happens once for both transports. The
+// gateway's HTTP layer also checks the token (HTTPMiddleware) before it
+// reads a request body, so an anonymous caller cannot make a service read
+// one.
 //
 // Tokens never appear in logs or errors.
 package auth
@@ -23,14 +36,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -39,32 +50,45 @@ const Anonymous = "anonymous"
 
 // Config selects how a service authenticates.
 type Config struct {
-	// TokenFile holds `<client-id> <token>` lines.
+	// TokenFile holds `<client-id> <token> <role>[,<role>…]` lines.
 	TokenFile string
-	// Disabled accepts every call as Anonymous. For local use only.
+	// Disabled accepts every call as Anonymous with every role. For local
+	// use only.
 	Disabled bool
 }
 
 // RegisterFlags adds --auth-token-file and --auth-disabled.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TokenFile, "auth-token-file", c.TokenFile,
-		"file of `<client-id> <token>` lines; callers send `Authorization: Bearer <token>`")
+		"file of `<client-id> <token> <role>[,<role>…]` lines (roles: admin, viewer, crawler, service); callers send `Authorization: Bearer <token>`")
 	fs.BoolVar(&c.Disabled, "auth-disabled", c.Disabled,
-		"accept unauthenticated calls (local use only; logged as a WARNING)")
+		"accept unauthenticated calls, with every role (local use only; logged as a WARNING)")
 }
+
+// Identity is an authenticated caller: its client id and roles.
+type Identity struct {
+	ClientID string
+	Roles    []Role
+}
+
+// Has reports whether the identity holds role.
+func (id Identity) Has(role Role) bool { return slices.Contains(id.Roles, role) }
 
 // Authenticator checks bearer tokens against the token file.
 type Authenticator struct {
 	path     string
 	disabled bool
 	now      func() time.Time
+	log      *slog.Logger
 
-	mu        sync.Mutex
-	checked   time.Time
-	modTime   time.Time
-	size      int64
-	byHash    map[[sha256.Size]byte]string
-	loadError error
+	mu       sync.Mutex
+	checked  time.Time
+	modTime  time.Time
+	size     int64
+	byHash   map[[sha256.Size]byte]Identity
+	badSince time.Time // the file on disk does not parse; zero when it does
+
+	limits *limiters // nil: no rate limits
 }
 
 // New builds an Authenticator from c. Exactly one of a token file or
@@ -75,43 +99,48 @@ func New(c Config, log *slog.Logger) (*Authenticator, error) {
 	case c.Disabled && c.TokenFile != "":
 		return nil, errors.New("--auth-disabled and --auth-token-file are mutually exclusive")
 	case c.Disabled:
-		log.Warn("WARNING: authentication is disabled; every caller is accepted as \"anonymous\". Never run like this outside a local machine.")
-		return &Authenticator{disabled: true}, nil
+		log.Warn("WARNING: authentication is disabled; every caller is accepted as \"anonymous\" with every role. Never run like this outside a local machine.")
+		return &Authenticator{disabled: true, log: log}, nil
 	case c.TokenFile == "":
 		return nil, errors.New("--auth-token-file is required (or --auth-disabled for local use)")
 	}
-	a := &Authenticator{path: c.TokenFile, now: time.Now}
+	a := &Authenticator{path: c.TokenFile, now: time.Now, log: log}
 	if err := a.reload(true); err != nil {
 		return nil, err
 	}
 	return a, nil
 }
 
-// Authenticate returns the client id for the Authorization header value.
-func (a *Authenticator) Authenticate(header string) (string, error) {
+// Disabled reports whether every call is accepted without a token.
+func (a *Authenticator) Disabled() bool { return a.disabled }
+
+var anonymous = Identity{ClientID: Anonymous, Roles: AllRoles()}
+
+// Authenticate returns the caller for the Authorization header value.
+func (a *Authenticator) Authenticate(header string) (Identity, error) {
 	if a.disabled {
-		return Anonymous, nil
+		return anonymous, nil
 	}
 	scheme, token, ok := strings.Cut(header, " ")
 	if !ok || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
-		return "", status.Error(codes.Unauthenticated, "missing bearer token: send `Authorization: Bearer <token>`")
+		return Identity{}, status.Error(codes.Unauthenticated, "missing bearer token: send `Authorization: Bearer <token>`")
 	}
 	if err := a.reload(false); err != nil {
-		return "", status.Error(codes.Unavailable, "the token file cannot be read; see the service log")
+		return Identity{}, status.Error(codes.Unavailable, "the token file cannot be read; see the service log")
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
 	a.mu.Lock()
-	client, found := a.byHash[sum]
+	id, found := a.byHash[sum]
 	a.mu.Unlock()
 	if !found {
-		return "", status.Error(codes.Unauthenticated, "invalid bearer token")
+		return Identity{}, status.Error(codes.Unauthenticated, "invalid bearer token")
 	}
-	return client, nil
+	return id, nil
 }
 
 // reload re-reads the token file when its size or modification time
 // changed, at most once a second unless forced. A file that becomes
-// unreadable keeps the last good tokens.
+// unreadable or unparsable keeps the last good tokens.
 func (a *Authenticator) reload(force bool) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -122,34 +151,44 @@ func (a *Authenticator) reload(force bool) error {
 	a.checked = now
 	fi, err := os.Stat(a.path)
 	if err != nil {
-		if a.byHash != nil {
-			return nil
-		}
-		return fmt.Errorf("token file: %w", err)
+		return a.keep(fmt.Errorf("token file: %w", err))
 	}
 	if !force && fi.ModTime().Equal(a.modTime) && fi.Size() == a.size {
 		return nil
 	}
 	data, err := os.ReadFile(a.path)
 	if err != nil {
-		if a.byHash != nil {
-			return nil
-		}
-		return fmt.Errorf("token file: %w", err)
+		return a.keep(fmt.Errorf("token file: %w", err))
 	}
 	tokens, err := parseTokens(data)
 	if err != nil {
-		if a.byHash != nil {
-			return nil
-		}
-		return fmt.Errorf("token file %s: %w", a.path, err)
+		// Not retried until the file changes again.
+		a.modTime, a.size = fi.ModTime(), fi.Size()
+		return a.keep(fmt.Errorf("token file %s: %w", a.path, err))
 	}
 	a.byHash, a.modTime, a.size = tokens, fi.ModTime(), fi.Size()
+	if !a.badSince.IsZero() {
+		a.log.Info("the token file parses again; its tokens are in use", "path", a.path)
+	}
+	a.badSince = time.Time{}
 	return nil
 }
 
-func parseTokens(data []byte) (map[[sha256.Size]byte]string, error) {
-	out := map[[sha256.Size]byte]string{}
+// keep keeps the last good tokens, if any, after err. The error names a
+// line number or the file, never a token.
+func (a *Authenticator) keep(err error) error {
+	if a.byHash == nil {
+		return err
+	}
+	if a.badSince.IsZero() {
+		a.badSince = a.now()
+		a.log.Warn("WARNING: the token file cannot be used; the tokens read before stay in effect until it is fixed", "error", err)
+	}
+	return nil
+}
+
+func parseTokens(data []byte) (map[[sha256.Size]byte]Identity, error) {
+	out := map[[sha256.Size]byte]Identity{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -157,14 +196,21 @@ func parseTokens(data []byte) (map[[sha256.Size]byte]string, error) {
 			continue
 		}
 		fields := strings.Fields(line)
-		if len(fields) != 2 {
-			return nil, fmt.Errorf("line %d: want `<client-id> <token>`", n)
+		switch {
+		case len(fields) == 2:
+			return nil, fmt.Errorf("line %d: no roles; want `<client-id> <token> <role>[,<role>…]` with roles from %s", n, roleList(AllRoles()))
+		case len(fields) != 3:
+			return nil, fmt.Errorf("line %d: want `<client-id> <token> <role>[,<role>…]`", n)
+		}
+		roles, err := ParseRoles(fields[2])
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
 		sum := sha256.Sum256([]byte(fields[1]))
-		if prev, dup := out[sum]; dup && prev != fields[0] {
-			return nil, fmt.Errorf("line %d: the same token is given to clients %q and %q", n, prev, fields[0])
+		if prev, dup := out[sum]; dup {
+			return nil, fmt.Errorf("line %d: the same token is given again (first to client %q)", n, prev.ClientID)
 		}
-		out[sum] = fields[0]
+		out[sum] = Identity{ClientID: fields[0], Roles: roles}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -175,66 +221,31 @@ func parseTokens(data []byte) (map[[sha256.Size]byte]string, error) {
 	return out, nil
 }
 
-type clientKey struct{}
+type identityKey struct{}
 
 // ClientID is the authenticated client of the call.
 func ClientID(ctx context.Context) string {
-	id, _ := ctx.Value(clientKey{}).(string)
-	return id
+	id, _ := ctx.Value(identityKey{}).(Identity)
+	return id.ClientID
 }
 
-// WithClientID returns ctx carrying id, for tests and in-process callers.
+// HasRole reports whether the caller of the call holds role (every role
+// when authentication is disabled).
+func HasRole(ctx context.Context, role Role) bool {
+	id, _ := ctx.Value(identityKey{}).(Identity)
+	return id.Has(role)
+}
+
+// WithIdentity returns ctx carrying id, for tests and in-process callers.
+func WithIdentity(ctx context.Context, id Identity) context.Context {
+	return context.WithValue(ctx, identityKey{}, id)
+}
+
+// WithClientID returns ctx carrying a caller with id and no roles, for
+// tests and in-process callers.
 func WithClientID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, clientKey{}, id)
+	return WithIdentity(ctx, Identity{ClientID: id})
 }
-
-func exempt(fullMethod string) bool {
-	return strings.HasPrefix(fullMethod, "/"+healthpb.Health_ServiceDesc.ServiceName+"/") ||
-		strings.HasPrefix(fullMethod, "/grpc.reflection.")
-}
-
-func (a *Authenticator) authenticate(ctx context.Context, fullMethod string) (context.Context, error) {
-	if exempt(fullMethod) {
-		return ctx, nil
-	}
-	var header string
-	// One header, read without copying the whole metadata map.
-	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
-		header = v[0]
-	}
-	client, err := a.Authenticate(header)
-	if err != nil {
-		return nil, err
-	}
-	return WithClientID(ctx, client), nil
-}
-
-// ServerOptions returns the interceptors that enforce authentication.
-func (a *Authenticator) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			ctx, err := a.authenticate(ctx, info.FullMethod)
-			if err != nil {
-				return nil, err
-			}
-			return h(ctx, req)
-		}),
-		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			ctx, err := a.authenticate(ss.Context(), info.FullMethod)
-			if err != nil {
-				return err
-			}
-			return h(srv, &authedStream{ServerStream: ss, ctx: ctx})
-		}),
-	}
-}
-
-type authedStream struct {
-	grpc.ServerStream
-	ctx context.Context
-}
-
-func (s *authedStream) Context() context.Context { return s.ctx }
 
 // BearerToken is a per-RPC credential sending a static token, for clients
 // (egressctl, tests, service-to-service calls).

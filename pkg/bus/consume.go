@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
 // Waits between two attempts of Retry: the first, and the most it doubles
@@ -22,7 +24,7 @@ var (
 // than that starts the spacing over. Each failure is logged as a WARNING
 // naming what failed.
 func Retry(ctx context.Context, log *slog.Logger, what string, fn func(context.Context) error) error {
-	wait := retryFirst
+	retryIn := &backoff.ExponentialBackOff{InitialInterval: retryFirst, Multiplier: 2, MaxInterval: retryMost}
 	for {
 		started := time.Now()
 		err := fn(ctx)
@@ -30,8 +32,9 @@ func Retry(ctx context.Context, log *slog.Logger, what string, fn func(context.C
 			return ctx.Err()
 		}
 		if time.Since(started) > retryMost {
-			wait = retryFirst
+			retryIn.Reset()
 		}
+		wait := retryIn.NextBackOff()
 		log.Warn("WARNING: "+what+" failed; retrying", "error", err, "retry_in", wait)
 		t := time.NewTimer(wait)
 		select {
@@ -40,7 +43,6 @@ func Retry(ctx context.Context, log *slog.Logger, what string, fn func(context.C
 			return ctx.Err()
 		case <-t.C:
 		}
-		wait = min(2*wait, retryMost)
 	}
 }
 

@@ -107,27 +107,33 @@ func codeFor(c Class) codes.Code {
 }
 
 // ToStatus converts err to a gRPC status: the class's code and an ErrorInfo
-// whose reason is the class name. Context cancellation and deadline keep
-// their own codes (and no ErrorInfo), so a caller that gave up is not told
-// the backend failed.
+// whose reason is the class name. Every failure carries the reason, so a
+// client reads the class the same way over gRPC as from a NATS result.
+// A context error nobody classified keeps its own code (Canceled,
+// DeadlineExceeded), so a generic client is not told the backend failed,
+// and still carries its reason (Transient); a classified error that wraps
+// one (a request that ran out of its per-request budget) takes its class's
+// code.
 func ToStatus(err error) *status.Status {
 	if err == nil {
 		return status.New(codes.OK, "")
 	}
-	switch {
-	case errors.Is(err, context.Canceled):
-		return status.New(codes.Canceled, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.New(codes.DeadlineExceeded, err.Error())
-	}
 	class := Of(err)
-	msg := err.Error()
 	var md map[string]string
 	var e *Error
-	if errors.As(err, &e) {
+	classified := errors.As(err, &e) && e.Class != provisionerv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+	if classified {
 		md = e.Metadata
 	}
-	st := status.New(codeFor(class), msg)
+	code := codeFor(class)
+	switch {
+	case classified:
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	}
+	st := status.New(code, err.Error())
 	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{
 		Reason:   class.String(),
 		Domain:   Domain,
@@ -140,10 +146,11 @@ func ToStatus(err error) *status.Status {
 }
 
 // FromStatus turns a gRPC error back into a classified error. A status with
-// our ErrorInfo keeps its class; Canceled and DeadlineExceeded become the
-// context errors; anything else is classified from its code (NotFound,
-// ResourceExhausted, FailedPrecondition/InvalidArgument as Permanent, the
-// rest Transient).
+// our ErrorInfo keeps its class (and a Canceled or DeadlineExceeded one
+// still matches the context error with errors.Is); without it, Canceled and
+// DeadlineExceeded become the context errors and anything else is
+// classified from its code (NotFound, ResourceExhausted,
+// FailedPrecondition/InvalidArgument as Permanent, the rest Transient).
 func FromStatus(err error) error {
 	if err == nil {
 		return nil
@@ -152,11 +159,12 @@ func FromStatus(err error) error {
 	if !ok {
 		return Wrap(Transient, err)
 	}
+	var ctxErr error
 	switch st.Code() {
 	case codes.Canceled:
-		return fmt.Errorf("%s: %w", st.Message(), context.Canceled)
+		ctxErr = context.Canceled
 	case codes.DeadlineExceeded:
-		return fmt.Errorf("%s: %w", st.Message(), context.DeadlineExceeded)
+		ctxErr = context.DeadlineExceeded
 	}
 	for _, d := range st.Details() {
 		info, ok := d.(*errdetails.ErrorInfo)
@@ -164,8 +172,11 @@ func FromStatus(err error) error {
 			continue
 		}
 		if v, ok := provisionerv1.ErrorReason_value[info.GetReason()]; ok && v != 0 {
-			return &Error{Class: Class(v), Message: st.Message(), Metadata: info.GetMetadata()}
+			return &Error{Class: Class(v), Message: st.Message(), Metadata: info.GetMetadata(), Err: ctxErr}
 		}
+	}
+	if ctxErr != nil {
+		return fmt.Errorf("%s: %w", st.Message(), ctxErr)
 	}
 	var class Class
 	switch st.Code() {

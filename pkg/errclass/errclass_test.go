@@ -70,13 +70,52 @@ func TestStatusRoundTrip(t *testing.T) {
 	}
 }
 
+// TestToStatusContext: context errors keep their codes when nobody
+// classified them, a classified one (a request that ran out of its
+// per-request budget, Transient) takes its class's code, and every one
+// carries its reason.
 func TestToStatusContext(t *testing.T) {
 	t.Parallel()
-	if c := ToStatus(fmt.Errorf("wait: %w", context.Canceled)).Code(); c != codes.Canceled {
-		t.Errorf("canceled → %v", c)
+	timedOut := fmt.Errorf("GET /nodes/pv1-1/qemu/101/config: %w", context.DeadlineExceeded)
+	cases := []struct {
+		name      string
+		err       error
+		code      codes.Code
+		class     Class
+		isContext error
+	}{
+		{"canceled", fmt.Errorf("wait: %w", context.Canceled), codes.Canceled, Transient, context.Canceled},
+		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded, Transient, context.DeadlineExceeded},
+		{"per-request timeout classified transient", &Error{Class: Transient, Message: timedOut.Error(), Err: timedOut}, codes.Unavailable, Transient, nil},
+		{"permanent wrapping a deadline", Wrap(Permanent, timedOut), codes.FailedPrecondition, Permanent, nil},
 	}
-	if c := ToStatus(context.DeadlineExceeded).Code(); c != codes.DeadlineExceeded {
-		t.Errorf("deadline → %v", c)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := ToStatus(tc.err)
+			if st.Code() != tc.code {
+				t.Errorf("code = %v, want %v", st.Code(), tc.code)
+			}
+			var info *errdetails.ErrorInfo
+			for _, d := range st.Details() {
+				if i, ok := d.(*errdetails.ErrorInfo); ok {
+					info = i
+				}
+			}
+			if info == nil || info.GetReason() != tc.class.String() || info.GetDomain() != Domain {
+				t.Fatalf("ErrorInfo = %v, want reason %s", info, tc.class)
+			}
+			back := FromStatus(st.Err())
+			if Of(back) != tc.class {
+				t.Errorf("class after the round trip = %v, want %v", Of(back), tc.class)
+			}
+			if tc.isContext != nil && !errors.Is(back, tc.isContext) {
+				t.Errorf("%v no longer matches %v", back, tc.isContext)
+			}
+			if wire := ToCommandError(tc.err); wire.GetReason() != tc.class {
+				t.Errorf("NATS reason = %v, want %v", wire.GetReason(), tc.class)
+			}
+		})
 	}
 	if !errors.Is(FromStatus(status.Error(codes.DeadlineExceeded, "slow")), context.DeadlineExceeded) {
 		t.Error("DeadlineExceeded status did not become context.DeadlineExceeded")

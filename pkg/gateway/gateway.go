@@ -5,6 +5,8 @@
 package gateway
 
 import (
+	"net/textproto"
+
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -28,6 +30,17 @@ func Marshaler() runtime.Marshaler {
 func NewServeMux(opts ...runtime.ServeMuxOption) *runtime.ServeMux {
 	base := []runtime.ServeMuxOption{
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, Marshaler()),
+		runtime.WithOutgoingHeaderMatcher(OutgoingHeader),
 	}
 	return runtime.NewServeMux(append(base, opts...)...)
+}
+
+// OutgoingHeader maps gRPC response metadata to HTTP headers: retry-after
+// (set with RESOURCE_EXHAUSTED by a rate limit) becomes Retry-After, the
+// rest keep the gateway's Grpc-Metadata- prefix.
+func OutgoingHeader(key string) (string, bool) {
+	if textproto.CanonicalMIMEHeaderKey(key) == "Retry-After" {
+		return "Retry-After", true
+	}
+	return runtime.MetadataHeaderPrefix + key, true
 }

@@ -116,12 +116,22 @@ func NewDatabase(t testing.TB, tmpl Template) string {
 	for attempt := 0; ; attempt++ {
 		_, err = admin.Exec(ctx, create)
 		var pgErr *pgconn.PgError
-		// 55006: the template is briefly in use (another process just
-		// finished building it).
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" || attempt == 20 {
+		if err == nil || !errors.As(err, &pgErr) || attempt == 20 {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		if pgErr.Code == "55006" { // the template is briefly in use (another process just finished building it)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if pgErr.Code != "3D000" {
+			break
+		}
+		// The template is gone: a run from another checkout, whose
+		// migrations differ, built its own and dropped this one as older.
+		// Build it again.
+		if err := buildTemplate(ctx, tmpl, tmplName); err != nil {
+			t.Fatalf("pgtest: template %s: %v", tmplName, err)
+		}
 	}
 	if err != nil {
 		t.Fatalf("pgtest: creating database: %v", err)

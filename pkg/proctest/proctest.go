@@ -185,6 +185,9 @@ func Msg(msg string) func(map[string]any) bool {
 	return func(m map[string]any) bool { return m["msg"] == msg }
 }
 
+// PID is the process id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
 // Signal sends sig to the process.
 func (p *Process) Signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()

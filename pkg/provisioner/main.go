@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
@@ -62,8 +63,14 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 // ProvisionerService and the NATS worker. It returns the exit code.
 func Main(spec Spec, args []string) int {
 	var f Flags
+	opts := spec.Options
+	if opts.Auth == nil {
+		// ProvisionerService creates and deletes instances: only callers
+		// with the service role may use it.
+		opts.Auth = &auth.Config{}
+	}
 	return service.Main(service.Binary{
-		Options: spec.Options,
+		Options: opts,
 		Flags: func(fs *flag.FlagSet) {
 			f.Register(fs)
 			if spec.Flags != nil {

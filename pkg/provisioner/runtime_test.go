@@ -200,7 +200,9 @@ func TestServerMapsErrorClasses(t *testing.T) {
 		{"transient", errclass.New(errclass.Transient, "VM is locked (clone)"), codes.Unavailable, "ERROR_REASON_TRANSIENT"},
 		{"quota", errclass.New(errclass.QuotaExceeded, "Quota 'CPUS' exceeded"), codes.ResourceExhausted, "ERROR_REASON_QUOTA_EXCEEDED"},
 		{"unclassified is transient", fmt.Errorf("connection reset"), codes.Unavailable, "ERROR_REASON_TRANSIENT"},
-		{"canceled keeps its code", context.Canceled, codes.Canceled, ""},
+		{"canceled keeps its code and carries its reason", context.Canceled, codes.Canceled, "ERROR_REASON_TRANSIENT"},
+		{"a request past its per-request timeout is transient", errclass.Wrap(errclass.Transient, fmt.Errorf("GET /cluster/resources: %w", context.DeadlineExceeded)),
+			codes.Unavailable, "ERROR_REASON_TRANSIENT"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -499,6 +501,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 func createCmd(id, uid string) *busv1.Command {
 	return &busv1.Command{
 		CommandId: id, ProxyUid: uid, Provider: "pve", SpecHash: "h-" + uid, Operation: busv1.Operation_OPERATION_CREATE, Attempt: 1,
+		Purpose: busv1.CommandPurpose_COMMAND_PURPOSE_RECONCILE,
 		Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: uid, CloudInit: "#cloud-config\nsecret: s3cr3t-" + uid}},
 	}
 }
@@ -519,7 +522,8 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 		t.Fatalf("create result = %v", res)
 	}
 	if res.GetCommandId() != "c1" || res.GetProxyUid() != "u1" || res.GetProvider() != "pve" || res.GetSpecHash() != "h-u1" ||
-		res.GetOperation() != busv1.Operation_OPERATION_CREATE || res.GetHandledBy() != "r1" || res.GetCompleteTime() == nil || res.GetDuration() == nil {
+		res.GetOperation() != busv1.Operation_OPERATION_CREATE || res.GetHandledBy() != "r1" || res.GetCompleteTime() == nil || res.GetDuration() == nil ||
+		res.GetPurpose() != busv1.CommandPurpose_COMMAND_PURPOSE_RECONCILE {
 		t.Errorf("result envelope not copied from the command: %v", res)
 	}
 
@@ -536,9 +540,10 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 				}
 			}},
 		{"list", &busv1.Command{CommandId: "c3", Provider: "pve", Operation: busv1.Operation_OPERATION_LIST,
+			Purpose: busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC,
 			Request: &busv1.Command_List{List: &provisionerv1.ListInstancesRequest{Provider: "pve"}}},
 			func(t *testing.T, r *busv1.CommandResult) {
-				if len(r.GetList().GetInstances()) != 1 || r.GetProxyUid() != "" {
+				if len(r.GetList().GetInstances()) != 1 || r.GetProxyUid() != "" || r.GetPurpose() != busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
 					t.Errorf("list = %v", r)
 				}
 			}},
@@ -777,13 +782,26 @@ func TestWorkerContinuesTheCommandsTrace(t *testing.T) {
 	env.publish(t, pctx, createCmd("c1", "u1"))
 	parent.End()
 	env.results(t, 1, 15*time.Second)
+	// publisher → provisioner.command → provisioner.create; the command's
+	// span ends once the result is published and the command acked.
+	spans := map[string]sdktrace.ReadOnlySpan{}
+	waitFor(t, 10*time.Second, "provisioner.command and provisioner.create spans", func() bool {
+		for _, s := range rec.Ended() {
+			spans[s.Name()] = s
+		}
+		return spans["provisioner.command"] != nil && spans["provisioner.create"] != nil
+	})
+	command, create := spans["provisioner.command"], spans["provisioner.create"]
+	if command.Parent().TraceID() != parent.SpanContext().TraceID() || command.Parent().SpanID() != parent.SpanContext().SpanID() {
+		t.Errorf("provisioner.command parent = %v, want the publisher's span %v", command.Parent(), parent.SpanContext())
+	}
+	if create.Parent().SpanID() != command.SpanContext().SpanID() || create.SpanContext().TraceID() != parent.SpanContext().TraceID() {
+		t.Errorf("provisioner.create parent = %v, want provisioner.command %v", create.Parent(), command.SpanContext())
+	}
 	var found bool
 	for _, s := range rec.Ended() {
-		if s.Name() == "provisioner.create" {
+		if s.Name() == "provisioner.create" || s.Name() == "provisioner.command" {
 			found = true
-			if s.Parent().TraceID() != parent.SpanContext().TraceID() || s.Parent().SpanID() != parent.SpanContext().SpanID() {
-				t.Errorf("provisioner.create parent = %v, want the publisher's span %v", s.Parent(), parent.SpanContext())
-			}
 			for _, a := range s.Attributes() {
 				if strings.Contains(a.Value.Emit(), "s3cr3t") {
 					t.Errorf("span attribute %s carries the cloud-init", a.Key)

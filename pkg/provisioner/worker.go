@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -202,6 +204,13 @@ func (w *Worker) handle(opCtx context.Context, msg jetstream.Msg) {
 		w.Metrics.command(provider, "expired")
 		return
 	}
+	// One span for the command, a child of the orchestrator's (from the
+	// message headers): the operation's span and the result message, which
+	// the orchestrator continues when it applies it, are its children.
+	ctx, span := w.RT.tracer.Start(ctx, "provisioner.command", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("provisioner.provider", provider), attribute.String("command.id", cmd.GetCommandId()),
+			attribute.String("command.operation", cmd.GetOperation().String()), attribute.String("command.purpose", cmd.GetPurpose().String())))
+	defer span.End()
 	execCtx := ctx
 	if dl := cmd.GetDeadline(); dl != nil && dl.IsValid() {
 		var cancel context.CancelFunc
@@ -243,6 +252,7 @@ func (w *Worker) handle(opCtx context.Context, msg jetstream.Msg) {
 	res.ProxyUid = cmd.GetProxyUid()
 	res.Provider = provider
 	res.SpecHash = cmd.GetSpecHash()
+	res.Purpose = cmd.GetPurpose()
 	res.Operation = cmd.GetOperation()
 	res.HandledBy = w.ReplicaID
 	res.CompleteTime = timestamppb.Now()

@@ -71,7 +71,20 @@ type Options struct {
 	// TLS with that certificate (PEM; the chain in the cert file).
 	TLSCertFile string
 	TLSKeyFile  string
+	// MaxRequestBytes bounds one request: a REST body (checked while it is
+	// read, before the gateway decodes it) and a received gRPC message.
+	MaxRequestBytes int
+	// Limits are the per-client rate limits; registered with Auth.
+	Limits auth.Limits
+	// Reflection serves gRPC server reflection (off by default: it lists
+	// every method to anyone who can reach the port).
+	Reflection bool
 }
+
+// DefaultMaxRequestBytes is the default of --max-request-bytes: far above
+// the largest valid request (a proxy with 64 KiB of cloud-init and its
+// labels), far below what could hurt a replica.
+const DefaultMaxRequestBytes = 1 << 20
 
 // RegisterFlags adds the common flags to fs, with the current values of o as
 // defaults.
@@ -84,8 +97,15 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		"how long in-flight work may take to finish after SIGTERM")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve gRPC and HTTP over TLS with this PEM certificate (chain); needs --tls-key-file")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the PEM private key of --tls-cert-file")
+	fs.IntVar(&o.MaxRequestBytes, "max-request-bytes", orDefault(o.MaxRequestBytes, DefaultMaxRequestBytes),
+		"largest request accepted: a REST body (413 beyond it, never read further) and a gRPC message (RESOURCE_EXHAUSTED)")
+	fs.BoolVar(&o.Reflection, "grpc-reflection", o.Reflection, "serve gRPC server reflection (exempt from authentication; lists every method)")
 	if o.Auth != nil {
 		o.Auth.RegisterFlags(fs)
+		if o.Limits == (auth.Limits{}) {
+			o.Limits = auth.DefaultLimits()
+		}
+		o.Limits.RegisterFlags(fs)
 	}
 }
 
@@ -128,6 +148,7 @@ type Service struct {
 	grpcOpts []grpc.ServerOption
 	grpcMet  *grpcprom.ServerMetrics
 	cert     *tls.Certificate
+	authn    *auth.Authenticator
 }
 
 // Option adjusts a Service being built.
@@ -198,11 +219,22 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 		if err != nil {
 			return nil, err
 		}
+		if err := authn.SetLimits(opts.Limits); err != nil {
+			return nil, err
+		}
+		s.authn = authn
 		serverOpts = append(serverOpts, authn.ServerOptions()...)
 	}
+	if opts.MaxRequestBytes < 0 {
+		return nil, errors.New("--max-request-bytes must not be negative")
+	}
+	s.opts.MaxRequestBytes = orDefault(opts.MaxRequestBytes, DefaultMaxRequestBytes)
+	serverOpts = append(serverOpts, grpc.MaxRecvMsgSize(s.opts.MaxRequestBytes))
 	s.GRPC = grpc.NewServer(append(serverOpts, s.grpcOpts...)...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
-	reflection.Register(s.GRPC)
+	if opts.Reflection {
+		reflection.Register(s.GRPC)
+	}
 
 	s.HTTP.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics, promhttp.HandlerOpts{Registry: s.Metrics}))
 	s.HTTP.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -258,6 +290,14 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	}()
 
+	if s.authn != nil {
+		if err := auth.CheckCovered(s.GRPC.GetServiceInfo()); err != nil {
+			s.Log.Error("refusing to serve", "error", err)
+			return err
+		}
+	}
+	// The gateway sends what it decoded from a body of at most
+	// MaxRequestBytes; its JSON is larger than the message.
 	conn, err := grpc.NewClient(s.GRPCAddr(),
 		append(telemetry.DialOptions(), grpc.WithTransportCredentials(s.selfCredentials()))...)
 	if err != nil {
@@ -271,7 +311,7 @@ func (s *Service) Run(ctx context.Context) error {
 				return fmt.Errorf("registering gateway: %w", err)
 			}
 		}
-		s.HTTP.Handle("/", mux)
+		s.HTTP.Handle("/", s.guardREST(mux))
 	}
 	httpSrv := &http.Server{
 		Handler:           otelhttp.NewHandler(s.HTTP, s.Name, otelhttp.WithFilter(notProbeOrScrape)),

@@ -3,6 +3,7 @@ module github.com/egress-proxies/egress-proxies/services/health
 go 1.26.0
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/egress-proxies/egress-proxies/pkg v0.0.0
 	github.com/egress-proxies/egress-proxies/pkg/api v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
@@ -18,7 +19,6 @@ require (
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect

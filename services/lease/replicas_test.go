@@ -6,8 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"path/filepath"
+
 	"regexp"
 	"strconv"
 	"sync"
@@ -42,14 +41,7 @@ func TestTwoReplicasNeverOverLease(t *testing.T) {
 	t.Parallel()
 	db := lt.Database(t)
 	nsrv := natstest.New(t)
-	var tokens string
-	for id, tok := range lt.Tokens {
-		tokens += id + " " + tok + "\n"
-	}
-	tokenFile := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokenFile, []byte(tokens), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokenFile := lt.TokenFile(t)
 	args := []string{
 		"--database-url=" + db,
 		"--database-max-conns=8",

@@ -60,7 +60,7 @@ func TestBinaryLifecycle(t *testing.T) {
 func TestRESTWithAuth(t *testing.T) {
 	t.Parallel()
 	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("ops tok-ops\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("ops tok-ops admin\nboard tok-viewer viewer\nfleet tok-crawler crawler\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, addrs := servicetest.Start(t, ".", []string{
@@ -130,12 +130,21 @@ func TestRESTWithAuth(t *testing.T) {
 			t.Errorf("%s %s %s = %d %v; want %d with %q", tc.method, tc.path, tc.body, code, body, tc.want, tc.wantMsg)
 		}
 	}
-	metrics, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// Reconciles are counted once a worker claimed the proxy, which may
+	// not have happened yet.
+	var raw []byte
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		metrics, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ = io.ReadAll(metrics.Body)
+		metrics.Body.Close()
+		if strings.Contains(string(raw), "egress_orchestrator_reconciles_total") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // polling /metrics
 	}
-	raw, _ := io.ReadAll(metrics.Body)
-	metrics.Body.Close()
 	// The proxy is Pending, or Provisioning once a worker claimed it.
 	if !strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PENDING"} 1`) &&
 		!strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PROVISIONING"} 1`) {
@@ -156,6 +165,43 @@ func TestRESTWithAuth(t *testing.T) {
 	}
 	if code, body := call("GET", "/v1/providers", "tok-ops", ""); code != 200 || !strings.Contains(toString(body), "local") {
 		t.Errorf("providers = %d %v", code, body)
+	}
+
+	// Roles and views over REST, on the real handlers.
+	withCloudInit := `{"name":"p3","spec":{"mode":"PROXY_MODE_MANAGED","provider":"local","cloudInit":"#cloud-config\n# rest-s3cret\n"}}`
+	if code, body := call("POST", "/v1/proxies", "tok-viewer", withCloudInit); code != http.StatusForbidden ||
+		!strings.Contains(toString(body["message"]), "needs the role admin") {
+		t.Errorf("create as a viewer = %d %v, want 403 naming admin", code, body)
+	}
+	if code, body := call("POST", "/v1/proxies", "tok-ops", withCloudInit); code != 200 || strings.Contains(toString(body), "s3cret") {
+		t.Errorf("create with cloud-init = %d, echoing it: %v", code, body)
+	}
+	roleCases := []struct {
+		path, token string
+		want        int
+		secret      bool
+	}{
+		{"/v1/proxies/p3", "tok-ops", 200, false},
+		{"/v1/proxies/p3?view=PROXY_VIEW_BASIC", "tok-ops", 200, false},
+		{"/v1/proxies/p3?view=PROXY_VIEW_FULL", "tok-ops", 200, true},
+		{"/v1/proxies?view=PROXY_VIEW_FULL", "tok-ops", 200, true},
+		{"/v1/proxies/p3", "tok-viewer", 200, false},
+		{"/v1/proxies", "tok-viewer", 200, false},
+		{"/v1/proxies/p3?view=PROXY_VIEW_FULL", "tok-viewer", 403, false},
+		{"/v1/proxies?view=PROXY_VIEW_FULL", "tok-viewer", 403, false},
+		{"/v1/proxies/p3", "tok-crawler", 403, false},
+		{"/v1/proxies", "tok-crawler", 403, false},
+		{"/v1/providers", "tok-crawler", 403, false},
+	}
+	for _, tc := range roleCases {
+		code, body := call("GET", tc.path, tc.token, "")
+		if code != tc.want || strings.Contains(toString(body), "rest-s3cret") != tc.secret {
+			t.Errorf("GET %s as %s = %d (cloud-init shown: %v), want %d (%v): %v", tc.path, tc.token, code,
+				strings.Contains(toString(body), "rest-s3cret"), tc.want, tc.secret, body)
+		}
+	}
+	if code, _ := call("DELETE", "/v1/proxies/p1", "tok-crawler", ""); code != http.StatusForbidden {
+		t.Errorf("delete as a crawler = %d, want 403", code)
 	}
 	if code, _ := call("DELETE", "/v1/proxies/p1", "tok-ops", ""); code != 200 {
 		t.Errorf("delete = %d", code)

@@ -2,13 +2,22 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"os"
 
+	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/services/provisioner-kvm/internal/kvm"
 )
 
 func main() {
-	os.Exit(service.Main(service.Binary{
+	os.Exit(provisioner.Main(provisioner.Spec{
 		Options: service.Options{Name: "provisioner-kvm", GRPCListen: ":8140", HTTPListen: ":8141"},
+		Type:    "kvm",
+		NewBackend: func(_ context.Context, p providers.Provider, log *slog.Logger) (provisioner.Backend, error) {
+			return kvm.FromProvider(p, log, kvm.Options{})
+		},
 	}, os.Args[1:]))
 }

@@ -30,11 +30,15 @@ func TestBinaryLifecycle(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	tokens := filepath.Join(dir, "api-tokens")
+	if err := os.WriteFile(tokens, []byte("health svc-token service\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// It starts and serves whether NATS is up or down.
 	for name, natsURL := range map[string]string{"NATS up": nats.URL(), "NATS down": natstest.DownURL(t)} {
 		t.Run(name, func(t *testing.T) {
 			servicetest.AssertLifecycle(t, ".", "provisioner-proxmox",
-				[]string{"--providers-config=" + cfg, "--provider=pve", "--nats-url=" + natsURL, "--nats-prefix=lc"})
+				[]string{"--providers-config=" + cfg, "--provider=pve", "--nats-url=" + natsURL, "--nats-prefix=lc", "--auth-token-file=" + tokens})
 		})
 	}
 }
@@ -77,7 +81,7 @@ func TestBinaryRefusesBadConfig(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--nats-url=" + nats.URL()}, tc.args...)
+			args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--nats-url=" + nats.URL(), "--auth-disabled"}, tc.args...)
 			p := proctest.Start(t, bin, args)
 			if code := p.Wait(t, 60*time.Second); code != 1 {
 				t.Errorf("exit code %d, want 1", code)

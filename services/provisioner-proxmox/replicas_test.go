@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,6 +23,7 @@ import (
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
@@ -42,6 +44,9 @@ type cluster struct {
 	js     jetstream.JetStream
 	names  bus.Names
 	config string
+	// apiTokens is the provisioners' token file: svc-token (service),
+	// ops-token (admin) and crawler-token (crawler).
+	apiTokens string
 }
 
 func newCluster(t testing.TB) *cluster {
@@ -77,7 +82,8 @@ func newCluster(t testing.TB) *cluster {
       machineTypes: {small: {cores: 1, memoryMiB: 1024}}
 `, fake.URL, token, ca))
 	ns := natstest.New(t)
-	c := &cluster{fake: fake, nats: ns, js: ns.JetStream(t), names: bus.Names{Prefix: "it"}, config: cfg}
+	c := &cluster{fake: fake, nats: ns, js: ns.JetStream(t), names: bus.Names{Prefix: "it"}, config: cfg,
+		apiTokens: write("api-tokens", "health svc-token service\nops ops-token admin\nfleet crawler-token crawler,viewer\n")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := bus.EnsureStreams(ctx, c.js, c.names); err != nil {
@@ -97,7 +103,7 @@ func (c *cluster) startAddr(t testing.TB, replica string, extra ...string) (*pro
 	t.Helper()
 	args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
 		"--providers-config=" + c.config, "--provider=pve", "--nats-url=" + c.nats.URL(),
-		"--nats-prefix=" + c.names.Prefix, "--replica-id=" + replica, "--log-level=debug-4"}, extra...)
+		"--nats-prefix=" + c.names.Prefix, "--replica-id=" + replica, "--log-level=debug-4", "--auth-token-file=" + c.apiTokens}, extra...)
 	p := proctest.Start(t, proctest.Build(t, "."), args)
 	serving := p.WaitLog(t, 60*time.Second, proctest.Msg("serving"))
 	p.WaitLog(t, 30*time.Second, proctest.Msg("taking provisioner commands"))
@@ -292,14 +298,39 @@ func TestGRPCOnTheBinary(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	_, addr, httpAddr := c.startAddr(t, "a")
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	dial := func(token string) provisionerv1.ProvisionerServiceClient {
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if token != "" {
+			opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(token)))
+		}
+		conn, err := grpc.NewClient(addr, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return provisionerv1.NewProvisionerServiceClient(conn)
 	}
-	defer conn.Close()
-	client := provisionerv1.NewProvisionerServiceClient(conn)
+	client := dial("svc-token")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+
+	// Only the suite's services may call a provisioner: no token is
+	// UNAUTHENTICATED, an operator's or a crawler's token PERMISSION_DENIED,
+	// and none of them reaches the backend.
+	before := c.fake.TotalCalls()
+	for token, want := range map[string]codes.Code{"": codes.Unauthenticated, "wrong": codes.Unauthenticated,
+		"ops-token": codes.PermissionDenied, "crawler-token": codes.PermissionDenied} {
+		_, err := dial(token).DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: "pve", ProviderId: "vms/100/x", ProxyUid: "x"})
+		if status.Code(err) != want {
+			t.Errorf("DeleteInstance with token %q = %v, want %v", token, err, want)
+		}
+		if want == codes.PermissionDenied && !strings.Contains(status.Convert(err).Message(), "needs the role service") {
+			t.Errorf("the denial does not name the role: %v", err)
+		}
+	}
+	if after := c.fake.TotalCalls(); after != before {
+		t.Errorf("refused calls reached Proxmox: %d requests", after-before)
+	}
 	check, err := client.CheckBackend(ctx, &provisionerv1.CheckBackendRequest{Provider: "pve"})
 	if err != nil {
 		t.Fatal(err)
@@ -376,4 +407,49 @@ func TestSIGTERMHandsTheInFlightCreateToTheOther(t *testing.T) {
 		t.Errorf("%d VMs, want 1", n)
 	}
 	assertNoSecrets(t, c, a, b)
+}
+
+// A request that runs out of requestTimeoutSeconds is Transient, and says
+// so with its ErrorInfo reason over gRPC and in the NATS result alike.
+func TestPerRequestTimeoutCarriesItsReason(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	f, err := os.OpenFile(c.config, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("      requestTimeoutSeconds: 1\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_, addr, _ := c.startAddr(t, "a")
+	// Every answer is held far past the one-second budget.
+	c.fake.Inject(pvefake.Fault{Delay: 20 * time.Second})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = provisionerv1.NewProvisionerServiceClient(conn).GetInstance(ctx,
+		&provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/150000/proxy-slow", ProxyUid: "9c9c9c9c-0000-4000-8000-000000000002"})
+	if err == nil {
+		t.Fatal("get against a stalled API succeeded")
+	}
+	var reason string
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errclass.Domain {
+			reason = info.GetReason()
+		}
+	}
+	if reason != errclass.Transient.String() || errclass.Of(errclass.FromStatus(err)) != errclass.Transient {
+		t.Errorf("gRPC answer %v carries reason %q, want %s", err, reason, errclass.Transient)
+	}
+
+	c.publishCreate(t, "cmd-timeout", "9c9c9c9c-0000-4000-8000-000000000003")
+	res := c.results(t, 1, 60*time.Second)[0]
+	if res.GetError().GetReason() != errclass.Transient {
+		t.Errorf("NATS result %v, want reason %s", res.GetError(), errclass.Transient)
+	}
 }

@@ -62,10 +62,10 @@ func TestFlow(t *testing.T) {
 	}
 
 	// Lease another through REST.
-	req, _ := http.NewRequest("POST", "http://"+s.lease.HTTP+"/v1/leases",
+	req, _ := http.NewRequest("POST", s.base(s.lease.HTTP)+"/v1/leases",
 		strings.NewReader(`{"targetHost":"news.example","ttl":"60s","selector":{"labels":{"id":"flow-07"}}}`))
 	req.Header.Set("Authorization", "Bearer "+crawlerToken)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.httpClient().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,8 +326,8 @@ func TestProxmoxBackend(t *testing.T) {
       templates: {debian-13: {vmid: 9001}}
       machineTypes: {small: {cores: 1, memoryMiB: 1024}}
 `)
-	servicetest.Start(t, "../../services/provisioner-proxmox", []string{"--nats-url=" + s.nats.URL(),
-		"--providers-config=" + s.providers, "--provider=pve-fake", "--replica-id=pve-1"})
+	servicetest.Start(t, "../../services/provisioner-proxmox", append([]string{"--nats-url=" + s.nats.URL(),
+		"--providers-config=" + s.providers, "--provider=pve-fake", "--replica-id=pve-1"}, s.serving()...))
 	s.startOrchestrator()
 	c := s.proxies()
 	resp, err := c.CreateProxy(ctx(t, 30*time.Second), &proxyv1.CreateProxyRequest{Name: "pve-00", Spec: &proxyv1.ProxySpec{

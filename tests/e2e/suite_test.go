@@ -9,6 +9,7 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -22,21 +23,24 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 )
 
 const (
 	opsToken     = "tok-ops"
 	crawlerToken = "tok-crawler"
+	serviceToken = "tok-service"
+	viewerToken  = "tok-viewer"
+	// serverName is the name on every service's certificate in TLS suites.
+	serverName = "egress.test"
 )
 
 // suite is one installation: a database, a NATS server, a TLS site to
@@ -50,9 +54,14 @@ type suite struct {
 	providers string
 	site      *httptest.Server
 	siteCA    string
-	opsTokens string
-	crawlers  string
-	opsFile   string
+	tokens    string // every service's token file: one client per role
+	svcFile   string // the service token the services call each other with
+	// tls, set before starting anything, serves every API over TLS with
+	// a certificate from caFile's CA, and dials them so.
+	tls      bool
+	caFile   string
+	certFile string
+	keyFile  string
 
 	orchestrator servicetest.Addrs
 	lease        servicetest.Addrs
@@ -73,9 +82,9 @@ func newSuite(t *testing.T) *suite {
 	network := fmt.Sprintf("127.%d.%d.0/24", 150+time.Now().Nanosecond()%50, time.Now().Nanosecond()/50%250)
 	s.providers = s.write("providers.yaml", fmt.Sprintf(
 		"providers:\n  - name: local\n    type: local\n    local: {stateDir: %q, network: %q}\n", s.stateDir, network))
-	s.opsTokens = s.write("ops-tokens", "ops "+opsToken+"\n")
-	s.crawlers = s.write("crawler-tokens", "crawler-a "+crawlerToken+"\n")
-	s.opsFile = s.write("ops-token", opsToken+"\n")
+	s.tokens = s.write("tokens", "ops "+opsToken+" admin\ncrawler-a "+crawlerToken+" crawler\n"+
+		"dashboard "+viewerToken+" viewer\nsuite "+serviceToken+" service\n")
+	s.svcFile = s.write("service-token", serviceToken+"\n")
 
 	s.site = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the site, %s", r.URL.Path)
@@ -119,12 +128,65 @@ func atoi(s string) int {
 }
 
 func (s *suite) common() []string {
-	return []string{"--database-url=" + s.dsn, "--nats-url=" + s.nats.URL(), "--log-level=debug"}
+	return append([]string{"--database-url=" + s.dsn, "--nats-url=" + s.nats.URL(), "--log-level=debug"}, s.serving()...)
+}
+
+// serving are the flags every service serves its APIs with: the token file,
+// and the certificate in TLS suites.
+func (s *suite) serving() []string {
+	args := []string{"--auth-token-file=" + s.tokens}
+	if s.tls {
+		if s.caFile == "" {
+			s.caFile, s.certFile, s.keyFile = issueCertificates(s.t, s.dir, serverName)
+		}
+		args = append(args, "--tls-cert-file="+s.certFile, "--tls-key-file="+s.keyFile)
+	}
+	return args
+}
+
+// peer are the flags a service reaches another with (prefix orchestrator
+// or provisioner): the service token, and the CA and name in TLS suites.
+func (s *suite) peer(prefix string) []string {
+	args := []string{"--" + prefix + "-token-file=" + s.svcFile}
+	if s.tls {
+		args = append(args, "--"+prefix+"-ca-file="+s.caFile, "--"+prefix+"-server-name="+serverName)
+	}
+	return args
+}
+
+// client is how the test reaches a service's gRPC API with token.
+func (s *suite) client(addr, token string) service.Client {
+	c := service.Client{Addr: addr, Token: token}
+	if s.tls {
+		c.CAFile, c.ServerName = s.caFile, serverName
+	}
+	return c
+}
+
+// httpClient and base are how the test reaches a service's HTTP port.
+func (s *suite) httpClient() *http.Client {
+	if !s.tls {
+		return http.DefaultClient
+	}
+	pem, err := os.ReadFile(s.caFile)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: serverName}}}
+}
+
+func (s *suite) base(httpAddr string) string {
+	if s.tls {
+		return "https://" + httpAddr
+	}
+	return "http://" + httpAddr
 }
 
 func (s *suite) startOrchestrator() *proctest.Process {
 	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(s.common(),
-		"--auth-token-file="+s.opsTokens, "--providers-config="+s.providers,
+		"--providers-config="+s.providers,
 		"--gc-interval=2s", "--gc-grace=1s", "--resync-interval=3s",
 		"--provisioning-poll=200ms", "--deletion-poll=200ms", "--create-deadline=30s", "--get-deadline=10s", "--delete-deadline=20s"))
 	s.orchestrator = a
@@ -132,23 +194,22 @@ func (s *suite) startOrchestrator() *proctest.Process {
 }
 
 func (s *suite) startLease() *proctest.Process {
-	p, a := servicetest.Start(s.t, "../../services/lease", append(s.common(),
-		"--auth-token-file="+s.crawlers, "--orchestrator-addr="+s.orchestrator.GRPC, "--orchestrator-token-file="+s.opsFile,
-		"--resync-interval=5s"))
+	p, a := servicetest.Start(s.t, "../../services/lease", append(append(s.common(), s.peer("orchestrator")...),
+		"--orchestrator-addr="+s.orchestrator.GRPC, "--resync-interval=5s"))
 	s.lease = a
 	return p
 }
 
 func (s *suite) startHealth(replica string) (*proctest.Process, servicetest.Addrs) {
-	return servicetest.Start(s.t, "../../services/health", append(s.common(),
-		"--auth-token-file="+s.opsTokens, "--providers-config="+s.providers, "--replica-id="+replica,
+	return servicetest.Start(s.t, "../../services/health", append(append(s.common(), s.peer("provisioner")...),
+		"--providers-config="+s.providers, "--replica-id="+replica,
 		"--probe-target="+s.site.URL+"/probe", "--probe-ca-file="+s.siteCA, "--probe-interval=500ms", "--probe-timeout=500ms",
 		"--membership-ttl=3s", "--provisioner=local="+s.provisioner.GRPC, "--provider-check-interval=10s"))
 }
 
 func (s *suite) startProvisioner(replica string, extra ...string) *proctest.Process {
-	args := append([]string{"--nats-url=" + s.nats.URL(), "--log-level=debug",
-		"--providers-config=" + s.providers, "--provider=local", "--replica-id=" + replica, "--ack-wait=5s"}, extra...)
+	args := append(append([]string{"--nats-url=" + s.nats.URL(), "--log-level=debug",
+		"--providers-config=" + s.providers, "--provider=local", "--replica-id=" + replica, "--ack-wait=5s"}, s.serving()...), extra...)
 	p, a := servicetest.Start(s.t, "../../services/provisioner-local", args)
 	if s.provisioner.GRPC == "" {
 		s.provisioner = a
@@ -166,8 +227,8 @@ func (s *suite) startAll() {
 
 func (s *suite) conn(addr, token string) *grpc.ClientConn {
 	s.t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(auth.BearerToken(token)))
+	c := s.client(addr, token)
+	conn, err := c.Dial()
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -184,7 +245,7 @@ func (s *suite) leases() leasev1.LeaseServiceClient {
 }
 
 func (s *suite) health(addr string) healthv1.HealthServiceClient {
-	return healthv1.NewHealthServiceClient(s.conn(addr, opsToken))
+	return healthv1.NewHealthServiceClient(s.conn(addr, viewerToken))
 }
 
 func ctx(t *testing.T, d time.Duration) context.Context {

@@ -50,7 +50,7 @@ start_service() {
 	svc+=($!)
 	psql "$PGURL/postgres" -qc "CREATE DATABASE $DB"
 	"$work/lease" --database-url "$PGURL/$DB?sslmode=disable" --database-max-conns "$CONNS" \
-		--nats-url nats://127.0.0.1:14222 --auth-token-file "$work/tokens" \
+		--nats-url nats://127.0.0.1:14222 --auth-token-file "$work/tokens" --rate-limit-lease 0 \
 		--grpc-listen 127.0.0.1:18110 --http-listen 127.0.0.1:18111 --log-level warn 2>"$work/lease.log" &
 	svc+=($!)
 	for _ in $(seq 100); do
@@ -72,7 +72,7 @@ load() {
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(psql "$PGURL/postgres" -Atc 'select version()' | cut -d, -f1)"
 (cd "$here" && go build -o "$work/lease" . && go build -o "$work/lease-load" ./cmd/lease-load)
-echo "load-client load-token-0123456789" >"$work/tokens"
+echo "load-client load-token-0123456789 crawler" >"$work/tokens"
 
 for rate in $RATES; do
 	for run in $(seq "$REPEAT"); do

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 )
 
@@ -35,7 +37,7 @@ func orchestrator(t *testing.T) (string, *natstest.Server) {
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
 	providers := filepath.Join(dir, "providers.yaml")
-	if err := os.WriteFile(tokens, []byte("ops tok-ops\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokens, []byte("ops tok-ops admin\nboard tok-viewer viewer\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(providers, []byte("providers:\n  - {name: local, type: local}\n"), 0o600); err != nil {
@@ -104,6 +106,46 @@ func TestProxiesCommands(t *testing.T) {
 		}
 	}
 
+	// Roles: a viewer reads but cannot write, and never sees cloud-init.
+	viewer := func(args ...string) (int, string, string) {
+		return run(append([]string{"--orchestrator", addr, "--token", "tok-viewer"}, args...)...)
+	}
+	if code, _, errOut := viewer("proxies", "create", "p9", "--provider", "local"); code != 1 ||
+		!strings.Contains(errOut, "permissionDenied") || !strings.Contains(errOut, "needs the role admin") {
+		t.Errorf("create as a viewer = %d %q, want the role named", code, errOut)
+	}
+	if code, out, _ := viewer("proxies", "list"); code != 0 || !strings.Contains(out, "p1") {
+		t.Errorf("list as a viewer = %d\n%s", code, out)
+	}
+	dir := t.TempDir()
+	cloudInit := filepath.Join(dir, "user-data")
+	if err := os.WriteFile(cloudInit, []byte("#cloud-config\n# egressctl-s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := cmd("proxies", "create", "p6", "--provider", "local", "--cloud-init-file", cloudInit, "-o", "json"); code != 0 || strings.Contains(out, "s3cret") {
+		t.Errorf("create with cloud-init = %d, the response shows it: %s %s", code, out, errOut)
+	}
+	if code, out, _ := cmd("proxies", "get", "p6", "--full", "-o", "json"); code != 0 || !strings.Contains(out, "egressctl-s3cret") {
+		t.Errorf("get --full as admin = %d, want the cloud-init:\n%s", code, out)
+	}
+	if code, out, _ := cmd("proxies", "get", "p6", "-o", "json"); code != 0 || strings.Contains(out, "s3cret") {
+		t.Errorf("get as admin without --full shows the cloud-init = %d\n%s", code, out)
+	}
+	if code, _, errOut := viewer("proxies", "get", "p6", "--full"); code != 1 || !strings.Contains(errOut, "needs the role admin") {
+		t.Errorf("get --full as a viewer = %d %q", code, errOut)
+	}
+	// The token from a file.
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("tok-ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := run("--orchestrator", addr, "--token-file", tokenFile, "proxies", "get", "p6"); code != 0 || !strings.Contains(out, "p6") {
+		t.Errorf("--token-file = %d %s %s", code, out, errOut)
+	}
+	if _, _, errOut := cmd("proxies", "delete", "p6"); errOut != "" {
+		t.Errorf("delete p6: %s", errOut)
+	}
+
 	// No token; unreachable service.
 	if code, _, errOut := run("--orchestrator", addr, "proxies", "list"); code != 1 || !strings.Contains(errOut, "missing bearer token") || !strings.Contains(errOut, "EGRESS_TOKEN") {
 		t.Errorf("without a token: %d %q", code, errOut)
@@ -163,5 +205,57 @@ func TestCreateWait(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(errOut), "\n")
 	if lines[len(lines)-1] != "ext\tReady\tHealthy" || (len(lines) == 2 && !strings.HasPrefix(lines[0], "ext\tRunning")) || len(lines) > 2 {
 		t.Errorf("progress lines:\n%s", errOut)
+	}
+}
+
+// proxies watch: without flags only new changes; --list shows the proxies
+// as they are first, then the changes after the listing; --since N every
+// change after revision N. (0 means "from now on": `--since 0` used to be
+// the documented way to see everything, and showed nothing.)
+func TestProxiesWatch(t *testing.T) {
+	t.Parallel()
+	addr, _ := orchestrator(t)
+	base := []string{"--orchestrator", addr, "--token", "tok-ops"}
+	if code, out, errOut := run(append(base, "proxies", "create", "w1", "--provider", "local")...); code != 0 {
+		t.Fatalf("create = %d %s %s", code, out, errOut)
+	}
+	bin := proctest.Build(t, "../..")
+	watch := func(args ...string) *proctest.Process {
+		return proctest.Start(t, bin, append(append([]string{}, base...), append([]string{"proxies", "watch"}, args...)...))
+	}
+	waitOutput := func(p *proctest.Process, want string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(p.Output(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q within 30s in:\n%s", want, p.Output())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	listed := watch("--list")
+	fromNow := watch()
+	waitOutput(listed, "CURRENT  w1")
+	// The change stream is open once the header is out; w2 comes after.
+	waitOutput(fromNow, "REVISION")
+	if code, out, errOut := run(append(base, "proxies", "create", "w2", "--provider", "local")...); code != 0 {
+		t.Fatalf("create = %d %s %s", code, out, errOut)
+	}
+	waitOutput(listed, "CREATED  w2")
+	waitOutput(fromNow, "CREATED  w2")
+	if strings.Contains(fromNow.Output(), "CREATED  w1") {
+		t.Errorf("watch without flags showed w1's creation, from before it started:\n%s", fromNow.Output())
+	}
+	// --since 1: every change after w1's creation, w2's included.
+	since := watch("--since", "1")
+	waitOutput(since, "CREATED  w2")
+	for _, p := range []*proctest.Process{listed, fromNow, since} {
+		p.Signal(t, syscall.SIGTERM)
+		if code := p.Wait(t, 30*time.Second); code != 0 {
+			t.Errorf("watch exited %d after SIGTERM:\n%s", code, p.Output())
+		}
+	}
+	if code, _, errOut := run(append(base, "proxies", "watch", "--list", "--since", "3")...); code != 1 || !strings.Contains(errOut, "exclude each other") {
+		t.Errorf("--list with --since = %d %q", code, errOut)
 	}
 }

@@ -218,13 +218,18 @@ func (o *options) waitReady(client proxyv1.ProxyServiceClient, p *proxyv1.Proxy)
 }
 
 func proxiesGet(o *options) *cobra.Command {
-	return &cobra.Command{
+	var full bool
+	c := &cobra.Command{
 		Use:   "get NAME",
 		Short: "Show one proxy",
 		Args:  exactName,
 		RunE: func(_ *cobra.Command, args []string) error {
+			req := &proxyv1.GetProxyRequest{Name: args[0]}
+			if full {
+				req.View = proxyv1.ProxyView_PROXY_VIEW_FULL
+			}
 			return call(o, o.proxyClient, func(ctx context.Context, client proxyv1.ProxyServiceClient) error {
-				resp, err := client.GetProxy(ctx, &proxyv1.GetProxyRequest{Name: args[0]})
+				resp, err := client.GetProxy(ctx, req)
 				if err != nil {
 					return err
 				}
@@ -232,6 +237,8 @@ func proxiesGet(o *options) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().BoolVar(&full, "full", false, "the FULL view, with spec.cloudInit (needs the admin role; shown with -o json or yaml)")
+	return c
 }
 
 func proxiesList(o *options) *cobra.Command {
@@ -304,22 +311,60 @@ func proxiesDelete(o *options) *cobra.Command {
 func proxiesWatch(o *options) *cobra.Command {
 	var since int64
 	var provider string
+	var list bool
 	c := &cobra.Command{
 		Use:   "watch",
 		Short: "Stream proxy changes (Ctrl-C stops)",
-		Args:  cobra.NoArgs,
+		Long: `Stream proxy changes as they happen (Ctrl-C stops). Without flags only
+changes made from now on are shown; --list first shows every proxy as it
+is now (CURRENT), then every change after that listing; --since N shows
+every change after revision N (kept for the orchestrator's
+--watch-retention), then live ones.`,
+		Example: `  egressctl proxies watch --list
+  egressctl proxies watch --since 41`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
+			if list && since != 0 {
+				return errors.New("--list and --since exclude each other: --list watches from the listing's revision")
+			}
+			if since < 0 {
+				return fmt.Errorf("--since %d: want a revision, 0 or above", since)
+			}
 			client, closeConn, err := o.proxyClient()
 			if err != nil {
 				return err
 			}
 			defer closeConn()
+			if o.output == "table" {
+				fmt.Fprintln(o.out, "REVISION  CHANGE   NAME  PHASE  REASON")
+			}
+			if list {
+				// The listing's revision: watching from it misses nothing
+				// changed after the listing.
+				req := &proxyv1.ListProxiesRequest{Provider: provider}
+				for {
+					ctx, cancel := o.ctx()
+					resp, err := client.ListProxies(ctx, req)
+					cancel()
+					if err != nil {
+						return err
+					}
+					if since == 0 || resp.GetRevision() < since {
+						since = resp.GetRevision()
+					}
+					for _, p := range resp.GetProxies() {
+						if err := o.printChange(&proxyv1.WatchProxiesResponse{Revision: resp.GetRevision(), Proxy: p}); err != nil {
+							return err
+						}
+					}
+					if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+						break
+					}
+				}
+			}
 			stream, err := client.WatchProxies(signalContext(), &proxyv1.WatchProxiesRequest{SinceRevision: since, Provider: provider})
 			if err != nil {
 				return err
-			}
-			if o.output == "table" {
-				fmt.Fprintln(o.out, "REVISION  CHANGE   NAME  PHASE  REASON")
 			}
 			for {
 				ev, err := stream.Recv()
@@ -329,18 +374,29 @@ func proxiesWatch(o *options) *cobra.Command {
 					}
 					return err
 				}
-				if o.output != "table" {
-					if err := o.printMessages([]proto.Message{ev}, true, nil); err != nil {
-						return err
-					}
-					continue
+				if err := o.printChange(ev); err != nil {
+					return err
 				}
-				fmt.Fprintf(o.out, "%d  %s  %s  %s  %s\n", ev.GetRevision(), strings.TrimPrefix(ev.GetType().String(), "CHANGE_TYPE_"),
-					ev.GetProxy().GetName(), phaseName(ev.GetProxy().GetStatus().GetPhase()), ev.GetProxy().GetStatus().GetReason())
 			}
 		},
 	}
-	c.Flags().Int64Var(&since, "since", 0, "start after this revision (0: only new changes)")
+	c.Flags().Int64Var(&since, "since", 0, "show every change after this revision first (0: only changes from now on)")
+	c.Flags().BoolVar(&list, "list", false, "first show every proxy as it is now (CURRENT), then the changes after that listing")
 	c.Flags().StringVar(&provider, "provider", "", "only proxies on this provider")
 	return c
+}
+
+// printChange prints one watched change; a listed proxy (--list) has no
+// change type and shows as CURRENT.
+func (o *options) printChange(ev *proxyv1.WatchProxiesResponse) error {
+	if o.output != "table" {
+		return o.printMessages([]proto.Message{ev}, true, nil)
+	}
+	change := strings.TrimPrefix(ev.GetType().String(), "CHANGE_TYPE_")
+	if ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_UNSPECIFIED {
+		change = "CURRENT"
+	}
+	fmt.Fprintf(o.out, "%d  %s  %s  %s  %s\n", ev.GetRevision(), change,
+		ev.GetProxy().GetName(), phaseName(ev.GetProxy().GetStatus().GetPhase()), ev.GetProxy().GetStatus().GetReason())
+	return nil
 }

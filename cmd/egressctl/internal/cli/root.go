@@ -19,12 +19,11 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
 )
 
 // options are the global flags.
@@ -33,6 +32,10 @@ type options struct {
 	lease        string
 	health       string
 	token        string
+	tokenFile    string
+	caFile       string
+	serverName   string
+	tls          bool
 	output       string
 	timeout      time.Duration
 
@@ -80,7 +83,11 @@ func newRoot(o *options) *cobra.Command {
 	f.StringVar(&o.orchestrator, "orchestrator", envOr("EGRESS_ORCHESTRATOR_ADDR", "localhost:8100"), "orchestrator gRPC address (env EGRESS_ORCHESTRATOR_ADDR)")
 	f.StringVar(&o.lease, "lease", envOr("EGRESS_LEASE_ADDR", "localhost:8110"), "lease service gRPC address (env EGRESS_LEASE_ADDR)")
 	f.StringVar(&o.health, "health", envOr("EGRESS_HEALTH_ADDR", "localhost:8120"), "health service gRPC address (env EGRESS_HEALTH_ADDR)")
-	f.StringVar(&o.token, "token", os.Getenv("EGRESS_TOKEN"), "bearer token (env EGRESS_TOKEN)")
+	f.StringVar(&o.token, "token", os.Getenv("EGRESS_TOKEN"), "bearer token (env EGRESS_TOKEN); prefer --token-file, which keeps it out of the process list")
+	f.StringVar(&o.tokenFile, "token-file", os.Getenv("EGRESS_TOKEN_FILE"), "file holding the bearer token (env EGRESS_TOKEN_FILE)")
+	f.StringVar(&o.caFile, "ca-file", os.Getenv("EGRESS_CA_FILE"), "PEM CA file that verifies the services' TLS certificates; setting it dials over TLS (env EGRESS_CA_FILE)")
+	f.StringVar(&o.serverName, "server-name", os.Getenv("EGRESS_SERVER_NAME"), "name the service's TLS certificate must carry (default: the host of its address; env EGRESS_SERVER_NAME)")
+	f.BoolVar(&o.tls, "tls", os.Getenv("EGRESS_TLS") == "true", "dial over TLS verified by the system's CAs (env EGRESS_TLS=true); implied by --ca-file")
 	f.StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
 	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "time limit of one call")
 	root.PersistentPreRunE = func(*cobra.Command, []string) error {
@@ -94,14 +101,19 @@ func newRoot(o *options) *cobra.Command {
 	return root
 }
 
-// dial connects to the service at addr with the token, if any.
-func (o *options) dial(service, addr string) (*grpc.ClientConn, error) {
-	o.target = service + " at " + addr
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	if o.token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(auth.BearerToken(o.token)))
+// dial connects to the service at addr with TLS and the token as the
+// flags say.
+func (o *options) dial(name, addr string) (*grpc.ClientConn, error) {
+	o.target = name + " at " + addr
+	if o.token != "" && o.tokenFile != "" {
+		return nil, usagef("--token and --token-file: give one")
 	}
-	return grpc.NewClient(addr, opts...)
+	c := service.Client{Addr: addr, CAFile: o.caFile, TLS: o.tls, ServerName: o.serverName, TokenFile: o.tokenFile, Token: o.token}
+	conn, err := c.Dial()
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return conn, nil
 }
 
 func (o *options) ctx() (context.Context, context.CancelFunc) {
@@ -140,7 +152,7 @@ func describe(err error, o *options) string {
 		}
 		return "the " + o.target + " is unavailable: " + msg
 	case codes.Unauthenticated:
-		return st.Message() + " (set --token or EGRESS_TOKEN)"
+		return st.Message() + " (set --token-file, EGRESS_TOKEN_FILE, --token or EGRESS_TOKEN)"
 	case codes.DeadlineExceeded:
 		return fmt.Sprintf("no answer within %s (--timeout)", o.timeout)
 	}

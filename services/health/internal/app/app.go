@@ -22,14 +22,14 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
-	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/fleet"
@@ -52,7 +52,15 @@ type Config struct {
 	Defaults      engine.Defaults
 	MaxConcurrent int
 
-	Provisioners          provisionerFlag
+	// Orchestrator is where resyncs list the proxies to probe; an empty
+	// Addr means events only.
+	Orchestrator   service.Client
+	ResyncInterval time.Duration
+
+	Provisioners provisionerFlag
+	// ProvisionerClient is how every provisioner is reached (TLS, token);
+	// its Addr comes from Provisioners.
+	ProvisionerClient     service.Client
 	ProviderCheckInterval time.Duration
 	ProviderCheckTimeout  time.Duration
 
@@ -108,7 +116,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Defaults.SuccessThreshold, "success-threshold", engine.DefaultDefaults.SuccessThreshold, "default successes in a row before a proxy is healthy")
 	fs.IntVar(&c.Defaults.FailureThreshold, "failure-threshold", engine.DefaultDefaults.FailureThreshold, "default failures in a row before a healthy proxy is unhealthy")
 	fs.IntVar(&c.MaxConcurrent, "max-concurrent-probes", 4096, "most probes in flight at once")
+	fs.StringVar(&c.Orchestrator.Addr, "orchestrator-addr", "",
+		"gRPC address of the orchestrator (host:port), whose ListProxies checks the proxies learnt from events; empty: events only")
+	c.Orchestrator.RegisterFlags(fs, "orchestrator", "the orchestrator")
+	fs.DurationVar(&c.ResyncInterval, "resync-interval", 5*time.Minute, "period of the safety-net resync from the orchestrator; 0 turns it off")
 	fs.Var(&c.Provisioners, "provisioner", "provider=host:port of a provider's provisioner gRPC API; repeat, or separate with commas")
+	c.ProvisionerClient.RegisterFlags(fs, "provisioner", "the provisioners")
 	fs.DurationVar(&c.ProviderCheckInterval, "provider-check-interval", time.Minute, "time between provider backend checks; 0 turns them off, otherwise at least 10s")
 	fs.DurationVar(&c.ProviderCheckTimeout, "provider-check-timeout", 0, "limit of one round of provider checks: 15s, or the interval when shorter; at most the interval")
 	fs.StringVar(&c.ReplicaID, "replica-id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's name in the replica set")
@@ -139,6 +152,12 @@ func (c *Config) Validate() error {
 	}
 	if c.StateFlushInterval <= 0 {
 		errs = append(errs, errors.New("--state-flush-interval must be positive"))
+	}
+	if (c.Orchestrator.TokenFile != "" || c.Orchestrator.CAFile != "") && c.Orchestrator.Addr == "" {
+		errs = append(errs, errors.New("--orchestrator-token-file and --orchestrator-ca-file need --orchestrator-addr"))
+	}
+	if c.ResyncInterval < 0 {
+		errs = append(errs, errors.New("--resync-interval must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -258,14 +277,41 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		}}
 	mem.OnChange = func([]string) { fl.Rebalance() }
 
+	var resync *proxysync.Loop
+	var orch *grpc.ClientConn
+	if c.Orchestrator.Addr != "" {
+		if orch, err = c.Orchestrator.Dial(); err != nil {
+			_ = nc.Drain()
+			pool.Close()
+			return fmt.Errorf("--orchestrator-addr: %w", err)
+		}
+		lister := proxyv1.NewProxyServiceClient(orch)
+		resync = &proxysync.Loop{What: "the probed proxies", Interval: c.ResyncInterval, Log: log, Resync: func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			start := time.Now()
+			listed, changed, purged, err := fl.Resync(ctx, lister)
+			if err != nil {
+				return err
+			}
+			log.Info("probed proxies resynced from the orchestrator", "proxies", listed, "changed", changed, "purged", purged, "duration", time.Since(start))
+			return nil
+		}}
+		fl.Resumed = func() { resync.Request("proxy event consumer set up again") }
+		nc.SetReconnectHandler(func(*nats.Conn) { resync.Request("NATS reconnected") })
+	} else {
+		log.Warn("WARNING: no orchestrator address configured; the probed proxies are learnt from events alone, and proxies deleted while events were missed (or after a reset of the orchestrator's database) keep being probed")
+	}
+
 	var targets []providerhealth.Target
 	var apiProviders []api.Provider
 	var conns []*grpc.ClientConn
 	for _, p := range provCfg.Providers {
 		t := providerhealth.Target{Name: p.Name, Type: p.Type}
 		if addr, ok := c.Provisioners[p.Name]; ok {
-			conn, err := grpc.NewClient(addr,
-				append(telemetry.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+			client := c.ProvisionerClient
+			client.Addr = addr
+			conn, err := client.Dial()
 			if err != nil {
 				return fmt.Errorf("--provisioner %s: %w", p.Name, err)
 			}
@@ -304,6 +350,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	goWorker("hub", hub.Run)
 	goWorker("membership", func(ctx context.Context) error { return mem.Run(ctx, js, names) })
 	goWorker("proxy events", func(ctx context.Context) error { return fl.Follow(ctx, js, names) })
+	if resync != nil {
+		goWorker("proxy resync", func(ctx context.Context) error { resync.Run(ctx); return nil })
+	}
 	goWorker("state flush", func(ctx context.Context) error {
 		return flushStates(ctx, c.StateFlushInterval, st, eng, &gone, c.ReplicaID, log)
 	})
@@ -314,6 +363,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		wg.Wait()
 		for _, conn := range conns {
 			_ = conn.Close()
+		}
+		if orch != nil {
+			_ = orch.Close()
 		}
 		_ = nc.Drain()
 		pool.Close()

@@ -1,8 +1,9 @@
-// Package fleet learns the proxies from the orchestrator's ProxyEvents and
-// decides which of them this replica probes: it keeps the latest snapshot
-// of every proxy (newest revision wins), and hands the engine those that
-// are probeable and owned by this replica. It re-decides when the replica
-// set changes.
+// Package fleet learns the proxies from the orchestrator's ProxyEvents,
+// checked against the orchestrator's listing (a resync: at start,
+// periodically, after NATS outages), and decides which of them this
+// replica probes: it keeps the latest snapshot of every proxy (newest
+// revision wins), and hands the engine those that are probeable and owned
+// by this replica. It re-decides when the replica set changes.
 package fleet
 
 import (
@@ -17,6 +18,7 @@ import (
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
 )
 
@@ -49,13 +51,18 @@ type Fleet struct {
 	// Prior, when set, seeds proxies taken over with their earlier verdict.
 	Prior PriorFunc
 	Log   *slog.Logger
+	// Resumed, when set, is called when the event consumer is set up
+	// again after it stopped (events may have been missed meanwhile).
+	Resumed func()
 
 	mu      sync.Mutex
 	proxies map[string]*known
+	seq     uint64 // counts applied snapshots
 }
 
 type known struct {
 	revision int64
+	seq      uint64 // when its snapshot was applied, in Fleet.seq
 	spec     engine.Spec
 	probe    bool // probeable
 	owned    bool // handed to the engine
@@ -82,6 +89,8 @@ func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
 		f.proxies[uid] = k
 	}
 	k.revision = ev.GetRevision()
+	f.seq++
+	k.seq = f.seq
 	wasProbe := k.probe
 	if ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED {
 		k.probe = false
@@ -98,6 +107,49 @@ func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
 	// A deleted proxy is remembered (its revision guards against replays
 	// of older events) but holds nothing else.
 	return true
+}
+
+// Resync checks the fleet against the orchestrator's listing: every
+// listed proxy is applied at the revision of its page (older than what is
+// known changes nothing), and every proxy still probeable here but missing
+// from the listing, whose snapshot was applied before the listing began,
+// is forgotten as deleted. Which proxies are gone is decided by the
+// listing, not by revisions, so a reset of the orchestrator's database
+// (revisions start again from one) purges what no longer exists.
+func (f *Fleet) Resync(ctx context.Context, l proxysync.Lister) (listed, changed, purged int, err error) {
+	f.mu.Lock()
+	mark := f.seq
+	f.mu.Unlock()
+	seen := map[string]bool{}
+	_, err = proxysync.List(ctx, l, func(proxies []*proxyv1.Proxy, revision int64) error {
+		for _, p := range proxies {
+			seen[p.GetUid()] = true
+			if f.Apply(&busv1.ProxyEvent{Revision: revision, Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: p}) {
+				changed++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	gone := map[string]*known{}
+	for uid, k := range f.proxies {
+		if k.probe && !seen[uid] && k.seq <= mark {
+			k.probe = false
+			gone[uid] = k
+		}
+	}
+	f.syncAll(gone)
+	for uid := range gone {
+		f.Log.Info("proxy gone from the orchestrator's listing; no longer probed", "proxy_uid", uid)
+		if f.Gone != nil {
+			f.Gone(uid)
+		}
+	}
+	return len(seen), changed, len(gone), nil
 }
 
 // Rebalance re-decides ownership of every proxy, after the replica set
@@ -161,7 +213,11 @@ func (f *Fleet) syncAll(ks map[string]*known) {
 // state of the fleet first; it recreates itself on gaps, and is set up
 // again while NATS is unreachable (bus.KeepConsuming).
 func (f *Fleet) Follow(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
+	attempts := 0
 	bus.KeepConsuming(ctx, f.Log, "proxy events", func(ctx context.Context) error {
+		if attempts++; attempts > 1 && f.Resumed != nil {
+			f.Resumed()
+		}
 		return f.follow(ctx, js, names)
 	})
 	return nil

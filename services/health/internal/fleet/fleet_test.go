@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
@@ -236,5 +237,54 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		<-tick.C
+	}
+}
+
+// lister is an orchestrator listing in memory; during is called inside
+// the call, as if an event arrived while the listing was taken.
+type lister struct {
+	revision int64
+	proxies  []*proxyv1.Proxy
+	during   func()
+}
+
+func (l *lister) ListProxies(context.Context, *proxyv1.ListProxiesRequest, ...grpc.CallOption) (*proxyv1.ListProxiesResponse, error) {
+	if l.during != nil {
+		l.during()
+	}
+	return &proxyv1.ListProxiesResponse{Proxies: l.proxies, Revision: l.revision}, nil
+}
+
+// A resync after the orchestrator's database was reset (its revisions far
+// below the events') adopts what it lists and stops probing what it does
+// not, but keeps a proxy whose event arrived while it listed.
+func TestFleet_Resync(t *testing.T) {
+	t.Parallel()
+	eng := &fakeEngine{}
+	var gone []string
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Log: slog.New(slog.DiscardHandler), Gone: func(uid string) { gone = append(gone, uid) }}
+	f.Apply(event(50, created, proxy("old-a", running, "10.0.0.1")))
+	f.Apply(event(60, created, proxy("old-b", ready, "10.0.0.2")))
+	l := &lister{revision: 3, proxies: []*proxyv1.Proxy{proxy("new-c", running, "10.0.0.3")},
+		during: func() { f.Apply(event(4, created, proxy("new-d", running, "10.0.0.4"))) }}
+	listed, changed, purged, err := f.Resync(context.Background(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if listed != 1 || changed != 1 || purged != 2 {
+		t.Errorf("listed %d, changed %d, purged %d; want 1, 1, 2", listed, changed, purged)
+	}
+	for uid, want := range map[string]bool{"old-a": false, "old-b": false, "new-c": true, "new-d": true} {
+		if _, ok := eng.has(uid); ok != want {
+			t.Errorf("%s probed = %v, want %v", uid, ok, want)
+		}
+	}
+	slices.Sort(gone)
+	if !slices.Equal(gone, []string{"old-a", "old-b"}) {
+		t.Errorf("Gone calls %v, want old-a and old-b", gone)
+	}
+	// A replay of a purged proxy's last event changes nothing.
+	if f.Apply(event(60, created, proxy("old-b", ready, "10.0.0.2"))) {
+		t.Error("a replayed event brought a purged proxy back")
 	}
 }

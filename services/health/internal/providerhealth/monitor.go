@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 )
 
 const (
@@ -157,78 +158,16 @@ func (m *Monitor) Run(ctx context.Context) error {
 	if m.Lock == nil {
 		return m.lead(ctx)
 	}
-	for {
-		err := m.withLock(ctx, m.lead)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			m.Log.Warn("WARNING: provider check singleton lost its lock connection", "error", err)
-		}
-		t := time.NewTimer(m.Retry)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
-// withLock runs fn while holding the advisory lock; it returns at once
-// when another replica holds it. fn's context ends if the lock's
-// connection fails.
-func (m *Monitor) withLock(ctx context.Context, fn func(context.Context) error) error {
-	conn, err := m.Lock.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", m.LockKey).Scan(&got); err != nil {
-		return err
-	}
-	if !got {
-		return nil
-	}
-	m.Log.Info("provider checks: this replica runs them")
-	lctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		// Watch the connection: losing it loses the lock.
-		t := time.NewTicker(min(m.Interval/2, 5*time.Second))
-		defer t.Stop()
-		for {
-			select {
-			case <-lctx.Done():
-				return
-			case <-t.C:
-				if _, err := conn.Exec(lctx, "SELECT 1"); err != nil && lctx.Err() == nil {
-					cancel(fmt.Errorf("lock connection: %w", err))
-					return
-				}
-			}
-		}
+	s := &postgres.Singleton{Pool: m.Lock, Key: m.LockKey, Name: "provider checks", Log: m.Log,
+		Retry: m.Retry, Watch: min(m.Interval/2, 5*time.Second)}
+	return s.Run(ctx, func(ctx context.Context) error {
+		defer func() {
+			m.mu.Lock()
+			m.latest = nil // only the singleton exports gauges
+			m.mu.Unlock()
+		}()
+		return m.lead(ctx)
 	})
-	err = fn(lctx)
-	cancel(nil)
-	wg.Wait()
-	m.mu.Lock()
-	m.latest = nil // only the singleton exports gauges
-	m.mu.Unlock()
-	if ctx.Err() == nil {
-		if cause := context.Cause(lctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			conn.Conn().Close(context.Background())
-			return cause
-		}
-	}
-	uctx, ucancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer ucancel()
-	if _, uerr := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", m.LockKey); uerr != nil {
-		conn.Conn().Close(context.Background())
-	}
-	return err
 }
 
 // lead cleans up unconfigured providers, then checks at once and every

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -59,7 +60,7 @@ func (r *Recorder) Run(ctx context.Context) error {
 }
 
 func (r *Recorder) record(ctx context.Context, tr engine.Transition) {
-	backoff := 100 * time.Millisecond
+	retryIn := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, Multiplier: 2, MaxInterval: 5 * time.Second}
 	for {
 		var st *engine.State
 		if r.State != nil {
@@ -77,15 +78,15 @@ func (r *Recorder) record(ctx context.Context, tr engine.Transition) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.Log.Warn("WARNING: storing a health transition failed; retrying", "proxy", tr.Name, "error", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
+		wait := retryIn.NextBackOff()
+		r.Log.Warn("WARNING: storing a health transition failed; retrying", "proxy", tr.Name, "error", err, "retry_in", wait)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C:
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 

@@ -104,7 +104,7 @@ func run(c config) error {
 			return err
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+			if f := strings.Fields(line); len(f) >= 2 && !strings.HasPrefix(f[0], "#") {
 				token = f[1]
 				break
 			}

@@ -7,6 +7,8 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 )
 
 // GatewayOptions are the lease service's REST gateway options: its error
@@ -19,7 +21,8 @@ func GatewayOptions() []runtime.ServeMuxOption {
 // RESOURCE_EXHAUSTED (no proxy available) is HTTP 409 Conflict, as in the
 // original discovery API, rather than 429: nothing is rate-limited, the
 // pool is exhausted. The body is the google.rpc.Status with its details, so
-// the NoProxyAvailable arithmetic is visible to REST clients.
+// the NoProxyAvailable arithmetic is visible to REST clients. A per-client
+// rate limit refusal (also RESOURCE_EXHAUSTED) stays 429, with Retry-After.
 //
 // A request the gateway itself cannot decode (malformed JSON, an unknown
 // field, a value of the wrong type) is INVALID_ARGUMENT naming the field
@@ -27,7 +30,7 @@ func GatewayOptions() []runtime.ServeMuxOption {
 func ErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	if st, ok := status.FromError(err); ok {
 		switch {
-		case st.Code() == codes.ResourceExhausted:
+		case st.Code() == codes.ResourceExhausted && !auth.IsRateLimited(st):
 			w = &statusOverride{ResponseWriter: w, code: http.StatusConflict}
 		case st.Code() == codes.InvalidArgument && len(st.Details()) == 0:
 			err = invalid("body", st.Message())

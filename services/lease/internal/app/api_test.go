@@ -19,6 +19,7 @@ import (
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/app"
 	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
@@ -739,5 +740,48 @@ func TestInvalidRESTBodies(t *testing.T) {
 				t.Errorf("POST %s %s: the error does not name the body: %s", tc.path, tc.body, body)
 			}
 		})
+	}
+}
+
+// A client over its lease rate limit is refused with RESOURCE_EXHAUSTED
+// marked rate-limited, and over REST with 429 and Retry-After (not the 409
+// of an exhausted pool); another client keeps its own budget.
+func TestPerClientRateLimit(t *testing.T) {
+	t.Parallel()
+	env := lt.Start(t, lt.Options{Limits: auth.Limits{Lease: auth.RateLimit{Rate: 0.01, Burst: 3}}})
+	env.Apply(t, lt.Proxy(uidA, "proxy-a", lt.MaxLeases(0)), 1)
+	g := env.Client("grpc", "crawler-a")
+	for i := range 3 {
+		if _, r := g.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{}); r.Code() != codes.OK {
+			t.Fatalf("acquire %d inside the burst: %v", i, r.Status)
+		}
+	}
+	_, r := g.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{})
+	if r.Code() != codes.ResourceExhausted || !auth.IsRateLimited(r.Status) {
+		t.Errorf("over the limit over gRPC = %v, want RESOURCE_EXHAUSTED (rate limited)", r.Status)
+	}
+	code, body, err := lt.Raw(lt.Ctx(t), http.MethodPost, "http://"+env.HTTPAddr+"/v1/leases", lt.Tokens["crawler-a"], []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "rate limit") {
+		t.Errorf("over the limit over REST = %d %s, want 429", code, body)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+env.HTTPAddr+"/v1/leases", strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer "+lt.Tokens["crawler-a"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("429 without Retry-After: %d %v", resp.StatusCode, resp.Header)
+	}
+	if _, r := env.Client("grpc", "crawler-b").Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{}); r.Code() != codes.OK {
+		t.Errorf("another client was limited too: %v", r.Status)
+	}
+	// Listing is not rate limited.
+	if _, r := g.List(lt.Ctx(t), &leasev1.ListProxiesRequest{}); r.Code() != codes.OK {
+		t.Errorf("listing after the limit: %v", r.Status)
 	}
 }

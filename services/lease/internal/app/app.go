@@ -9,21 +9,17 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
-	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/pool"
@@ -33,14 +29,15 @@ import (
 // Config is everything the lease service is configured with beyond the
 // common service options.
 type Config struct {
-	DatabaseURL       string
-	DatabaseMaxConns  int
-	MigrateOnStart    bool
-	NATSURL           string
-	NATSPrefix        string
-	OrchestratorAddr  string
-	OrchestratorToken string
-	ResyncInterval    time.Duration
+	DatabaseURL      string
+	DatabaseMaxConns int
+	MigrateOnStart   bool
+	NATSURL          string
+	NATSPrefix       string
+	// Orchestrator is where full resyncs list the pool; an empty Addr
+	// means events only.
+	Orchestrator   service.Client
+	ResyncInterval time.Duration
 	// InitialResyncTimeout bounds the resync before serving; 0 skips it.
 	InitialResyncTimeout time.Duration
 	SweepInterval        time.Duration
@@ -80,10 +77,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.MigrateOnStart, "migrate", c.MigrateOnStart, "apply the database migrations at start (else run `lease migrate` first)")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL for the proxy and health event streams. Required")
 	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of the NATS subjects and streams")
-	fs.StringVar(&c.OrchestratorAddr, "orchestrator-addr", c.OrchestratorAddr,
+	fs.StringVar(&c.Orchestrator.Addr, "orchestrator-addr", c.Orchestrator.Addr,
 		"gRPC address of the orchestrator, for full resyncs of the pool (host:port); empty: events only")
-	fs.StringVar(&c.OrchestratorToken, "orchestrator-token-file", c.OrchestratorToken,
-		"file holding the bearer token for the orchestrator")
+	c.Orchestrator.RegisterFlags(fs, "orchestrator", "the orchestrator")
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "period of the safety-net full resync; 0 turns it off")
 	fs.DurationVar(&c.InitialResyncTimeout, "initial-resync-timeout", c.InitialResyncTimeout,
 		"how long the start waits for the first resync from the orchestrator before serving anyway; 0: do not wait")
@@ -171,8 +167,8 @@ func (c *Config) validate() error {
 		return errors.New("--commit-rounds must be at least 1")
 	case c.RefreshInterval <= 0:
 		return errors.New("--pool-refresh-interval must be positive")
-	case c.OrchestratorToken != "" && c.OrchestratorAddr == "":
-		return errors.New("--orchestrator-token-file needs --orchestrator-addr")
+	case (c.Orchestrator.TokenFile != "" || c.Orchestrator.CAFile != "") && c.Orchestrator.Addr == "":
+		return errors.New("--orchestrator-token-file and --orchestrator-ca-file need --orchestrator-addr")
 	}
 	return nil
 }
@@ -221,18 +217,8 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 
 	var lister pool.Lister
 	var orch *grpc.ClientConn
-	if c.OrchestratorAddr != "" {
-		opts := append(telemetry.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if c.OrchestratorToken != "" {
-			tok := fileToken{path: c.OrchestratorToken}
-			if _, err := tok.read(); err != nil {
-				nc.Close()
-				db.Close()
-				return nil, err
-			}
-			opts = append(opts, grpc.WithPerRPCCredentials(&tok))
-		}
-		orch, err = grpc.NewClient(c.OrchestratorAddr, opts...)
+	if c.Orchestrator.Addr != "" {
+		orch, err = c.Orchestrator.Dial()
 		if err != nil {
 			nc.Close()
 			db.Close()
@@ -312,35 +298,6 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 		}
 	}
 }
-
-// fileToken sends the bearer token held in a file, re-read on every call
-// (resyncs are rare), so a rotated Secret takes effect without a restart.
-// The token never appears in errors or logs.
-type fileToken struct{ path string }
-
-func (f *fileToken) read() (string, error) {
-	b, err := os.ReadFile(f.path)
-	if err != nil {
-		return "", fmt.Errorf("--orchestrator-token-file: %w", errors.Unwrap(err))
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", errors.New("--orchestrator-token-file: the file is empty")
-	}
-	return tok, nil
-}
-
-// GetRequestMetadata implements credentials.PerRPCCredentials.
-func (f *fileToken) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
-	tok, err := f.read()
-	if err != nil {
-		return nil, err
-	}
-	return auth.BearerToken(tok).GetRequestMetadata(ctx, uri...)
-}
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials.
-func (f *fileToken) RequireTransportSecurity() bool { return false }
 
 // streamWorkers is how many goroutines serve gRPC calls before the server
 // starts one per call. Lease calls wait for their round, so hundreds are in

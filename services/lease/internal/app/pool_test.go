@@ -240,7 +240,7 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	fake.mu.Lock()
 	fake.token = "rotated-orchestrator-token"
 	fake.mu.Unlock()
-	if err := os.WriteFile(env.Config.OrchestratorToken, []byte("rotated-orchestrator-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(env.Config.Orchestrator.TokenFile, []byte("rotated-orchestrator-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env.Parts.Syncer.RequestResync("test")
@@ -264,7 +264,7 @@ func serveOrchestrator(t *testing.T, fake *fakeOrchestrator) func(*app.Config) {
 	if err := os.WriteFile(tokenFile, []byte(fake.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return func(c *app.Config) { c.OrchestratorAddr, c.OrchestratorToken = addr, tokenFile }
+	return func(c *app.Config) { c.Orchestrator.Addr, c.Orchestrator.TokenFile = addr, tokenFile }
 }
 
 // TestResyncAfterNATSOutage: events published while NATS was down are
@@ -348,7 +348,7 @@ func TestStartsWithoutOrchestrator(t *testing.T) {
 	lis.Close() // nothing listens there now
 	start := time.Now()
 	env := lt.Start(t, lt.Options{Config: func(c *app.Config) {
-		c.OrchestratorAddr = addr
+		c.Orchestrator.Addr = addr
 		c.InitialResyncTimeout = time.Second
 	}})
 	t.Logf("started in %v", time.Since(start))
@@ -358,4 +358,65 @@ func TestStartsWithoutOrchestrator(t *testing.T) {
 	c := env.Client("grpc", "crawler-a")
 	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidA, "proxy-a"), 1)
 	lt.Eventually(t, 5*time.Second, "proxy-a is leasable from its event", func() bool { return listed(t, c)["proxy-a"] })
+}
+
+// TestPoisonProxyIsIsolated: a proxy whose placement zone holds a NUL byte
+// (PostgreSQL cannot store it) is skipped with a metric and withdrawn from
+// leasing, in the resync and in events (its tombstone too), and never
+// stops the rest: resyncs succeed, later events apply.
+func TestPoisonProxyIsIsolated(t *testing.T) {
+	t.Parallel()
+	poison := func(p *proxyv1.Proxy) { p.Spec.Placement.Zone = "eu-1\x00" }
+	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 10, pageSize: 10, proxies: []*proxyv1.Proxy{
+		lt.Proxy(uidA, "proxy-a"),
+		lt.Proxy(uidB, "proxy-b", poison),
+		lt.Proxy(uidE, "proxy-e"),
+	}}
+	orchestrator := serveOrchestrator(t, fake)
+	env := lt.Start(t, lt.Options{Config: func(c *app.Config) {
+		orchestrator(c)
+		c.ResyncInterval = 0
+	}})
+	c := env.Client("grpc", "crawler-a")
+	if n := env.Parts.Syncer.Resyncs(); n < 1 {
+		t.Fatalf("%d resyncs done before serving; one poisoned proxy failed the whole resync", n)
+	}
+	if got := listed(t, c); !got["proxy-a"] || !got["proxy-e"] || got["proxy-b"] {
+		t.Fatalf("after the resync the leasable proxies are %v, want proxy-a and proxy-e", got)
+	}
+
+	// Events: a poisoned creation, a poisoned update of a leasable proxy
+	// (withdrawn), the poisoned proxy's tombstone, then a good proxy.
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidC, "proxy-c", poison), 11)
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidE, "proxy-e", poison), 12)
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_DELETED, lt.Proxy(uidB, "proxy-b", poison), 13)
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidD, "proxy-d"), 14)
+	lt.Eventually(t, 10*time.Second, "proxy-d is leasable after the poisoned events", func() bool { return listed(t, c)["proxy-d"] })
+	if got := listed(t, c); got["proxy-e"] || got["proxy-c"] || !got["proxy-a"] {
+		t.Errorf("leasable %v: want proxy-e withdrawn by its unappliable update, proxy-c never added, proxy-a kept", got)
+	}
+	var live int
+	if err := env.Parts.Store.Pool().QueryRow(lt.Ctx(t), `SELECT count(*) FROM lease.proxies WHERE uid = $1 AND NOT deleted`, uidB).Scan(&live); err != nil || live != 0 {
+		t.Errorf("proxy-b after its unappliable tombstone: %d live rows, %v; want none", live, err)
+	}
+
+	// The next resync still succeeds.
+	before := env.Parts.Syncer.Resyncs()
+	env.Parts.Syncer.RequestResync("test")
+	lt.Eventually(t, 10*time.Second, "a second resync", func() bool { return env.Parts.Syncer.Resyncs() > before })
+
+	m := scrape(t, env)
+	for key, min := range map[string]int{
+		`egress_lease_skipped_total{source="resync"}`:              2,
+		`egress_lease_skipped_total{source="event"}`:               3,
+		`egress_lease_events_total{kind="proxy",result="skipped"}`: 3,
+		`egress_lease_resyncs_total{result="ok"}`:                  2,
+	} {
+		if n, _ := strconv.Atoi(m[key]); n < min {
+			t.Errorf("%s = %q, want at least %d", key, m[key], min)
+		}
+	}
+	if m[`egress_lease_resyncs_total{result="error"}`] != "" && m[`egress_lease_resyncs_total{result="error"}`] != "0" {
+		t.Errorf("failed resyncs: %s", m[`egress_lease_resyncs_total{result="error"}`])
+	}
 }

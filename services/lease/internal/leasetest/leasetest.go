@@ -82,6 +82,21 @@ func (c *Clock) Advance(d time.Duration) {
 // Tokens are the clients of the test token file: client id → token.
 var Tokens = map[string]string{"crawler-a": "token-a-0123456789", "crawler-b": "token-b-0123456789"}
 
+// TokenFile writes the token file of Tokens, each client a crawler, and
+// returns its path.
+func TokenFile(t testing.TB) string {
+	t.Helper()
+	var b strings.Builder
+	for id, tok := range Tokens {
+		fmt.Fprintf(&b, "%s %s crawler\n", id, tok)
+	}
+	f := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(f, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // Env is one running lease service.
 type Env struct {
 	GRPCAddr string
@@ -99,6 +114,8 @@ type Options struct {
 	Config func(*app.Config)
 	// AuthDisabled runs without tokens.
 	AuthDisabled bool
+	// Limits are the per-client rate limits; none when zero.
+	Limits auth.Limits
 	// DatabaseURL reuses a database; empty creates one.
 	DatabaseURL string
 	// NATS reuses a server; nil starts one.
@@ -128,20 +145,12 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	authCfg := &auth.Config{Disabled: o.AuthDisabled}
 	if !o.AuthDisabled {
-		var b strings.Builder
-		for id, tok := range Tokens {
-			fmt.Fprintf(&b, "%s %s\n", id, tok)
-		}
-		f := filepath.Join(t.TempDir(), "tokens")
-		if err := os.WriteFile(f, []byte(b.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		authCfg.TokenFile = f
+		authCfg.TokenFile = TokenFile(t)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err := service.New(ctx, service.Options{
 		Name: "lease", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0",
-		LogLevel: "error", LogFormat: "json", ShutdownTimeout: 5 * time.Second, Auth: authCfg,
+		LogLevel: "error", LogFormat: "json", ShutdownTimeout: 5 * time.Second, Auth: authCfg, Limits: o.Limits,
 	}, app.Options()...)
 	if err != nil {
 		cancel()

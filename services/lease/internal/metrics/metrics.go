@@ -33,6 +33,9 @@ type Metrics struct {
 	Events *prometheus.CounterVec
 	// Resyncs counts full resyncs from the orchestrator by result.
 	Resyncs *prometheus.CounterVec
+	// Skipped counts proxies (and events) skipped because they cannot be
+	// applied, by source (event, resync).
+	Skipped *prometheus.CounterVec
 	// RoundOps and RoundDuration observe the committer's rounds: how many
 	// acquires, reports and releases shared one transaction, and how long
 	// it took (selection included).
@@ -73,12 +76,16 @@ func New(reg prometheus.Registerer, st *store.Store, log *slog.Logger) *Metrics 
 		}),
 		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "egress", Subsystem: "lease", Name: "events_total",
-			Help: "Events received from NATS by kind (proxy, health) and result (applied, stale, invalid, error).",
+			Help: "Events received from NATS by kind (proxy, health) and result (applied, stale, invalid, skipped, error).",
 		}, []string{"kind", "result"}),
 		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "egress", Subsystem: "lease", Name: "resyncs_total",
 			Help: "Full resyncs of the pool from the orchestrator by result (ok, error).",
 		}, []string{"result"}),
+		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "egress", Subsystem: "lease", Name: "skipped_total",
+			Help: "Proxy snapshots and events that cannot be applied and were skipped (each logged as a WARNING), by source (event, resync).",
+		}, []string{"source"}),
 	}
 	m.RoundOps = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "egress", Subsystem: "lease", Name: "commit_round_operations",
@@ -97,7 +104,7 @@ func New(reg prometheus.Registerer, st *store.Store, log *slog.Logger) *Metrics 
 		Namespace: "egress", Subsystem: "lease", Name: "commit_queued_operations",
 		Help: "Acquires, reports and releases of this replica waiting for a commit round.",
 	}, func() float64 { return float64(st.Queued()) })
-	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Duration, m.Expired, m.Events, m.Resyncs, m.RoundOps, m.RoundDuration, queued,
+	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Duration, m.Expired, m.Events, m.Resyncs, m.Skipped, m.RoundOps, m.RoundDuration, queued,
 		&collector{st: st, log: log})
 	return m
 }

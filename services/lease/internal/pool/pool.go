@@ -15,25 +15,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
 )
 
 // Lister is the part of the orchestrator's ProxyService a resync uses.
-type Lister interface {
-	ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest, opts ...grpc.CallOption) (*proxyv1.ListProxiesResponse, error)
-}
+type Lister = proxysync.Lister
 
 // Config configures a Syncer.
 type Config struct {
@@ -55,10 +54,7 @@ type Syncer struct {
 	met *metrics.Metrics
 	log *slog.Logger
 
-	resync chan struct{}
-
-	mu      sync.Mutex
-	resyncs int
+	loop *proxysync.Loop
 }
 
 // New returns a Syncer.
@@ -66,24 +62,16 @@ func New(st *store.Store, js jetstream.JetStream, cfg Config, met *metrics.Metri
 	if cfg.ResyncTimeout <= 0 {
 		cfg.ResyncTimeout = time.Minute
 	}
-	return &Syncer{st: st, js: js, cfg: cfg, met: met, log: log, resync: make(chan struct{}, 1)}
+	s := &Syncer{st: st, js: js, cfg: cfg, met: met, log: log}
+	s.loop = &proxysync.Loop{Resync: s.resync, Interval: cfg.ResyncInterval, What: "the pool", Log: log}
+	return s
 }
 
 // RequestResync asks for a resync soon (coalescing requests).
-func (s *Syncer) RequestResync(reason string) {
-	select {
-	case s.resync <- struct{}{}:
-		s.log.Info("pool resync requested", "reason", reason)
-	default:
-	}
-}
+func (s *Syncer) RequestResync(reason string) { s.loop.Request(reason) }
 
 // Resyncs is how many resyncs have completed, for tests.
-func (s *Syncer) Resyncs() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.resyncs
-}
+func (s *Syncer) Resyncs() int { return s.loop.Done() }
 
 // Run consumes both event streams and runs resyncs until ctx ends.
 //
@@ -98,7 +86,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		s.log.Warn("WARNING: no orchestrator address configured; the pool is learnt from events alone, with no resync from the orchestrator to check it against")
 		close(resyncs)
 	} else {
-		go func() { defer close(resyncs); s.resyncLoop(ctx) }()
+		go func() { defer close(resyncs); s.loop.Run(ctx) }()
 	}
 	attempts := 0
 	bus.KeepConsuming(ctx, s.log, "the pool's event streams", func(ctx context.Context) error {
@@ -150,42 +138,6 @@ func (s *Syncer) consume(ctx context.Context) error {
 	return nil
 }
 
-// resyncLoop resyncs at start, every ResyncInterval and when asked, until
-// ctx ends; a failed resync is retried with backoff.
-func (s *Syncer) resyncLoop(ctx context.Context) {
-	if s.Resyncs() == 0 {
-		s.RequestResync("start")
-	}
-	var tick <-chan time.Time
-	if s.cfg.ResyncInterval > 0 {
-		t := time.NewTicker(s.cfg.ResyncInterval)
-		defer t.Stop()
-		tick = t.C
-	}
-	backoff := time.Second
-	var retry <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick:
-		case <-s.resync:
-		case <-retry:
-		}
-		retry = nil
-		if err := s.Resync(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Warn("pool resync failed; retrying", "error", err, "retry_in", backoff)
-			retry = time.After(backoff)
-			backoff = min(backoff*2, time.Minute)
-			continue
-		}
-		backoff = time.Second
-	}
-}
-
 func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
 	var ev busv1.ProxyEvent
 	mctx, err := bus.Decode(ctx, m, &ev)
@@ -194,13 +146,27 @@ func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
 		s.log.Warn("dropping a proxy event that cannot be decoded", "subject", m.Subject(), "error", err)
 		return
 	}
-	p, err := FromProxy(ev.GetProxy(), ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED)
+	deleted := ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED
+	p, err := FromProxy(ev.GetProxy(), deleted)
+	if err != nil && ev.GetRevision() > 0 && storable(ev.GetProxy().GetUid()) {
+		s.met.Events.WithLabelValues("proxy", "skipped").Inc()
+		s.skip(mctx, "event", ev.GetProxy().GetUid(), ev.GetProxy().GetName(), ev.GetRevision(), deleted, err)
+		return
+	}
 	if err != nil || ev.GetRevision() <= 0 {
 		s.met.Events.WithLabelValues("proxy", "invalid").Inc()
-		s.log.Warn("dropping an invalid proxy event", "subject", m.Subject(), "revision", ev.GetRevision(), "error", err)
+		s.met.Skipped.WithLabelValues("event").Inc()
+		s.log.Warn("WARNING: dropping an invalid proxy event", "subject", m.Subject(), "revision", ev.GetRevision(), "error", err)
 		return
 	}
 	applied, err := s.st.ApplyProxy(mctx, p, ev.GetRevision())
+	if store.Rejected(err) {
+		// The same snapshot fails every time: a resync would fail on it
+		// too. Skip it, and keep the proxy out of the pool meanwhile.
+		s.met.Events.WithLabelValues("proxy", "skipped").Inc()
+		s.skip(mctx, "event", p.UID, p.Name, ev.GetRevision(), deleted, err)
+		return
+	}
 	if err != nil {
 		s.met.Events.WithLabelValues("proxy", "error").Inc()
 		if ctx.Err() == nil {
@@ -239,6 +205,12 @@ func (s *Syncer) handleHealth(ctx context.Context, m jetstream.Msg) {
 	applied, err := s.st.ApplyHealth(mctx, store.HealthTransition{
 		Sequence: t.GetSequence(), ProxyUID: t.GetProxyUid(), ProviderID: t.GetProviderId(), Healthy: t.GetHealthy(), Time: when,
 	})
+	if store.Rejected(err) {
+		s.met.Events.WithLabelValues("health", "skipped").Inc()
+		s.met.Skipped.WithLabelValues("event").Inc()
+		s.log.Warn("WARNING: skipping a health event that cannot be applied", "proxy_uid", t.GetProxyUid(), "sequence", t.GetSequence(), "error", err)
+		return
+	}
 	if err != nil {
 		s.met.Events.WithLabelValues("health", "error").Inc()
 		if ctx.Err() == nil {
@@ -262,46 +234,46 @@ func (s *Syncer) Resync(ctx context.Context) error {
 	if s.cfg.Lister == nil {
 		return errors.New("no orchestrator configured")
 	}
+	return s.loop.Once(ctx)
+}
+
+func (s *Syncer) resync(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ResyncTimeout)
 	defer cancel()
 	start := time.Now()
 	seen := []string{}
-	var firstRevision int64
 	applied := 0
-	req := &proxyv1.ListProxiesRequest{PageSize: 1000}
-	for {
-		resp, err := s.cfg.Lister.ListProxies(ctx, req)
-		if err != nil {
-			s.met.Resyncs.WithLabelValues("error").Inc()
-			return fmt.Errorf("listing proxies from the orchestrator: %s", status.Code(err).String()+": "+status.Convert(err).Message())
-		}
-		if firstRevision == 0 || resp.GetRevision() < firstRevision {
-			firstRevision = resp.GetRevision()
-		}
-		page := make([]store.ProxyState, 0, len(resp.GetProxies()))
-		for _, p := range resp.GetProxies() {
+	firstRevision, err := proxysync.List(ctx, s.cfg.Lister, func(proxies []*proxyv1.Proxy, revision int64) error {
+		page := make([]store.ProxyState, 0, len(proxies))
+		for _, p := range proxies {
 			ps, err := FromProxy(p, false)
 			if err != nil {
-				s.log.Warn("skipping an invalid proxy in the resync", "error", err)
+				if storable(p.GetUid()) {
+					// It exists: withdrawn, not deleted.
+					seen = append(seen, p.GetUid())
+				}
+				s.skip(ctx, "resync", p.GetUid(), p.GetName(), revision, false, err)
 				continue
 			}
 			page = append(page, ps)
 			seen = append(seen, ps.UID)
 		}
-		n, err := s.st.ApplySnapshot(ctx, page, resp.GetRevision())
+		n, rejected, err := s.st.ApplySnapshot(ctx, page, revision)
 		if err != nil {
-			s.met.Resyncs.WithLabelValues("error").Inc()
 			return err
 		}
-		applied += n
-		if resp.GetNextPageToken() == "" {
-			break
+		for _, r := range rejected {
+			s.skip(ctx, "resync", r.Proxy.UID, r.Proxy.Name, revision, false, r.Err)
 		}
-		req.PageToken = resp.GetNextPageToken()
+		applied += n
+		return nil
+	})
+	if err != nil {
+		s.met.Resyncs.WithLabelValues("error").Inc()
+		return err
 	}
 	deleted := 0
 	if firstRevision > 0 {
-		var err error
 		deleted, err = s.st.DeleteMissing(ctx, seen, firstRevision)
 		if err != nil {
 			s.met.Resyncs.WithLabelValues("error").Inc()
@@ -309,15 +281,45 @@ func (s *Syncer) Resync(ctx context.Context) error {
 		}
 	}
 	s.met.Resyncs.WithLabelValues("ok").Inc()
-	s.mu.Lock()
-	s.resyncs++
-	s.mu.Unlock()
 	s.log.Info("pool resynced from the orchestrator", "proxies", len(seen), "changed", applied, "deleted", deleted,
 		"revision", firstRevision, "duration", time.Since(start))
 	return nil
 }
 
-// FromProxy turns an orchestrator Proxy into the lease service's view.
+// skip isolates a proxy whose snapshot cannot be applied, so that it never
+// stops the rest of the pool: counted, logged loudly by name, and
+// withdrawn from leasing (deleted, for a tombstone) until a snapshot that
+// can be applied arrives.
+func (s *Syncer) skip(ctx context.Context, source, uid, name string, revision int64, deleted bool, cause error) {
+	s.met.Skipped.WithLabelValues(source).Inc()
+	s.log.WarnContext(ctx, "WARNING: skipping a proxy that cannot be applied; it is not leased until a snapshot that can be applied arrives",
+		"source", source, "proxy_uid", uid, "proxy_name", name, "revision", revision, "deleted", deleted, "error", cause)
+	if !storable(uid) {
+		return
+	}
+	if err := s.st.Withdraw(ctx, uid, revision, deleted); err != nil && ctx.Err() == nil {
+		s.log.WarnContext(ctx, "WARNING: withdrawing a skipped proxy failed; the next resync tries again", "proxy_uid", uid, "error", err)
+	}
+}
+
+// storable reports text PostgreSQL can store: UTF-8 without NUL bytes.
+func storable(v string) bool {
+	return v != "" && utf8.ValidString(v) && !strings.ContainsRune(v, 0)
+}
+
+// checkText names the first field of a proxy PostgreSQL could not store.
+func checkText(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		v := fields[i+1]
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return status.Errorf(codes.InvalidArgument, "%s is not UTF-8 text without NUL bytes", fields[i])
+		}
+	}
+	return nil
+}
+
+// FromProxy turns an orchestrator Proxy into the lease service's view. A
+// text field PostgreSQL cannot store is an error naming the field.
 func FromProxy(p *proxyv1.Proxy, deleted bool) (store.ProxyState, error) {
 	if p.GetUid() == "" {
 		return store.ProxyState{}, status.Error(codes.InvalidArgument, "proxy without uid")
@@ -350,6 +352,15 @@ func FromProxy(p *proxyv1.Proxy, deleted bool) (store.ProxyState, error) {
 	if p.GetSpec().GetLease() != nil && p.GetSpec().GetLease().MaxLeases != nil {
 		v := p.GetSpec().GetLease().GetMaxLeases()
 		ps.MaxLeases = &v
+	}
+	if err := checkText("uid", ps.UID, "name", ps.Name, "spec.provider", ps.Provider, "spec.placement.region", ps.Region,
+		"spec.placement.zone", ps.Zone, "address host", ps.Host, "status.provider_id", ps.ProviderID); err != nil {
+		return store.ProxyState{}, fmt.Errorf("proxy %q: %w", ps.UID, err)
+	}
+	for k, v := range ps.Labels {
+		if err := checkText("labels key", k, "labels["+k+"]", v); err != nil {
+			return store.ProxyState{}, fmt.Errorf("proxy %q: %w", ps.UID, err)
+		}
 	}
 	return ps, nil
 }

@@ -78,7 +78,7 @@ func seedPool(t *testing.T, st *Store, n int) []string {
 		pool[i] = ProxyState{UID: uids[i], Name: fmt.Sprintf("p-%03d", i), Provider: "test",
 			Host: fmt.Sprintf("10.9.0.%d", i+1), Port: 3128, ProviderID: "test/" + uids[i], Ready: true, Healthy: true}
 	}
-	if _, err := st.ApplySnapshot(context.Background(), pool, 1); err != nil {
+	if _, _, err := st.ApplySnapshot(context.Background(), pool, 1); err != nil {
 		t.Fatal(err)
 	}
 	return uids
@@ -472,5 +472,22 @@ func TestSweepRemovesOldTombstones(t *testing.T) {
 	p := ProxyState{UID: uids[0], Name: "back", Host: "10.9.9.9", Port: 3128, ProviderID: "test/" + uids[0], Ready: true, Healthy: true}
 	if applied, err := st.ApplyProxy(ctx, p, 3); err != nil || !applied {
 		t.Fatalf("applying a newer event: %v, %v", applied, err)
+	}
+}
+
+// A resync page with a row PostgreSQL rejects (a NUL byte in text) applies
+// the other rows and names the rejected one.
+func TestApplySnapshotIsolatesARejectedRow(t *testing.T) {
+	t.Parallel()
+	st, _ := startStore(t, testDatabase(t), Config{})
+	good := ProxyState{UID: "00000000-0000-4000-8000-0000000000a1", Name: "good", Provider: "p", Host: "10.0.0.1", Port: 3128, Ready: true, Healthy: true}
+	bad := good
+	bad.UID, bad.Name, bad.Zone = "00000000-0000-4000-8000-0000000000a2", "bad", "eu-1\x00"
+	applied, rejected, err := st.ApplySnapshot(context.Background(), []ProxyState{bad, good}, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if applied != 1 || len(rejected) != 1 || rejected[0].Proxy.UID != bad.UID || !Rejected(rejected[0].Err) {
+		t.Fatalf("applied %d, rejected %v; want the good row applied and the bad one named", applied, rejected)
 	}
 }

@@ -2,11 +2,26 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// Rejected reports an error PostgreSQL raised about the values of a row
+// (a data exception such as a NUL byte in text, an integrity violation, a
+// value over a limit): the same row fails every time, so it must be
+// skipped, not retried.
+func Rejected(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || strings.HasPrefix(pgErr.Code, "54")
+}
 
 // ProxyState is what the lease service keeps of a proxy from the
 // orchestrator: a ProxyEvent's snapshot or a resync listing.
@@ -113,12 +128,59 @@ func (s *Store) ApplyHealth(ctx context.Context, t HealthTransition) (applied bo
 	return applied, nil
 }
 
-// ApplySnapshot applies a page of a full listing taken at revision, in one
-// round trip.
-func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revision int64) (applied int, err error) {
-	if len(proxies) == 0 {
-		return 0, nil
+// Withdraw takes a proxy whose snapshot at revision could not be stored
+// out of the pool: not Ready (and deleted when deleted is set) until a
+// newer snapshot that can be stored arrives. It changes nothing when the
+// proxy is unknown or known at revision or later.
+func (s *Store) Withdraw(ctx context.Context, uid string, revision int64, deleted bool) error {
+	err := retry(ctx, func() error {
+		_, err := s.pool.Exec(ctx, `
+			UPDATE lease.proxies SET ready = false, deleted = deleted OR $3, revision = $2, update_time = $4
+			WHERE uid = $1 AND revision < $2`,
+			uid, revision, deleted, s.cfg.Now().UTC())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("withdrawing proxy %s at revision %d: %w", uid, revision, err)
 	}
+	s.Invalidate()
+	return nil
+}
+
+// RejectedProxy is a proxy of a resync page PostgreSQL would not store.
+type RejectedProxy struct {
+	Proxy ProxyState
+	Err   error
+}
+
+// ApplySnapshot applies a page of a full listing taken at revision, in one
+// round trip. When PostgreSQL rejects a row's values, the page is applied
+// row by row instead and the rejected proxies are returned, the others
+// applied.
+func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revision int64) (applied int, rejected []RejectedProxy, err error) {
+	if len(proxies) == 0 {
+		return 0, nil, nil
+	}
+	applied, err = s.applyBatch(ctx, proxies, revision)
+	if err == nil || !Rejected(err) {
+		return applied, nil, err
+	}
+	applied = 0
+	for _, p := range proxies {
+		ok, err := s.ApplyProxy(ctx, p, revision)
+		switch {
+		case Rejected(err):
+			rejected = append(rejected, RejectedProxy{Proxy: p, Err: err})
+		case err != nil:
+			return applied, rejected, err
+		case ok:
+			applied++
+		}
+	}
+	return applied, rejected, nil
+}
+
+func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revision int64) (applied int, err error) {
 	err = retry(ctx, func() error {
 		applied = 0
 		b := &pgx.Batch{}

@@ -17,7 +17,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/spec"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -68,7 +70,7 @@ func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyReques
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
-	c := &pendingCreate{req: req, want: spec.Normalize(req.GetSpec()), done: make(chan struct{})}
+	c := &pendingCreate{req: req, want: spec.Normalize(req.GetSpec()), traceParent: telemetry.TraceParent(ctx), done: make(chan struct{})}
 	select {
 	case s.creates() <- c:
 	case <-ctx.Done():
@@ -90,12 +92,14 @@ func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyReques
 }
 
 type pendingCreate struct {
-	req     *proxyv1.CreateProxyRequest
-	want    *proxyv1.ProxySpec
-	done    chan struct{}
-	out     *proxyv1.Proxy
-	created bool
-	err     error
+	req  *proxyv1.CreateProxyRequest
+	want *proxyv1.ProxySpec
+	// traceParent is the call's trace, stored with a new proxy.
+	traceParent string
+	done        chan struct{}
+	out         *proxyv1.Proxy
+	created     bool
+	err         error
 }
 
 // MaxCreateBatch is the most creates one transaction takes.
@@ -166,6 +170,7 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 					continue
 				}
 				r := newRow(c.req, c.want, tx.Now())
+				r.TraceParent = c.traceParent
 				tx.Insert(r)
 				byName[name] = r
 				rows[i] = r
@@ -182,7 +187,7 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 		case err != nil:
 			c.err, c.created = err, false
 		case c.err == nil:
-			c.out = rows[i].Proto(true)
+			c.out = rows[i].Proto(false)
 		}
 		close(c.done)
 	}
@@ -225,10 +230,30 @@ func equalLabels(a, b map[string]string) bool {
 	return true
 }
 
+// fullView checks the view a read asks for: BASIC (the default) leaves
+// cloud-init out; FULL returns it and needs the admin role.
+func fullView(ctx context.Context, v *spec.Violations, view proxyv1.ProxyView) (bool, error) {
+	switch view {
+	case proxyv1.ProxyView_PROXY_VIEW_UNSPECIFIED, proxyv1.ProxyView_PROXY_VIEW_BASIC:
+		return false, nil
+	case proxyv1.ProxyView_PROXY_VIEW_FULL:
+		if !auth.HasRole(ctx, auth.Admin) {
+			return false, status.Errorf(codes.PermissionDenied, "view FULL returns spec.cloud_init and needs the role %s; ask for view BASIC", auth.Admin)
+		}
+		return true, nil
+	}
+	v.Add("view", "unknown view %d; want BASIC or FULL", view)
+	return false, nil
+}
+
 // GetProxy implements ProxyService.
 func (s *Server) GetProxy(ctx context.Context, req *proxyv1.GetProxyRequest) (*proxyv1.GetProxyResponse, error) {
 	var v spec.Violations
 	spec.ValidateName(&v, "name", req.GetName())
+	full, err := fullView(ctx, &v, req.GetView())
+	if err != nil {
+		return nil, err
+	}
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
@@ -239,7 +264,7 @@ func (s *Server) GetProxy(ctx context.Context, req *proxyv1.GetProxyRequest) (*p
 	if err != nil {
 		return nil, internal(err)
 	}
-	return &proxyv1.GetProxyResponse{Proxy: r.Proto(true)}, nil
+	return &proxyv1.GetProxyResponse{Proxy: r.Proto(full)}, nil
 }
 
 // pageToken carries where a listing stopped and which filter it was for.
@@ -263,6 +288,10 @@ func (s *Server) ListProxies(ctx context.Context, req *proxyv1.ListProxiesReques
 		v.Add("phase", "unknown phase %d", req.GetPhase())
 	}
 	spec.ValidateLabels(&v, "labels", req.GetLabels())
+	full, err := fullView(ctx, &v, req.GetView())
+	if err != nil {
+		return nil, err
+	}
 	var after string
 	if req.GetPageToken() != "" {
 		var tok pageToken
@@ -294,7 +323,7 @@ func (s *Server) ListProxies(ctx context.Context, req *proxyv1.ListProxiesReques
 		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(b)
 	}
 	for _, r := range rows {
-		resp.Proxies = append(resp.Proxies, r.Proto(true))
+		resp.Proxies = append(resp.Proxies, r.Proto(full))
 	}
 	return resp, nil
 }
@@ -341,6 +370,7 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		r.Spec, r.Labels, r.SkipCleanup = want, req.GetLabels(), req.GetSkipCleanup()
 		r.Generation++
 		r.SpecHash = spec.Hash(want)
+		r.TraceParent = telemetry.TraceParent(ctx)
 		if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
 			r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
 			r.ObservedGeneration = r.Generation
@@ -360,7 +390,7 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		return nil, internal(err)
 	}
 	// The commit stamped the row with its new revision.
-	return &proxyv1.UpdateProxyResponse{Proxy: row.Proto(true)}, nil
+	return &proxyv1.UpdateProxyResponse{Proxy: row.Proto(false)}, nil
 }
 
 // DeleteProxy implements ProxyService.
@@ -386,6 +416,7 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 		r.SkipCleanup = r.SkipCleanup || req.GetSkipCleanup()
 		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
 		r.Reason, r.Message = "Deleting", ""
+		r.TraceParent = telemetry.TraceParent(ctx)
 		row = r
 		if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
 			// Nothing to clean up (or cleanup abandoned): release at once.
@@ -404,7 +435,7 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 		}
 		return nil, internal(err)
 	}
-	return &proxyv1.DeleteProxyResponse{Proxy: row.Proto(true)}, nil
+	return &proxyv1.DeleteProxyResponse{Proxy: row.Proto(false)}, nil
 }
 
 // WatchProxies implements ProxyService.
@@ -413,6 +444,10 @@ func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.P
 	var v spec.Violations
 	if req.GetSinceRevision() < 0 {
 		v.Add("since_revision", "must not be negative")
+	}
+	full, err := fullView(ctx, &v, req.GetView())
+	if err != nil {
+		return err
 	}
 	if err := v.Err(); err != nil {
 		return err
@@ -443,8 +478,14 @@ func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.P
 			if req.GetProvider() != "" && c.Proxy.GetSpec().GetProvider() != req.GetProvider() {
 				continue
 			}
+			snapshot := c.Proxy
+			if full && c.Type != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
+				if snapshot, err = s.withCloudInit(ctx, snapshot); err != nil {
+					return internal(err)
+				}
+			}
 			if err := stream.Send(&proxyv1.WatchProxiesResponse{
-				Revision: c.Revision, Type: c.Type, Proxy: c.Proxy, ChangeTime: timestamppb.New(c.Time),
+				Revision: c.Revision, Type: c.Type, Proxy: snapshot, ChangeTime: timestamppb.New(c.Time),
 			}); err != nil {
 				return err
 			}
@@ -459,6 +500,25 @@ func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.P
 		case <-time.After(poll):
 		}
 	}
+}
+
+// withCloudInit returns the change snapshot p with the cloud-init of the
+// proxy's spec when p is of the proxy's current generation: the change log
+// never holds cloud-init, and an older generation's is gone.
+func (s *Server) withCloudInit(ctx context.Context, p *proxyv1.Proxy) (*proxyv1.Proxy, error) {
+	r, err := s.Store.Get(ctx, p.GetName())
+	if errors.Is(err, store.ErrNotFound) {
+		return p, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if r.UID != p.GetUid() || r.Generation != p.GetGeneration() || r.Spec.GetCloudInit() == "" {
+		return p, nil
+	}
+	out := proto.Clone(p).(*proxyv1.Proxy)
+	out.Spec.CloudInit = r.Spec.GetCloudInit()
+	return out, nil
 }
 
 // ListProviders implements ProxyService.

@@ -69,6 +69,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Timing.ProvisioningPoll, "provisioning-poll", c.Timing.ProvisioningPoll, "how often an instance without an address is read")
 	fs.DurationVar(&c.GCInterval, "gc-interval", c.GCInterval, "how often orphan GC lists every provider's instances; 0 turns it off")
 	fs.DurationVar(&c.GCGrace, "gc-grace", c.GCGrace, "orphan GC never deletes an instance younger than this")
+	fs.DurationVar(&c.Timing.StoppedGrace, "stopped-grace", c.Timing.StoppedGrace, "an instance stopped this long is replaced; 0 never replaces it")
 	fs.DurationVar(&c.Timing.DeletionPoll, "deletion-poll", c.Timing.DeletionPoll, "how often a deleted instance is read until it is gone")
 }
 

@@ -15,12 +15,18 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
@@ -95,17 +101,24 @@ func (d *Dispatcher) RunClaims(ctx context.Context) error {
 	return nil
 }
 
+// claimed is a command decided by a claim, with the trace its proxy's
+// last API change started.
+type claimed struct {
+	cmd         *busv1.Command
+	traceParent string
+}
+
 func (d *Dispatcher) claimOnce(ctx context.Context, batch int) (int, error) {
-	var cmds []*busv1.Command
-	var claimed int
+	var cmds []claimed
+	var n int
 	start := time.Now()
 	err := d.Store.Write(ctx, func(tx *store.Tx) error {
-		cmds, claimed = nil, 0
+		cmds, n = nil, 0
 		rows, err := tx.ClaimDue(ctx, batch)
 		if err != nil {
 			return err
 		}
-		claimed = len(rows)
+		n = len(rows)
 		for _, r := range rows {
 			dec := d.Engine.Decide(r, tx.Now())
 			if dec.Release {
@@ -113,60 +126,108 @@ func (d *Dispatcher) claimOnce(ctx context.Context, batch int) (int, error) {
 				d.Metrics.reconciled("release")
 				continue
 			}
-			tx.Update(r)
 			if dec.Command != nil {
-				cmds = append(cmds, dec.Command)
+				cmds = append(cmds, claimed{dec.Command, r.TraceParent})
 				d.Metrics.reconciled(dec.Command.GetOperation().String())
 			} else {
 				d.Metrics.reconciled("wait")
+				if r.CommandID == "" {
+					r.TraceParent = "" // settled: the change's trace ends here
+				}
 			}
+			tx.Update(r)
 		}
 		return nil
 	})
 	if err != nil {
 		return 0, err
 	}
-	if claimed > 0 {
-		d.Metrics.ReconcileDuration.Observe(time.Since(start).Seconds() / float64(claimed))
+	if n > 0 {
+		d.Metrics.ReconcileDuration.Observe(time.Since(start).Seconds() / float64(n))
 	}
-	d.publish(ctx, cmds)
-	return claimed, nil
+	out := make([]outgoing, len(cmds))
+	for i, c := range cmds {
+		// A child of the API call that set the proxy in motion (a new
+		// trace for a periodic resync); the command carries it to the
+		// provisioner in its headers.
+		sctx, span := tracer.Start(telemetry.WithTraceParent(ctx, c.traceParent), "reconcile.claim",
+			trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start), trace.WithAttributes(commandAttrs(c.cmd)...))
+		out[i] = outgoing{ctx: sctx, cmd: c.cmd, span: span}
+	}
+	d.publish(ctx, out)
+	return n, nil
+}
+
+var tracer = otel.Tracer("github.com/egress-proxies/egress-proxies/services/orchestrator")
+
+func commandAttrs(c *busv1.Command) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("proxy.uid", c.GetProxyUid()),
+		attribute.String("provider", c.GetProvider()),
+		attribute.String("command.id", c.GetCommandId()),
+		attribute.String("command.operation", c.GetOperation().String()),
+	}
+}
+
+// outgoing is a command to publish under ctx's trace; span, when set,
+// ends once JetStream has answered.
+type outgoing struct {
+	ctx  context.Context
+	cmd  *busv1.Command
+	span trace.Span
 }
 
 // publish sends commands after their rows committed. A proxy's command
 // that JetStream did not store is taken back (Engine.Unsent), so that it
 // is issued again after a short backoff rather than at its deadline.
-func (d *Dispatcher) publish(ctx context.Context, cmds []*busv1.Command) {
+func (d *Dispatcher) publish(ctx context.Context, cmds []outgoing) {
 	if len(cmds) == 0 {
 		return
 	}
 	type sent struct {
-		cmd *busv1.Command
+		out outgoing
 		f   jetstream.PubAckFuture
 	}
 	var pending []sent
 	var unsent []*busv1.Command
-	for _, c := range cmds {
-		m, err := bus.Message(ctx, d.Names.CommandSubject(c.GetProvider()), c)
+	fail := func(o outgoing, err error) {
+		if o.span != nil {
+			o.span.RecordError(err)
+			o.span.SetStatus(codes.Error, "command not stored by JetStream")
+			o.span.End()
+		}
+	}
+	for _, o := range cmds {
+		c := o.cmd
+		m, err := bus.Message(o.ctx, d.Names.CommandSubject(c.GetProvider()), c)
 		if err != nil {
 			d.Log.Error("encoding command", "error", err)
+			fail(o, err)
 			continue
 		}
 		f, err := d.JS.PublishMsgAsync(m, jetstream.WithMsgID(c.GetCommandId()))
 		if err != nil {
 			d.Log.Warn("publishing a command failed", "command", c.GetCommandId(), "proxyUID", c.GetProxyUid(), "error", err)
+			fail(o, err)
 			unsent = append(unsent, c)
 			continue
 		}
-		pending = append(pending, sent{c, f})
+		pending = append(pending, sent{o, f})
 	}
-	for _, p := range pending {
+	for i, p := range pending {
 		select {
 		case <-p.f.Ok():
+			if p.out.span != nil {
+				p.out.span.End()
+			}
 		case err := <-p.f.Err():
-			d.Log.Warn("a command was not stored by JetStream", "command", p.cmd.GetCommandId(), "proxyUID", p.cmd.GetProxyUid(), "error", err)
-			unsent = append(unsent, p.cmd)
+			d.Log.Warn("a command was not stored by JetStream", "command", p.out.cmd.GetCommandId(), "proxyUID", p.out.cmd.GetProxyUid(), "error", err)
+			fail(p.out, err)
+			unsent = append(unsent, p.out.cmd)
 		case <-ctx.Done():
+			for _, q := range pending[i:] {
+				fail(q.out, ctx.Err())
+			}
 			return
 		}
 	}
@@ -266,22 +327,26 @@ func consumeBatches(ctx context.Context, cons jetstream.Consumer, max int, handl
 type decoded struct {
 	msg jetstream.Msg
 	res *busv1.CommandResult
+	// ctx is the span applying the result, a child of the provisioner's.
+	ctx  context.Context
+	span trace.Span
 }
 
 func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 	var items []decoded
 	for _, m := range msgs {
 		res := &busv1.CommandResult{}
-		if _, err := bus.Decode(ctx, m, res); err != nil {
+		rctx, err := bus.Decode(ctx, m, res)
+		if err != nil {
 			d.Log.Error("dropping an undecodable result", "error", err)
 			_ = m.Term()
 			continue
 		}
-		if res.GetSpecHash() == gc.Marker {
+		if res.GetPurpose() == busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
 			// Orphan GC's own commands answer no proxy.
 			if d.GC != nil {
 				if res.GetOperation() == busv1.Operation_OPERATION_LIST {
-					d.GC.HandleList(ctx, res)
+					d.GC.HandleList(rctx, res)
 				} else {
 					d.GC.HandleDelete(res)
 				}
@@ -289,8 +354,16 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 			_ = m.Ack()
 			continue
 		}
-		items = append(items, decoded{m, res})
+		sctx, span := tracer.Start(rctx, "reconcile.apply_result", trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(attribute.String("proxy.uid", res.GetProxyUid()), attribute.String("provider", res.GetProvider()),
+				attribute.String("command.id", res.GetCommandId()), attribute.String("command.operation", res.GetOperation().String())))
+		items = append(items, decoded{msg: m, res: res, ctx: sctx, span: span})
 	}
+	defer func() {
+		for _, it := range items {
+			it.span.End()
+		}
+	}()
 	// Lock rows in UID order so concurrent batches cannot deadlock.
 	slices.SortFunc(items, func(a, b decoded) int {
 		switch {
@@ -301,10 +374,11 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		return 0
 	})
-	var cmds []*busv1.Command
+	var cmds []outgoing
 	err := d.Store.Write(ctx, func(tx *store.Tx) error {
 		cmds = nil
 		rows := map[string]*store.Row{}
+		traced := map[string]context.Context{} // each proxy's last applied result's span
 		changed := map[string]bool{}
 		released := map[string]bool{}
 		for _, it := range items {
@@ -330,6 +404,7 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 			switch d.Engine.Apply(r, res, tx.Now()) {
 			case reconcile.Stale:
 				d.Metrics.Results.WithLabelValues("stale").Inc()
+				it.span.SetAttributes(attribute.Bool("result.stale", true))
 				continue
 			case reconcile.Released:
 				tx.Delete(r)
@@ -337,6 +412,7 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 				released[uid] = true
 			case reconcile.Applied:
 				changed[uid] = true
+				traced[uid] = it.ctx
 			}
 			d.Metrics.observeResult(res, issued, tx.Now())
 		}
@@ -351,14 +427,21 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 					continue
 				}
 				if dec.Command != nil {
-					cmds = append(cmds, dec.Command)
+					cmds = append(cmds, outgoing{ctx: traced[uid], cmd: dec.Command})
 				}
+			}
+			if r.CommandID == "" && !r.Deleting() && settled(r.Phase) {
+				r.TraceParent = "" // the change's trace ends with this result
 			}
 			tx.Update(r)
 		}
 		return nil
 	})
 	if err != nil {
+		for _, it := range items {
+			it.span.RecordError(err)
+			it.span.SetStatus(codes.Error, "applying results failed")
+		}
 		d.Log.Warn("applying results failed; they will be redelivered", "error", err)
 		for _, it := range items {
 			_ = it.msg.Nak()
@@ -369,6 +452,13 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 	for _, it := range items {
 		_ = it.msg.Ack()
 	}
+}
+
+// settled reports a phase in which the reconciler waits for nothing but
+// the next resync (or a spec change).
+func settled(p proxyv1.ProxyPhase) bool {
+	return p == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING || p == proxyv1.ProxyPhase_PROXY_PHASE_READY ||
+		p == proxyv1.ProxyPhase_PROXY_PHASE_FAILED
 }
 
 // RunHealth applies health transitions (Running <-> Ready) until ctx ends,
@@ -452,35 +542,15 @@ func (d *Dispatcher) applyHealth(ctx context.Context, msgs []jetstream.Msg) {
 const outboxLockKey = 0x65677265_73730001
 
 // RunOutbox publishes stored changes as ProxyEvents, in revision order, from
-// one replica at a time (an advisory lock), resuming from the stored cursor.
+// one replica at a time (a postgres.Singleton), resuming from the stored
+// cursor.
 func (d *Dispatcher) RunOutbox(ctx context.Context) error {
-	for ctx.Err() == nil {
-		err := d.outbox(ctx)
-		if err != nil && ctx.Err() == nil {
-			d.Log.Warn("event outbox interrupted", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(d.poll()):
-		}
-	}
-	return nil
+	s := &postgres.Singleton{Pool: d.Store.Pool(), Key: outboxLockKey, Name: "ProxyEvent outbox", Log: d.Log, Retry: d.poll()}
+	return s.Run(ctx, d.outbox)
 }
 
 func (d *Dispatcher) outbox(ctx context.Context) error {
-	conn, err := d.Store.Pool().Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(outboxLockKey)).Scan(&got); err != nil {
-		return err
-	}
-	if !got {
-		return nil
-	}
-	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(outboxLockKey)) }()
+	conn := d.Store.Pool()
 	var cursor int64
 	var refreshed time.Time
 	if err := conn.QueryRow(ctx, "SELECT revision, refresh_time FROM orchestrator.event_cursor").Scan(&cursor, &refreshed); err != nil {

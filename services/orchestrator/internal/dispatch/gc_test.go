@@ -14,7 +14,6 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
-	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
@@ -34,7 +33,7 @@ func TestOrphanGCTrueOrphanMatrix(t *testing.T) {
 			<-ready
 			return &busv1.CommandResult{Outcome: &busv1.CommandResult_List{List: &provisionerv1.ListInstancesResponse{Instances: instances}}}
 		}
-		if cmd.GetSpecHash() == gc.Marker {
+		if cmd.GetPurpose() == busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
 			return &busv1.CommandResult{Outcome: &busv1.CommandResult_Delete{Delete: &provisionerv1.DeleteInstanceResponse{Deleted: true}}}
 		}
 		if cmd.GetCreate().GetProxyName() == "deleting" || cmd.GetProxyUid() == silent.Load().(string) {
@@ -87,7 +86,14 @@ func TestOrphanGCTrueOrphanMatrix(t *testing.T) {
 	fake.mu.Lock()
 	var deleted []string
 	for _, c := range fake.received {
-		if c.GetOperation() == busv1.Operation_OPERATION_DELETE && c.GetSpecHash() == gc.Marker {
+		if c.GetOperation() == busv1.Operation_OPERATION_LIST || c.GetPurpose() == busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
+			if c.GetPurpose() != busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC || c.GetSpecHash() != "" {
+				t.Errorf("GC command %s: purpose %v, spec hash %q; want ORPHAN_GC and none", c.GetOperation(), c.GetPurpose(), c.GetSpecHash())
+			}
+		} else if c.GetPurpose() != busv1.CommandPurpose_COMMAND_PURPOSE_RECONCILE {
+			t.Errorf("reconcile command %s for %s: purpose %v", c.GetOperation(), c.GetProxyUid(), c.GetPurpose())
+		}
+		if c.GetOperation() == busv1.Operation_OPERATION_DELETE && c.GetPurpose() == busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
 			deleted = append(deleted, c.GetDelete().GetProviderId())
 		}
 	}

@@ -180,7 +180,7 @@ func (h *harness) startProvisioner(provider string, s script) *fakeProvisioner {
 				f.mu.Unlock()
 				if res := sc(cmd); res != nil {
 					res.CommandId, res.ProxyUid, res.Provider = cmd.GetCommandId(), cmd.GetProxyUid(), cmd.GetProvider()
-					res.SpecHash, res.Operation = cmd.GetSpecHash(), cmd.GetOperation()
+					res.SpecHash, res.Operation, res.Purpose = cmd.GetSpecHash(), cmd.GetOperation(), cmd.GetPurpose()
 					if _, err := bus.Publish(ctx, h.js, h.names.ResultSubject(provider), res); err != nil && ctx.Err() == nil {
 						h.t.Errorf("publishing a result: %v", err)
 					}

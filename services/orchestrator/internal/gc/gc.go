@@ -18,18 +18,19 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
-
-// Marker is the spec hash of orphan-delete commands, so their results,
-// which answer no proxy, are recognised.
-const Marker = "orphan-gc"
 
 // lockKey is the advisory lock of the sweep singleton.
 const lockKey = 0x65677265_73730002
@@ -56,36 +57,20 @@ func (c *Collector) now() time.Time {
 	return time.Now()
 }
 
-// Run triggers a sweep every Interval while this replica holds the lock.
-// Interval 0 turns GC off.
+// Run triggers a sweep every Interval while this replica holds the lock
+// (a postgres.Singleton). Interval 0 turns GC off.
 func (c *Collector) Run(ctx context.Context) error {
 	if c.Interval <= 0 {
 		c.Log.Info("orphan GC is off")
 		return nil
 	}
-	for ctx.Err() == nil {
-		if err := c.lead(ctx); err != nil && ctx.Err() == nil {
-			c.Log.Warn("orphan GC leadership lost", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(c.Interval / 4):
-		}
-	}
-	return nil
+	s := &postgres.Singleton{Pool: c.Store.Pool(), Key: lockKey, Name: "orphan GC", Log: c.Log, Retry: c.Interval / 4}
+	return s.Run(ctx, c.lead)
 }
 
+// lead sweeps at once and every Interval until ctx ends (leadership lost
+// or shutdown).
 func (c *Collector) lead(ctx context.Context) error {
-	conn, err := c.Store.Pool().Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	var got bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(lockKey)).Scan(&got); err != nil || !got {
-		return err
-	}
-	defer func() { _, _ = conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(lockKey)) }()
 	t := time.NewTicker(c.Interval)
 	defer t.Stop()
 	for {
@@ -97,21 +82,28 @@ func (c *Collector) lead(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		// Still connected and holding the lock?
-		if err := conn.Ping(ctx); err != nil {
-			return err
-		}
 	}
 }
 
-// Sweep asks every provider for its managed instances.
-func (c *Collector) Sweep(ctx context.Context) error {
+var tracer = otel.Tracer("github.com/egress-proxies/egress-proxies/services/orchestrator/gc")
+
+// Sweep asks every provider for its managed instances, in a gc.sweep span
+// that the list commands carry to the provisioners.
+func (c *Collector) Sweep(ctx context.Context) (err error) {
+	ctx, span := tracer.Start(ctx, "gc.sweep", trace.WithSpanKind(trace.SpanKindProducer))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "publishing a list command failed")
+		}
+		span.End()
+	}()
 	now := c.now()
 	for _, provider := range c.Providers() {
 		cmd := &busv1.Command{
 			CommandId: uuid.NewString(),
 			Provider:  provider,
-			SpecHash:  Marker,
+			Purpose:   busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC,
 			Operation: busv1.Operation_OPERATION_LIST,
 			IssueTime: timestamppb.New(now),
 			Deadline:  timestamppb.New(now.Add(c.Deadline)),
@@ -127,9 +119,13 @@ func (c *Collector) Sweep(ctx context.Context) error {
 }
 
 // HandleList deletes the orphans among a provider's listed instances. A
-// failed list skips that provider for this sweep.
+// failed list skips that provider for this sweep. ctx carries the list's
+// trace (the sweep's), which the deletes continue.
 func (c *Collector) HandleList(ctx context.Context, res *busv1.CommandResult) {
 	provider := res.GetProvider()
+	ctx, span := tracer.Start(ctx, "gc.handle_list", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("provider", provider)))
+	defer span.End()
 	if e := res.GetError(); e != nil {
 		c.Log.Warn("a provider's instance list failed; skipping it this sweep",
 			"provider", provider, "error", errclass.FromCommandError(e).Error())
@@ -171,7 +167,7 @@ func (c *Collector) HandleList(ctx context.Context, res *busv1.CommandResult) {
 			CommandId: uuid.NewString(),
 			ProxyUid:  uid,
 			Provider:  provider,
-			SpecHash:  Marker,
+			Purpose:   busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC,
 			Operation: busv1.Operation_OPERATION_DELETE,
 			IssueTime: timestamppb.New(now),
 			Deadline:  timestamppb.New(now.Add(c.Deadline)),

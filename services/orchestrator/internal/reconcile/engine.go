@@ -9,9 +9,9 @@ package reconcile
 import (
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -41,6 +41,9 @@ type Timing struct {
 	// UnconfiguredRetry is how often a proxy whose provider is missing from
 	// the config is looked at again.
 	UnconfiguredRetry time.Duration
+	// StoppedGrace is how long an instance may stay stopped before it is
+	// replaced; 0 never replaces it.
+	StoppedGrace time.Duration
 }
 
 // DefaultTiming is the production schedule.
@@ -57,6 +60,7 @@ func DefaultTiming() Timing {
 		QuotaBase:         30 * time.Second,
 		QuotaMax:          30 * time.Minute,
 		UnconfiguredRetry: time.Minute,
+		StoppedGrace:      5 * time.Minute,
 	}
 }
 
@@ -66,27 +70,23 @@ type Engine struct {
 	// Configured reports whether a provider is in the providers config.
 	Configured func(string) bool
 	Log        *slog.Logger
-	// Jitter returns a factor in [0.8, 1.2); tests fix it.
-	Jitter func() float64
+	// NoJitter turns off the ±20% jitter of the backoffs; tests set it.
+	NoJitter bool
 }
 
-func (e *Engine) jitter() float64 {
-	if e.Jitter != nil {
-		return e.Jitter()
-	}
-	return 0.8 + 0.4*rand.Float64()
-}
-
-// backoff is base·2^(attempt-1), capped at max, with jitter.
+// backoff is base·2^(attempt-1), capped at max, with ±20% jitter.
 func (e *Engine) backoff(attempt int32, base, max time.Duration) time.Duration {
-	d := base
-	for i := int32(1); i < attempt && d < max; i++ {
-		d *= 2
+	b := &backoff.ExponentialBackOff{InitialInterval: base, Multiplier: 2, MaxInterval: max, RandomizationFactor: 0.2}
+	if e.NoJitter {
+		b.RandomizationFactor = 0
 	}
-	if d > max {
-		d = max
+	// The attempt count is stored with the proxy, not the backoff: step to
+	// its interval (the cap is reached long before 64 doublings).
+	d := b.NextBackOff()
+	for i := int32(1); i < min(attempt, 64); i++ {
+		d = b.NextBackOff()
 	}
-	return time.Duration(float64(d) * e.jitter())
+	return d
 }
 
 func at(t time.Time) *time.Time { return &t }
@@ -153,6 +153,17 @@ func (e *Engine) Decide(r *store.Row, now time.Time) Decision {
 		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
 		r.Reason, r.Message = "Replacing", "the spec changed; replacing the instance"
 		return e.issue(r, store.StepReplaceDelete, now)
+	case e.stoppedTooLong(r, now):
+		// It cannot serve and nobody started it again (a Proxmox VM whose
+		// guest agent was switched off can never report an address):
+		// replace it, as a spec change would.
+		e.Log.Warn("WARNING: instance stopped for longer than the grace period; replacing it",
+			"proxy", r.Name, "uid", r.UID, "providerID", r.ProviderID, "stoppedSince", *r.StoppedSince, "grace", e.Timing.StoppedGrace)
+		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
+		r.Reason = "InstanceStopped"
+		r.Message = fmt.Sprintf("the instance has been stopped since %s, longer than the %s grace period; replacing it",
+			r.StoppedSince.UTC().Format(time.RFC3339), e.Timing.StoppedGrace)
+		return e.issue(r, store.StepReplaceDelete, now)
 	default:
 		return e.issue(r, store.StepPoll, now)
 	}
@@ -195,6 +206,7 @@ func (e *Engine) issue(r *store.Row, step store.Step, now time.Time) Decision {
 		Provider:  r.Spec.GetProvider(),
 		IssueTime: timestamppb.New(now),
 		Attempt:   uint32(r.Attempts + 1),
+		Purpose:   busv1.CommandPurpose_COMMAND_PURPOSE_RECONCILE,
 	}
 	var deadline time.Duration
 	switch step {
@@ -372,7 +384,14 @@ func (e *Engine) retryDelay(r *store.Row, class errclass.Class) time.Duration {
 	return e.backoff(r.Attempts, e.Timing.TransientBase, e.Timing.TransientMax)
 }
 
+// stoppedTooLong reports whether r's instance has been stopped for the
+// grace period.
+func (e *Engine) stoppedTooLong(r *store.Row, now time.Time) bool {
+	return e.Timing.StoppedGrace > 0 && r.StoppedSince != nil && now.Sub(*r.StoppedSince) >= e.Timing.StoppedGrace
+}
+
 func (e *Engine) clearInstance(r *store.Row) {
+	r.StoppedSince = nil
 	r.ProviderID, r.IP, r.InstanceSpecHash = "", "", ""
 	r.Healthy = false
 	r.CommandStep = store.StepNone
@@ -400,13 +419,29 @@ func (e *Engine) setInstance(r *store.Row, inst *provisionerv1.Instance, now tim
 		r.Reason, r.Message = "InstanceFailed", "the provider reports the instance failed"
 		r.FailedSpecHash = r.SpecHash
 		r.NextAttemptTime = nil
+	case inst.GetState() == provisionerv1.InstanceState_INSTANCE_STATE_STOPPED:
+		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
+		if r.StoppedSince == nil {
+			r.StoppedSince = at(now)
+		}
+		r.Reason, r.Message = "InstanceStopped", "the instance exists but is not running"
+		r.NextAttemptTime = at(now.Add(e.Timing.ProvisioningPoll))
+		if e.Timing.StoppedGrace > 0 {
+			// The message stays the same while it waits, so polling a
+			// stopped instance writes no new revision.
+			replaceAt := r.StoppedSince.Add(e.Timing.StoppedGrace)
+			r.Message += fmt.Sprintf("; it is replaced at %s unless it starts", replaceAt.UTC().Format(time.RFC3339))
+			if replaceAt.Before(*r.NextAttemptTime) {
+				r.NextAttemptTime = at(replaceAt)
+			}
+		}
 	default:
 		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
 		r.Reason, r.Message = "WaitingForAddress", ""
-		if inst.GetState() == provisionerv1.InstanceState_INSTANCE_STATE_STOPPED {
-			r.Reason, r.Message = "InstanceStopped", "the instance exists but is not running"
-		}
 		r.NextAttemptTime = at(now.Add(e.Timing.ProvisioningPoll))
+	}
+	if inst.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_STOPPED {
+		r.StoppedSince = nil
 	}
 }
 

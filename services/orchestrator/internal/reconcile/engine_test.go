@@ -21,7 +21,7 @@ func engine() *Engine {
 		Timing:     DefaultTiming(),
 		Configured: func(p string) bool { return p == "pve" },
 		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Jitter:     func() float64 { return 1 },
+		NoJitter:   true,
 	}
 }
 
@@ -43,7 +43,10 @@ func withInstance(r *store.Row) {
 	r.ProviderID, r.InstanceSpecHash, r.IP = "vms/101/proxy-u1", "h1", "10.0.0.9"
 	r.Phase = proxyv1.ProxyPhase_PROXY_PHASE_RUNNING
 }
-func deleting(r *store.Row)    { r.DeleteTime = &t0 }
+func deleting(r *store.Row) { r.DeleteTime = &t0 }
+func stoppedSince(t time.Time) rowOpt {
+	return func(r *store.Row) { r.StoppedSince = &t }
+}
 func skipCleanup(r *store.Row) { r.SkipCleanup = true }
 func provider(p string) rowOpt { return func(r *store.Row) { r.Spec.Provider = p } }
 func external(r *store.Row) {
@@ -73,6 +76,8 @@ func TestDecideTable(t *testing.T) {
 		{"instance of this spec: read it", row(withInstance), busv1.Operation_OPERATION_GET, false, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, ""},
 		{"spec changed: delete to replace", row(withInstance, specChanged), busv1.Operation_OPERATION_DELETE, false, proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, "Replacing"},
 		{"replacement deleted: poll until gone", row(withInstance, specChanged, func(r *store.Row) { r.CommandStep = store.StepReplacePoll }), busv1.Operation_OPERATION_GET, false, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, ""},
+		{"stopped within the grace period: read it", row(withInstance, stoppedSince(t0.Add(-4*time.Minute))), busv1.Operation_OPERATION_GET, false, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, ""},
+		{"stopped for the grace period: delete to replace", row(withInstance, stoppedSince(t0.Add(-5*time.Minute))), busv1.Operation_OPERATION_DELETE, false, proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, "InstanceStopped"},
 		{"external: never provisioned", row(external), 0, false, proxyv1.ProxyPhase_PROXY_PHASE_PENDING, ""},
 		{"permanent failure latched", row(failedLatch), 0, false, proxyv1.ProxyPhase_PROXY_PHASE_FAILED, ""},
 		{"latch released by a spec change", row(failedLatch, specChanged), busv1.Operation_OPERATION_CREATE, false, proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, "Provisioning"},
@@ -285,5 +290,37 @@ func TestApplyIgnoresDuplicateResults(t *testing.T) {
 	}
 	if r.Phase != before.Phase || r.ProviderID != before.ProviderID || r.NextAttemptTime != before.NextAttemptTime {
 		t.Errorf("a duplicate result changed the proxy")
+	}
+}
+
+// The retry schedule: base·2^(attempt-1) capped at max, with ±20% jitter.
+func TestBackoffSchedule(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		attempt   int32
+		base, max time.Duration
+		want      time.Duration
+	}{
+		{1, time.Second, 5 * time.Minute, time.Second},
+		{2, time.Second, 5 * time.Minute, 2 * time.Second},
+		{5, time.Second, 5 * time.Minute, 16 * time.Second},
+		{9, time.Second, 5 * time.Minute, 256 * time.Second},
+		{10, time.Second, 5 * time.Minute, 5 * time.Minute},
+		{100000, time.Second, 5 * time.Minute, 5 * time.Minute},
+		{3, 30 * time.Second, 30 * time.Minute, 2 * time.Minute},
+		{7, 30 * time.Second, 30 * time.Minute, 30 * time.Minute},
+	}
+	for _, tc := range cases {
+		if got := engine().backoff(tc.attempt, tc.base, tc.max); got != tc.want {
+			t.Errorf("backoff(%d, %s, %s) = %s, want %s", tc.attempt, tc.base, tc.max, got, tc.want)
+		}
+		jittered := &Engine{}
+		for range 200 {
+			got := jittered.backoff(tc.attempt, tc.base, tc.max)
+			lo, hi := time.Duration(float64(tc.want)*0.8), time.Duration(float64(tc.want)*1.2)
+			if got < lo || got > hi+time.Nanosecond {
+				t.Fatalf("jittered backoff(%d) = %s, want within [%s, %s]", tc.attempt, got, lo, hi)
+			}
+		}
 	}
 }

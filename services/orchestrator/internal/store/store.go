@@ -98,6 +98,12 @@ type Row struct {
 	HealthTransitionTime *time.Time
 	ProbeLatency         time.Duration
 	HealthSequence       int64
+	// StoppedSince is when the instance was first seen stopped; nil while
+	// it is not.
+	StoppedSince *time.Time
+	// TraceParent is the W3C traceparent of the API call whose change the
+	// reconciler is working on; empty once the proxy settled.
+	TraceParent string
 
 	NextAttemptTime  *time.Time
 	Attempts         int32
@@ -198,7 +204,7 @@ const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanu
 	create_time, update_time, delete_time, phase, provider_id, ip, port, healthy, reason, message,
 	instance_spec_hash, failed_spec_hash, observed_generation, phase_transition_time, health_transition_time,
 	probe_latency_us, health_sequence, next_attempt_time, attempts, command_id, command_step,
-	command_spec_hash, command_deadline, command_issue_time`
+	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent`
 
 // scanRows reads every row of rows (columns) and closes it.
 func scanRows(rows pgx.Rows) ([]*Row, error) {
@@ -231,7 +237,7 @@ func scanRow(row pgx.Row) (*Row, error) {
 		&r.IP, &port, &r.Healthy, &r.Reason, &r.Message, &r.InstanceSpecHash, &r.FailedSpecHash,
 		&r.ObservedGeneration, &r.PhaseTransitionTime, &r.HealthTransitionTime, &latencyUS,
 		&r.HealthSequence, &r.NextAttemptTime, &r.Attempts, &cmdID, &step, &r.CommandSpecHash,
-		&r.CommandDeadline, &r.CommandIssueTime)
+		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ErrNotFound

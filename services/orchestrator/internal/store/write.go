@@ -22,6 +22,38 @@ type Tx struct {
 	tx      pgx.Tx
 	now     time.Time
 	pending []pendingChange
+	// read holds what a client could see of each row as it was locked, so
+	// a write that changes none of it keeps its revision (see flush).
+	read map[string]readState
+}
+
+type readState struct {
+	visible    *proxyv1.Proxy
+	revision   int64
+	updateTime time.Time
+}
+
+// locked remembers rows as read, for the no-op check in flush.
+func (t *Tx) locked(rows ...*Row) {
+	if t.read == nil {
+		t.read = make(map[string]readState, len(rows))
+	}
+	for _, r := range rows {
+		t.read[r.UID] = readState{visible: proto.Clone(r.Proto(true)).(*proxyv1.Proxy), revision: r.Revision, updateTime: r.UpdateTime}
+	}
+}
+
+// unchanged reports whether r, about to be updated, shows a client nothing
+// new since it was locked (only the queue and the in-flight command, which
+// the API does not show, may differ).
+func (t *Tx) unchanged(r *Row) (readState, bool) {
+	was, ok := t.read[r.UID]
+	if !ok {
+		return readState{}, false
+	}
+	now := r.Proto(true)
+	now.Etag, now.UpdateTime = was.visible.GetEtag(), was.visible.GetUpdateTime()
+	return was, proto.Equal(now, was.visible)
 }
 
 type pendingChange struct {
@@ -54,12 +86,20 @@ func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 
 // Lock reads a proxy by UID and locks it until the transaction ends.
 func (t *Tx) Lock(ctx context.Context, uid string) (*Row, error) {
-	return scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1 FOR UPDATE", uid))
+	r, err := scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1 FOR UPDATE", uid))
+	if err == nil {
+		t.locked(r)
+	}
+	return r, err
 }
 
 // LockByName reads a proxy by name and locks it until the transaction ends.
 func (t *Tx) LockByName(ctx context.Context, name string) (*Row, error) {
-	return scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1 FOR UPDATE", name))
+	r, err := scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1 FOR UPDATE", name))
+	if err == nil {
+		t.locked(r)
+	}
+	return r, err
 }
 
 // ClaimDue locks up to limit proxies whose reconcile is due, skipping rows
@@ -74,7 +114,11 @@ func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows)
+	out, err := scanRows(rows)
+	if err == nil {
+		t.locked(out...)
+	}
+	return out, err
 }
 
 // Known reports which of uids belong to a stored proxy.
@@ -113,41 +157,60 @@ func (t *Tx) Delete(r *Row) {
 // flush writes the pending changes: revisions from the counter (whose row
 // lock orders commits), the rows, the change log and the notifications, in
 // one batch.
+//
+// An update that changes nothing a client can see (a resync that found the
+// instance as it was: only the queue and the in-flight command moved) is
+// stored under the row's old revision and update time, with no change-log
+// entry: no new etag, no Watch change, no ProxyEvent.
 func (t *Tx) flush(ctx context.Context) error {
 	if len(t.pending) == 0 {
 		return nil
 	}
-	var last int64
-	if err := t.tx.QueryRow(ctx, "UPDATE orchestrator.revision SET value = value + $1 RETURNING value",
-		len(t.pending)).Scan(&last); err != nil {
-		return err
-	}
-	first := last - int64(len(t.pending)) + 1
 	batch := &pgx.Batch{}
 	due := false
-	for i, p := range t.pending {
+	var changed []pendingChange
+	for _, p := range t.pending {
 		r := p.row
-		r.Revision = first + int64(i)
-		r.UpdateTime = t.now
 		if r.NextAttemptTime != nil && !r.NextAttemptTime.After(t.now.Add(time.Second)) {
 			due = true
 		}
-		switch p.typ {
-		case proxyv1.ChangeType_CHANGE_TYPE_CREATED:
-			queueUpsert(batch, r, true)
-		case proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
-			queueUpsert(batch, r, false)
-		case proxyv1.ChangeType_CHANGE_TYPE_DELETED:
-			batch.Queue("DELETE FROM orchestrator.proxies WHERE uid = $1", r.UID)
+		if p.typ == proxyv1.ChangeType_CHANGE_TYPE_UPDATED {
+			if was, same := t.unchanged(r); same {
+				r.Revision, r.UpdateTime = was.revision, was.updateTime
+				queueUpsert(batch, r, false)
+				continue
+			}
 		}
-		snap, err := proto.Marshal(r.Proto(false))
-		if err != nil {
+		changed = append(changed, p)
+	}
+	if len(changed) > 0 {
+		var last int64
+		if err := t.tx.QueryRow(ctx, "UPDATE orchestrator.revision SET value = value + $1 RETURNING value",
+			len(changed)).Scan(&last); err != nil {
 			return err
 		}
-		batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
+		first := last - int64(len(changed)) + 1
+		for i, p := range changed {
+			r := p.row
+			r.Revision = first + int64(i)
+			r.UpdateTime = t.now
+			switch p.typ {
+			case proxyv1.ChangeType_CHANGE_TYPE_CREATED:
+				queueUpsert(batch, r, true)
+			case proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
+				queueUpsert(batch, r, false)
+			case proxyv1.ChangeType_CHANGE_TYPE_DELETED:
+				batch.Queue("DELETE FROM orchestrator.proxies WHERE uid = $1", r.UID)
+			}
+			snap, err := proto.Marshal(r.Proto(false))
+			if err != nil {
+				return err
+			}
+			batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
 			VALUES ($1, $2, $3, $4, $5)`, r.Revision, r.UID, int16(p.typ), snap, t.now)
+		}
+		batch.Queue("SELECT pg_notify($1, $2)", ChangesChannel, strconv.FormatInt(last, 10))
 	}
-	batch.Queue("SELECT pg_notify($1, $2)", ChangesChannel, strconv.FormatInt(last, 10))
 	if due {
 		batch.Queue("SELECT pg_notify($1, '')", WorkChannel)
 	}
@@ -173,10 +236,10 @@ func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
 		r.ProviderID, r.IP, int32(r.Port), r.Healthy, r.Reason, r.Message, r.InstanceSpecHash,
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
-		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime}
+		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent}
 	if insert {
 		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
-			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34)`, args...)
+			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36)`, args...)
 		return
 	}
 	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
@@ -185,7 +248,7 @@ func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
 		instance_spec_hash=$21, failed_spec_hash=$22, observed_generation=$23, phase_transition_time=$24,
 		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
 		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
-		command_issue_time=$34 WHERE uid=$1`, args...)
+		command_issue_time=$34, stopped_since=$35, trace_parent=$36 WHERE uid=$1`, args...)
 }
 
 func isUniqueViolation(err error) bool {

@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -64,6 +65,10 @@ type Backend struct {
 	self     string // this binary, for the builtin proxy
 	timeout  time.Duration
 	log      *slog.Logger
+
+	// stopping holds the PIDs Delete is stopping, so that their exit is
+	// not reported as a crash.
+	stopping sync.Map
 }
 
 // FromProvider builds the backend from its provider block.
@@ -72,7 +77,8 @@ func FromProvider(p providers.Provider, log *slog.Logger) (*Backend, error) {
 	if err := p.DecodeBackend(&c); err != nil {
 		return nil, err
 	}
-	b := &Backend{provider: p.Name, log: log.With("provider", p.Name), timeout: c.StartTimeout}
+	// log carries provider already: the runtime adds it.
+	b := &Backend{provider: p.Name, log: log, timeout: c.StartTimeout}
 	if b.timeout <= 0 {
 		b.timeout = 30 * time.Second
 	}
@@ -370,16 +376,79 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 	if err := cmd.Start(); err != nil {
 		return errclass.New(errclass.Transient, "starting the %s proxy: %v", s.Kind, err)
 	}
-	go func() { // reap it, and say so, if it dies while we run
-		err := cmd.Wait()
-		b.log.Warn("local proxy exited", "name", s.Name, "providerID", providerID(s.UID), "pid", cmd.Process.Pid, "error", err)
+	exited := make(chan struct{})
+	var exitErr error
+	go func() { // reap it, and say so if it dies while we run
+		exitErr = cmd.Wait()
+		close(exited)
+		pid := cmd.Process.Pid
+		if _, asked := b.stopping.LoadAndDelete(pid); asked {
+			b.log.Info("local proxy stopped", "name", s.Name, "providerID", providerID(s.UID), "pid", pid)
+			return
+		}
+		b.log.Warn("WARNING: local proxy exited on its own; the next Get starts it again", "name", s.Name, "providerID", providerID(s.UID),
+			"pid", pid, "exit", exitDescription(exitErr))
 	}()
 	s.PID = cmd.Process.Pid
 	if err := b.write(s); err != nil {
 		return err
 	}
 	b.log.Info("local proxy started", "name", s.Name, "providerID", providerID(s.UID), "address", addr, "proxy", s.Kind, "pid", s.PID)
-	return b.waitListening(ctx, s, addr)
+	err = b.waitListening(ctx, s, addr)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		// Its exit, if it has exited, is part of the reason.
+		select {
+		case <-exited:
+			err = errclass.New(errclass.Transient, "%v (%s)", err, exitDescription(exitErr))
+		default:
+		}
+	}
+	return err
+}
+
+// exitDescription says how a proxy process ended: "exit status 1",
+// "signal: killed", or "exit status 0" for a clean exit.
+func exitDescription(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+// startFailure is why a proxy exited before listening: the end of its
+// output and, for squid, of its cache.log, where squid writes its FATAL
+// lines once cache_log is set.
+func (b *Backend) startFailure(s *state) string {
+	dir := b.instDir(s.UID)
+	var parts []string
+	if out, _ := os.ReadFile(filepath.Join(dir, "proxy.log")); len(strings.TrimSpace(string(out))) > 0 {
+		parts = append(parts, tail(string(out), 400))
+	}
+	if s.Kind == "squid" {
+		if cl, _ := os.ReadFile(filepath.Join(dir, "cache.log")); len(strings.TrimSpace(string(cl))) > 0 {
+			parts = append(parts, "cache.log: "+tail(squidErrors(string(cl)), 400))
+		}
+	}
+	if len(parts) == 0 {
+		return "it wrote nothing"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// squidErrors keeps the lines of a cache.log that say what went wrong
+// (squid goes on logging after its FATAL line: usage figures, the
+// pinger); all of it when none does.
+func squidErrors(log string) string {
+	var keep []string
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "FATAL") || strings.Contains(line, "ERROR") || strings.Contains(line, "Cannot") || strings.Contains(line, "cannot") {
+			keep = append(keep, strings.TrimSpace(line))
+		}
+	}
+	if len(keep) == 0 {
+		return log
+	}
+	return strings.Join(keep, " | ")
 }
 
 func (b *Backend) waitListening(ctx context.Context, s *state, addr string) error {
@@ -392,9 +461,8 @@ func (b *Backend) waitListening(ctx context.Context, s *state, addr string) erro
 			return nil
 		}
 		if !b.alive(s) {
-			log, _ := os.ReadFile(filepath.Join(b.instDir(s.UID), "proxy.log"))
 			return errclass.New(errclass.Transient, "the %s proxy for %s exited before listening on %s: %s",
-				s.Kind, providerID(s.UID), addr, tail(string(log), 400))
+				s.Kind, providerID(s.UID), addr, b.startFailure(s))
 		}
 		select {
 		case <-ctx.Done():
@@ -423,7 +491,6 @@ cache deny all
 max_filedescriptors 1024
 visible_hostname %[4]s
 shutdown_lifetime 0 seconds
-dns_v4_first on
 acl localnet src 127.0.0.0/8
 http_access allow localnet
 http_access deny all
@@ -467,6 +534,7 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 		return false, err
 	}
 	if s != nil && b.alive(s) {
+		b.stopping.Store(s.PID, struct{}{})
 		_ = syscall.Kill(-s.PID, syscall.SIGTERM) // its whole session
 		deadline := time.Now().Add(10 * time.Second)
 		for b.alive(s) && time.Now().Before(deadline) {

@@ -23,6 +23,7 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-local/internal/forward"
 )
@@ -50,6 +51,12 @@ func TestMain(m *testing.M) {
 
 func newBackend(t *testing.T, kind, dir string) *Backend {
 	t.Helper()
+	return newBackendLog(t, kind, dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// newBackendLog is newBackend logging to log.
+func newBackendLog(t *testing.T, kind, dir string, log *slog.Logger) *Backend {
+	t.Helper()
 	if kind == "squid" {
 		if _, err := exec.LookPath("squid"); err != nil {
 			if _, err := os.Stat("/usr/sbin/squid"); err != nil {
@@ -69,7 +76,7 @@ func newBackend(t *testing.T, kind, dir string) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := FromProvider(cfg.Providers[0], slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b, err := FromProvider(cfg.Providers[0], log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,4 +265,92 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 
+}
+
+// TestLogs: a delete logs its proxy's exit at INFO, a proxy that dies on
+// its own is a WARNING saying how it ended, and provider appears once per
+// line (the runtime's logger carries it, as in the binary).
+func TestLogs(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"builtin", "squid"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			out := &logtest.Buffer{}
+			b := newBackendLog(t, kind, t.TempDir(), slog.New(slog.NewTextHandler(out, nil)).With("provider", "local"))
+			cleanup(t, b)
+			uid := uuid.NewString()
+			inst, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{Provider: "local", ProxyUid: uid, ProxyName: "p1", Port: 3128})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid}); err != nil {
+				t.Fatal(err)
+			}
+			waitLog(t, out, "local proxy stopped")
+
+			other := uuid.NewString()
+			if _, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{Provider: "local", ProxyUid: other, ProxyName: "p2", Port: 3128}); err != nil {
+				t.Fatal(err)
+			}
+			s, _ := b.read(other)
+			_ = syscall.Kill(-s.PID, syscall.SIGKILL)
+			waitLog(t, out, "WARNING: local proxy exited on its own")
+
+			for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+				if n := strings.Count(line, " provider="); n != 1 {
+					t.Errorf("provider= %d times in %s", n, line)
+				}
+				if strings.Contains(line, "level=WARN") != strings.Contains(line, "exited on its own") {
+					t.Errorf("level and message disagree: %s", line)
+				}
+				if strings.Contains(line, "<nil>") {
+					t.Errorf("a nil error logged: %s", line)
+				}
+				if strings.Contains(line, "exited on its own") && !strings.Contains(line, `exit="signal: killed"`) {
+					t.Errorf("the crash does not say how the proxy ended: %s", line)
+				}
+			}
+		})
+	}
+}
+
+// A squid that cannot start says why: its FATAL line from cache.log, not
+// an empty reason.
+func TestSquidStartFailureSaysWhy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBackend(t, "squid", t.TempDir())
+	cleanup(t, b)
+	uid := uuid.NewString()
+	inst, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{Provider: "local", ProxyUid: uid, ProxyName: "p1", Port: 3128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := b.read(uid)
+	_ = syscall.Kill(-s.PID, syscall.SIGKILL)
+	waitDead(t, b, s)
+	// squid cannot open its access log once a directory stands there.
+	accessLog := filepath.Join(b.instDir(uid), "access.log")
+	if err := os.RemoveAll(accessLog); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(accessLog, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: inst.GetProviderId(), ProxyUid: uid})
+	if !errclass.Is(err, errclass.Transient) || !strings.Contains(err.Error(), "because it is a directory") || !strings.Contains(err.Error(), "exit status 1") {
+		t.Fatalf("get with a squid that cannot start = %v, want Transient with squid's FATAL line and exit status", err)
+	}
+}
+
+func waitLog(t *testing.T, out *logtest.Buffer, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), msg) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q logged within 10s:\n%s", msg, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -126,10 +126,15 @@ func (be *Backend) checkSteps(ctx context.Context, node string, details map[stri
 		byID[r.VMID] = r
 	}
 	found := 0
-	var missing []string
+	var missing, unreadable []string
 	for _, k := range sortedKeys(be.cfg.Templates) {
 		t := be.cfg.Templates[k]
-		if r, ok := byID[t.VMID]; ok && r.Template {
+		// A node that does not answer lists its VMs as status unknown
+		// without the template flag: that says nothing about the
+		// template, only that its node cannot be reached.
+		if r, ok := byID[t.VMID]; ok && r.Status == "unknown" {
+			unreadable = append(unreadable, fmt.Sprintf("%s (VM %d is on node %s, which does not answer)", k, t.VMID, r.Node))
+		} else if ok && r.Template {
 			found++
 		} else if ok {
 			missing = append(missing, fmt.Sprintf("%s (VM %d is not a template)", k, t.VMID))
@@ -139,7 +144,13 @@ func (be *Backend) checkSteps(ctx context.Context, node string, details map[stri
 	}
 	details["templates"] = fmt.Sprintf("%d/%d", found, len(be.cfg.Templates))
 	if len(missing) > 0 {
+		if len(unreadable) > 0 {
+			missing = append(missing, unreadable...)
+		}
 		return &checkFailure{ReasonTemplateNotFound, fmt.Errorf("templates not found: %s", strings.Join(missing, ", "))}
+	}
+	if len(unreadable) > 0 {
+		return &checkFailure{ReasonUnreachable, fmt.Errorf("templates unreachable: %s", strings.Join(unreadable, ", "))}
 	}
 	return nil
 }

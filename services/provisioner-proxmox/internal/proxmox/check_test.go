@@ -129,9 +129,10 @@ func TestCheckEveryNode(t *testing.T) {
 	nodes := []string{"pv1-1", "pv1-2", "pv1-3"}
 	e := newEnv(t, func(c *Config) { c.Nodes = nodes }, func(o *pvefake.Options) { o.Nodes = nodes })
 	e.fake.SetNodeDown("pv1-2", 595)
-	// Each node's status answer is held 300ms: concurrent checks take about
-	// that long in all, sequential ones three times as long.
-	e.fake.Inject(pvefake.Fault{Path: "/status", Delay: 300 * time.Millisecond})
+	// Each node's status answer is held 1s: concurrent checks take about
+	// that long in all, sequential ones at least three times as long (the
+	// margin between is wide for a loaded machine).
+	e.fake.Inject(pvefake.Fault{Path: "/status", Delay: time.Second})
 	start := time.Now()
 	got := e.be.Check(context.Background())
 	took := time.Since(start)
@@ -146,8 +147,37 @@ func TestCheckEveryNode(t *testing.T) {
 	if got[0].GetReason() != ReasonReachable || got[1].GetReason() != ReasonUnreachable || got[2].GetReason() != ReasonReachable {
 		t.Errorf("reasons = %s %s %s", got[0].GetReason(), got[1].GetReason(), got[2].GetReason())
 	}
-	if took > 850*time.Millisecond {
+	if took >= 2500*time.Millisecond {
 		t.Errorf("checking three nodes took %s; they are not checked concurrently", took)
+	}
+}
+
+// A template on a node that does not answer is listed as status unknown
+// without the template flag: the healthy node's check reports the
+// template's node unreachable, not the template missing.
+func TestCheckTemplateOnUnreachableNode(t *testing.T) {
+	t.Parallel()
+	nodes := []string{"pv1-1", "pv1-2"}
+	e := newEnv(t, func(c *Config) {
+		c.Nodes = nodes
+		c.Templates["debian-13-b"] = Template{VMID: 9002}
+	}, func(o *pvefake.Options) { o.Nodes = nodes })
+	e.fake.AddTemplate(9002, "pv1-2", pvefake.DebianTemplate(), false)
+	e.fake.SetNodeDown("pv1-2", 595)
+	got := e.be.Check(ctxT(t))
+	if len(got) != 2 {
+		t.Fatalf("%d targets", len(got))
+	}
+	for _, ts := range got {
+		if ts.GetReason() != ReasonUnreachable {
+			t.Errorf("%s: reason %s (%s), want %s", ts.GetName(), ts.GetReason(), ts.GetMessage(), ReasonUnreachable)
+		}
+	}
+	if want := "debian-13-b (VM 9002 is on node pv1-2, which does not answer)"; !strings.Contains(got[0].GetMessage(), want) {
+		t.Errorf("pv1-1 message %q lacks %q", got[0].GetMessage(), want)
+	}
+	if got[0].GetDetails()["templates"] != "1/2" {
+		t.Errorf("pv1-1 templates %q, want 1/2", got[0].GetDetails()["templates"])
 	}
 }
 

@@ -32,6 +32,10 @@ type Config struct {
 	RequestTimeoutSeconds int                    `yaml:"requestTimeoutSeconds"`
 	VendorData            string                 `yaml:"vendorData"`
 	InstallGuestAgent     *bool                  `yaml:"installGuestAgent"`
+	// CloneWhileNodesUnreachable lets Create clone while a VM in
+	// vmidRange sits on a node that does not answer (it may be this
+	// proxy's VM, unseen); off by default.
+	CloneWhileNodesUnreachable bool `yaml:"cloneWhileNodesUnreachable"`
 }
 
 // VMIDRange is where VMIDs are allocated.

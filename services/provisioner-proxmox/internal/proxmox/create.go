@@ -172,6 +172,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 
 	vmid, node := 0, ""
 	var cfg map[string]string
+	var created time.Time // the mark's time, of a VM this call cloned
 	if len(named) == 1 {
 		r := named[0]
 		if r.Status == "unknown" {
@@ -186,11 +187,39 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 		}
 	}
 	if vmid == 0 {
+		// A node that does not answer lists its VMs as status unknown,
+		// without their names: one of them may be this proxy's VM, and a
+		// clone now would make a second one.
+		var unseen []resource
+		for _, r := range res {
+			if r.Status == "unknown" && r.VMID >= be.cfg.VMIDRange.Min && r.VMID <= be.cfg.VMIDRange.Max {
+				unseen = append(unseen, r)
+			}
+		}
+		mayClone := func() error {
+			if len(unseen) == 0 || be.cfg.CloneWhileNodesUnreachable {
+				return nil
+			}
+			nodes := map[string]bool{}
+			for _, r := range unseen {
+				nodes[r.Node] = true
+			}
+			names := make([]string, 0, len(nodes))
+			for n := range nodes {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return errclass.New(errclass.Transient, "no VM of %s found, but %d VMs in vmidRange are on nodes that do not answer (%s) and may hide it; not cloning until they answer (proxmox.cloneWhileNodesUnreachable: true clones anyway)",
+				name, len(unseen), strings.Join(names, ", ")).WithMetadata("nodes", strings.Join(names, ","))
+		}
 		for probe := 0; probe < maxProbes && vmid == 0; probe++ {
 			cand := vmidFor(uid, be.cfg.VMIDRange, probe)
 			r, taken := byID[cand]
 			if !taken {
-				if err := be.cloneInto(ctx, p, cand, name, uid); err != nil {
+				if err := mayClone(); err != nil {
+					return nil, err
+				}
+				if created, err = be.cloneInto(ctx, p, cand, name, uid); err != nil {
 					return nil, err
 				}
 				vmid, node = cand, p.node
@@ -207,7 +236,10 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 			case vmOurs:
 				vmid, node, cfg = cand, r.Node, c
 			case vmGone:
-				if err := be.cloneInto(ctx, p, cand, name, uid); err != nil {
+				if err := mayClone(); err != nil {
+					return nil, err
+				}
+				if created, err = be.cloneInto(ctx, p, cand, name, uid); err != nil {
 					return nil, err
 				}
 				vmid, node = cand, p.node
@@ -228,7 +260,10 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	if cfg != nil {
 		log.DebugContext(ctx, "proxmox vm adopted", "status", st.Status, "qmpstatus", st.QMP)
 	}
-	inst := be.instance(vmid, name, node, uid, cfg)
+	if cfg != nil {
+		created = parseMark(cfg["description"]).createdAt
+	}
+	inst := be.instance(vmid, name, node, uid, created)
 	if st.Status == "running" {
 		log.DebugContext(ctx, "proxmox vm ensured running")
 		return inst, nil
@@ -290,14 +325,17 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 
 // cloneInto checks the template and full-clones it to vmid with the mark
 // in the description, waiting for the clone task.
-func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, uid string) error {
+func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, uid string) (time.Time, error) {
 	tnode, err := be.checkTemplate(ctx, p)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
+	// The mark holds whole seconds; Create answers the time as written, so
+	// that it equals what Get and List read back.
+	created := be.now().UTC().Truncate(time.Second)
 	form := url.Values{
 		"newid": {strconv.Itoa(vmid)}, "name": {name}, "full": {"1"},
-		"description": {markLines(uid, be.now())},
+		"description": {markLines(uid, created)},
 	}
 	if be.cfg.Storage != "" {
 		form.Set("storage", be.cfg.Storage)
@@ -308,7 +346,10 @@ func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, ui
 	err = be.task(ctx, call{name: "Clone", method: http.MethodPost, path: vmPath(tnode, p.template) + "/clone", form: form,
 		attrs: []any{"node", tnode, "vmid", p.template, "newid", vmid, "name", name},
 		trace: []any{"description", form.Get("description"), "storage", be.cfg.Storage, "target", form.Get("target")}}, tnode, be.b.Clone)
-	return notFoundAsTransient(err)
+	if err != nil {
+		return time.Time{}, notFoundAsTransient(err)
+	}
+	return created, nil
 }
 
 // checkTemplate refuses a template that is missing, not a template, has a
@@ -486,19 +527,16 @@ func (be *Backend) waitRunning(ctx context.Context, node string, vmid int) error
 	}
 }
 
-func (be *Backend) instance(vmid int, name, node, uid string, cfg map[string]string) *provisionerv1.Instance {
+func (be *Backend) instance(vmid int, name, node, uid string, created time.Time) *provisionerv1.Instance {
 	in := &provisionerv1.Instance{
 		ProviderId: providerID(vmid, name), ProxyUid: uid, Name: name,
 		State:   provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING,
 		Details: map[string]string{"node": node, "vmid": strconv.Itoa(vmid)},
 	}
-	if cfg != nil {
-		if m := parseMark(cfg["description"]); !m.createdAt.IsZero() {
-			in.CreateTime = timestamppb.New(m.createdAt)
-		}
-	}
-	if in.CreateTime == nil {
-		in.CreateTime = timestamppb.New(be.now())
+	// From the mark only, as the contract says: a mark without a time
+	// leaves it unset (orphan GC spares such an instance).
+	if !created.IsZero() {
+		in.CreateTime = timestamppb.New(created)
 	}
 	return in
 }

@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
+	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
 )
 
 func TestCreateFresh(t *testing.T) {
@@ -102,5 +104,64 @@ func TestCreateWithSlowTasks(t *testing.T) {
 	// 13 calls, plus three more polls for each of the three tasks.
 	if n := e.fake.TotalCalls(); n != 13+3*3 {
 		t.Errorf("%d calls, want 22: %v", n, e.fake.Calls())
+	}
+}
+
+// Our VM sits at the UID's second VMID on a node that stops answering
+// (its name unseen), the first VMID free again: Create must not clone a
+// second VM while the node is away, unless the configuration says so; once
+// the node answers, Create adopts the one VM.
+func TestCreateWhileANodeDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	const uid = "0da0da00-0000-4000-8000-000000000001"
+	nodes := []string{"pv1-1", "pv1-2"}
+	for _, tc := range []struct {
+		name        string
+		cloneAnyway bool
+	}{{"refuses to clone", false}, {"cloneWhileNodesUnreachable clones", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(c *Config) { c.Nodes, c.CloneWhileNodesUnreachable = nodes, tc.cloneAnyway },
+				func(o *pvefake.Options) { o.Nodes = nodes })
+			first := vmidFor(uid, VMIDRange{DefaultVMIDMin, DefaultVMIDMax}, 0)
+			e.fake.AddVM(pvefake.VM{VMID: first, Node: "pv1-1", Config: map[string]string{"name": "someone-else"}})
+			req := createReq(uid)
+			req.Placement.Zone = "pv1-2"
+			in, err := e.be.Create(ctxT(t), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ours, _, _ := parseProviderID(in.GetProviderId())
+			if ours == first {
+				t.Fatal("the VM took the UID's first VMID although it was taken")
+			}
+			e.fake.RemoveVM(first)
+			e.fake.SetNodeDown("pv1-2", 595)
+			req.Placement.Zone = "pv1-1"
+			_, err = e.be.Create(ctxT(t), req)
+			if tc.cloneAnyway {
+				if err != nil {
+					t.Fatalf("create with cloneWhileNodesUnreachable: %v", err)
+				}
+				if n := len(e.fake.VMs()); n != 2 {
+					t.Errorf("%d VMs, want the second clone the option allows", n)
+				}
+				return
+			}
+			if errclass.Of(err) != errclass.Transient || !strings.Contains(err.Error(), "nodes that do not answer (pv1-2)") {
+				t.Fatalf("create while pv1-2 does not answer = %v, want Transient naming pv1-2", err)
+			}
+			if vms := e.fake.VMs(); len(vms) != 1 {
+				t.Fatalf("%d VMs after the refused create, want 1: %v", len(vms), vms)
+			}
+			e.fake.SetNodeDown("pv1-2", 0)
+			again, err := e.be.Create(ctxT(t), req)
+			if err != nil || again.GetProviderId() != in.GetProviderId() {
+				t.Fatalf("create once pv1-2 answers = %v, %v; want the VM adopted at %s", again, err, in.GetProviderId())
+			}
+			if vms := e.fake.VMs(); len(vms) != 1 {
+				t.Errorf("%d VMs, want 1", len(vms))
+			}
+		})
 	}
 }

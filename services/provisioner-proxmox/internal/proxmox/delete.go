@@ -14,7 +14,9 @@ import (
 
 // Delete stops (a paused VM too) and destroys the VM with its disks, then
 // deletes its seed on the VM's node. A VM already gone, not ours or
-// unmarked is left alone, and the seed is looked for on every node.
+// unmarked is left alone, and the seed is looked for on every node. When
+// Delete returns nil nothing of the proxy is left: a seed that could not
+// be deleted fails the call, on a repeated Delete too.
 func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error) {
 	_, name, err := parseProviderID(req.GetProviderId())
 	if err != nil {
@@ -26,7 +28,9 @@ func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstance
 	}
 	if gone != nil {
 		be.log.DebugContext(ctx, "proxmox vm already gone", "providerID", req.GetProviderId(), "reason", gone.reason)
-		be.deleteSeedEverywhere(ctx, name)
+		if err := be.deleteSeedEverywhere(ctx, name); err != nil {
+			return false, err
+		}
 		be.log.DebugContext(ctx, "proxmox vm deleted", "providerID", req.GetProviderId(), "destroyed", false)
 		return false, nil
 	}
@@ -91,12 +95,21 @@ func seedAbsent(msg string) bool {
 	return strings.Contains(msg, "No such file or directory") || strings.Contains(msg, "does not exist")
 }
 
-// deleteSeedEverywhere looks for the seed on every configured node; a node
-// that fails is logged and skipped.
-func (be *Backend) deleteSeedEverywhere(ctx context.Context, name string) {
+// deleteSeedEverywhere looks for the seed on every configured node. A node
+// that fails is logged and the others are still tried; the first failure
+// (classified: a 403 for a missing Datastore.Allocate is Permanent, a node
+// that does not answer Transient) is returned, because the seed may be
+// there.
+func (be *Backend) deleteSeedEverywhere(ctx context.Context, name string) error {
+	var first error
 	for _, n := range be.cfg.Nodes {
 		if err := be.deleteSeed(ctx, n, name); err != nil {
-			be.log.DebugContext(ctx, "proxmox seed delete failed on a node, skipped", "node", n, "name", name, "error", err.Error())
+			err = be.deleteClass(err)
+			be.log.WarnContext(ctx, "WARNING: proxmox seed delete failed on a node; the proxy's seed may be left there", "node", n, "name", name, "class", errclass.Of(err).String(), "error", err.Error())
+			if first == nil {
+				first = err
+			}
 		}
 	}
+	return first
 }

@@ -88,16 +88,21 @@ func TestDeleteCases(t *testing.T) {
 		{name: "a renamed VM is left alone and the seed looked for on every node", nodes: []string{"pv1-1", "pv1-2"}, setup: func(e *env, vmid int) {
 			e.fake.SetVM(vmid, func(v *pvefake.VM) { v.Config["name"] = "reused" })
 			e.fake.PutFile("pv1-2", "proxy-seeds", "iso/proxy-"+uid+"-seed.iso", []byte("x"))
-			// pv1-1's seed delete fails: logged and skipped.
-			e.fake.Inject(pvefake.Fault{Method: "DELETE", Path: "/nodes/pv1-1/storage/", Status: 595, Message: "Errors during connection establishment, proxy handler: No route to host", Times: 1})
 		}, check: func(t *testing.T, e *env, vmid int) {
 			if _, ok := e.fake.VMs()[vmid]; !ok {
 				t.Error("the VM was destroyed")
 			}
-			if f := e.fake.Files("pv1-2", "proxy-seeds"); len(f) != 0 {
-				t.Errorf("seed left on pv1-2: %v", f)
+			for _, n := range []string{"pv1-1", "pv1-2"} {
+				if f := e.fake.Files(n, "proxy-seeds"); len(f) != 0 {
+					t.Errorf("seed left on %s: %v", n, f)
+				}
 			}
 		}},
+		{name: "a node that does not answer the seed delete of a gone VM is Transient", nodes: []string{"pv1-1", "pv1-2"}, setup: func(e *env, vmid int) {
+			e.fake.SetVM(vmid, func(v *pvefake.VM) { v.Config["name"] = "reused" })
+			e.fake.PutFile("pv1-2", "proxy-seeds", "iso/proxy-"+uid+"-seed.iso", []byte("x"))
+			e.fake.Inject(pvefake.Fault{Method: "DELETE", Path: "/nodes/pv1-1/storage/", Status: 595, Message: "Errors during connection establishment, proxy handler: No route to host", Times: 1})
+		}, wantClass: errclass.Transient, wantMsg: "No route to host"},
 		{name: "a destroy task that fails is Transient", setup: func(e *env, vmid int) {
 			e.fake.FailNextTask("qmdestroy", "VM is locked (backup)")
 		}, wantClass: errclass.Transient, wantMsg: "VM is locked (backup)"},
@@ -144,17 +149,33 @@ func TestDeleteCases(t *testing.T) {
 }
 
 // Without Datastore.Allocate on the seed storage the seed delete is a 403,
-// and Delete is Permanent with Proxmox's message.
+// and Delete is Permanent with Proxmox's message; a repeated Delete (the VM
+// gone by now) stays Permanent while the seed is there, and succeeds once
+// the privilege is granted and the seed is gone.
 func TestDeleteWithoutDatastoreAllocateIsPermanent(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	in, _ := e.created(t, "de1e7e00-0000-4000-8000-000000000003")
 	e.fake.AddToken(tokenUser, tokenSecret, map[string][]string{"/": pvefake.OperatorPrivileges})
-	_, err := e.be.Delete(ctxT(t), &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: in.GetProxyUid()})
-	if errclass.Of(err) != errclass.Permanent || !strings.Contains(err.Error(), "Permission check failed (/storage/proxy-seeds, Datastore.Allocate)") {
-		t.Fatalf("err = %v", err)
+	req := &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: in.GetProxyUid()}
+	for attempt := 1; attempt <= 2; attempt++ {
+		_, err := e.be.Delete(ctxT(t), req)
+		if errclass.Of(err) != errclass.Permanent || !strings.Contains(err.Error(), "Permission check failed (/storage/proxy-seeds, Datastore.Allocate)") {
+			t.Fatalf("attempt %d: err = %v", attempt, err)
+		}
+		if len(e.fake.VMs()) != 0 {
+			t.Error("the VM should be destroyed before the seed delete fails")
+		}
+		if f := e.fake.Files("pv1-1", "proxy-seeds"); len(f) != 1 {
+			t.Fatalf("attempt %d: seeds %v, want the one the 403 left", attempt, f)
+		}
 	}
-	if len(e.fake.VMs()) != 0 {
-		t.Error("the VM should be destroyed before the seed delete fails")
+	e.fake.AddToken(tokenUser, tokenSecret, e.fake.OperatorACL())
+	deleted, err := e.be.Delete(ctxT(t), req)
+	if err != nil || deleted {
+		t.Fatalf("Delete with the privilege granted = %v, %v; want false (the VM was gone), nil", deleted, err)
+	}
+	if f := e.fake.Files("pv1-1", "proxy-seeds"); len(f) != 0 {
+		t.Errorf("seed left: %v", f)
 	}
 }

@@ -177,7 +177,8 @@ func (be *Backend) agentIP(ctx context.Context, node string, vmid int) (string, 
 }
 
 // List returns every VM carrying the mark, for orphan GC. Candidates are
-// VMs tagged proxy_operator or named proxy-*; the mark decides.
+// VMs tagged proxy_operator or named proxy-*; the mark decides. A running
+// VM's address comes from its guest agent, one more call each.
 func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) {
 	res, err := be.resources(ctx)
 	if err != nil {
@@ -211,6 +212,18 @@ func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) 
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			cfg, err := be.config(ctx, r.Node, r.VMID)
+			var ip string
+			state := stateOf(r.Status)
+			if err == nil && state == provisionerv1.InstanceState_INSTANCE_STATE_RUNNING && parseMark(cfg["description"]).managed {
+				// RUNNING means running with an address: ask the guest
+				// agent, as Get does. Without an answer the VM is listed
+				// as still provisioning rather than left out.
+				var aerr error
+				if ip, state, aerr = be.agentIP(ctx, r.Node, r.VMID); aerr != nil {
+					be.log.DebugContext(ctx, "proxmox guest agent gave no address for a listed vm", "vmid", r.VMID, "node", r.Node, "error", aerr.Error())
+					ip, state = "", provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING
+				}
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -224,7 +237,7 @@ func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) 
 			}
 			in := &provisionerv1.Instance{
 				ProviderId: providerID(r.VMID, cfg["name"]), ProxyUid: m.uid, Name: cfg["name"],
-				State:   stateOf(r.Status),
+				State: state, Ip: ip,
 				Details: map[string]string{"node": r.Node, "vmid": strconv.Itoa(r.VMID), "status": r.Status},
 			}
 			if !m.createdAt.IsZero() {

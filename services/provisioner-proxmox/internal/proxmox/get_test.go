@@ -163,9 +163,12 @@ func TestList(t *testing.T) {
 	if len(got) != 3 {
 		t.Fatalf("listed %d, want 3: %v", len(got), got)
 	}
+	// RUNNING carries the address, and the create time is the one Create
+	// answered (both from the mark).
 	one := byID[in1.GetProviderId()]
-	if one == nil || one.GetProxyUid() != "aaaaaaaa-0000-4000-8000-000000000001" || one.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_RUNNING || one.GetCreateTime() == nil {
-		t.Errorf("first = %v", one)
+	if one == nil || one.GetProxyUid() != "aaaaaaaa-0000-4000-8000-000000000001" || one.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_RUNNING ||
+		one.GetIp() == "" || !one.GetCreateTime().AsTime().Equal(in1.GetCreateTime().AsTime()) {
+		t.Errorf("first = %v, created by %v", one, in1)
 	}
 	two := byID[providerID(vmid2, "proxy-aaaaaaaa-0000-4000-8000-000000000002")]
 	if two == nil || two.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_STOPPED {
@@ -174,6 +177,17 @@ func TestList(t *testing.T) {
 	half := byID["vms/150001/proxy-half"]
 	if half == nil || half.GetProxyUid() != "half-uid" || half.GetCreateTime().AsTime().Unix() != 1700000000 {
 		t.Errorf("half-made = %v", half)
+	}
+	// A running VM whose agent gives no address yet is still provisioning.
+	e.fake.SetAgent(vmid1, pvefake.AgentNotRunning)
+	got, err = e.be.List(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range got {
+		if in.GetProviderId() == in1.GetProviderId() && (in.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING || in.GetIp() != "") {
+			t.Errorf("without an agent answer = %v, want PROVISIONING without an address", in)
+		}
 	}
 	_ = vmid1
 }

@@ -374,6 +374,13 @@ func (s *Server) SetVM(vmid int, fn func(v *VM)) {
 	}
 }
 
+// RemoveVM removes a VM at once, as `qm destroy` run by someone else.
+func (s *Server) RemoveVM(vmid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.vms, vmid)
+}
+
 // File returns a file on a node's storage ("iso/<name>"), or nil.
 func (s *Server) File(nodeName, storageID, volume string) []byte {
 	s.mu.Lock()

@@ -87,6 +87,61 @@ func (Operation) EnumDescriptor() ([]byte, []int) {
 	return file_egress_bus_v1_bus_proto_rawDescGZIP(), []int{0}
 }
 
+// CommandPurpose says which part of the orchestrator issued a command, so
+// that its result goes back to the part that waits for it.
+type CommandPurpose int32
+
+const (
+	// Not set: treated as COMMAND_PURPOSE_RECONCILE.
+	CommandPurpose_COMMAND_PURPOSE_UNSPECIFIED CommandPurpose = 0
+	// The reconcile of the proxy named by proxy_uid.
+	CommandPurpose_COMMAND_PURPOSE_RECONCILE CommandPurpose = 1
+	// Orphan GC: a LIST, or the DELETE of an instance that belongs to no
+	// proxy. Its result answers no proxy.
+	CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC CommandPurpose = 2
+)
+
+// Enum value maps for CommandPurpose.
+var (
+	CommandPurpose_name = map[int32]string{
+		0: "COMMAND_PURPOSE_UNSPECIFIED",
+		1: "COMMAND_PURPOSE_RECONCILE",
+		2: "COMMAND_PURPOSE_ORPHAN_GC",
+	}
+	CommandPurpose_value = map[string]int32{
+		"COMMAND_PURPOSE_UNSPECIFIED": 0,
+		"COMMAND_PURPOSE_RECONCILE":   1,
+		"COMMAND_PURPOSE_ORPHAN_GC":   2,
+	}
+)
+
+func (x CommandPurpose) Enum() *CommandPurpose {
+	p := new(CommandPurpose)
+	*p = x
+	return p
+}
+
+func (x CommandPurpose) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CommandPurpose) Descriptor() protoreflect.EnumDescriptor {
+	return file_egress_bus_v1_bus_proto_enumTypes[1].Descriptor()
+}
+
+func (CommandPurpose) Type() protoreflect.EnumType {
+	return &file_egress_bus_v1_bus_proto_enumTypes[1]
+}
+
+func (x CommandPurpose) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CommandPurpose.Descriptor instead.
+func (CommandPurpose) EnumDescriptor() ([]byte, []int) {
+	return file_egress_bus_v1_bus_proto_rawDescGZIP(), []int{1}
+}
+
 // Command is the envelope of one provisioner request, published by the
 // orchestrator on its provider's command subject and taken by one replica of
 // that provider's provisioner from a shared durable consumer. Delivery is at
@@ -101,7 +156,7 @@ type Command struct {
 	// Configured provider name; also the last token of the subject.
 	Provider string `protobuf:"bytes,3,opt,name=provider,proto3" json:"provider,omitempty"`
 	// Spec hash the command was issued for; results for an older hash are
-	// ignored.
+	// ignored. Empty for orphan GC's commands.
 	SpecHash string `protobuf:"bytes,4,opt,name=spec_hash,json=specHash,proto3" json:"spec_hash,omitempty"`
 	// What to do; matches the request set below.
 	Operation Operation `protobuf:"varint,5,opt,name=operation,proto3,enum=egress.bus.v1.Operation" json:"operation,omitempty"`
@@ -112,6 +167,8 @@ type Command struct {
 	IssueTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=issue_time,json=issueTime,proto3" json:"issue_time,omitempty"`
 	// Dispatch attempt for this proxy's current operation, from 1.
 	Attempt uint32 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Who issued the command; the provisioner copies it into the result.
+	Purpose CommandPurpose `protobuf:"varint,9,opt,name=purpose,proto3,enum=egress.bus.v1.CommandPurpose" json:"purpose,omitempty"`
 	// The request, one per operation.
 	//
 	// Types that are valid to be assigned to Request:
@@ -209,6 +266,13 @@ func (x *Command) GetAttempt() uint32 {
 		return x.Attempt
 	}
 	return 0
+}
+
+func (x *Command) GetPurpose() CommandPurpose {
+	if x != nil {
+		return x.Purpose
+	}
+	return CommandPurpose_COMMAND_PURPOSE_UNSPECIFIED
 }
 
 func (x *Command) GetRequest() isCommand_Request {
@@ -369,6 +433,8 @@ type CommandResult struct {
 	CompleteTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=complete_time,json=completeTime,proto3" json:"complete_time,omitempty"`
 	// How long execution took.
 	Duration *durationpb.Duration `protobuf:"bytes,8,opt,name=duration,proto3" json:"duration,omitempty"`
+	// Purpose of the command, copied from it.
+	Purpose CommandPurpose `protobuf:"varint,9,opt,name=purpose,proto3,enum=egress.bus.v1.CommandPurpose" json:"purpose,omitempty"`
 	// The response, or the error.
 	//
 	// Types that are valid to be assigned to Outcome:
@@ -467,6 +533,13 @@ func (x *CommandResult) GetDuration() *durationpb.Duration {
 		return x.Duration
 	}
 	return nil
+}
+
+func (x *CommandResult) GetPurpose() CommandPurpose {
+	if x != nil {
+		return x.Purpose
+	}
+	return CommandPurpose_COMMAND_PURPOSE_UNSPECIFIED
 }
 
 func (x *CommandResult) GetOutcome() isCommandResult_Outcome {
@@ -687,7 +760,7 @@ var File_egress_bus_v1_bus_proto protoreflect.FileDescriptor
 
 const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
-	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x04\n" +
+	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
 	"\aCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -698,7 +771,8 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x129\n" +
 	"\n" +
 	"issue_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tissueTime\x12\x18\n" +
-	"\aattempt\x18\b \x01(\rR\aattempt\x12F\n" +
+	"\aattempt\x18\b \x01(\rR\aattempt\x127\n" +
+	"\apurpose\x18\t \x01(\x0e2\x1d.egress.bus.v1.CommandPurposeR\apurpose\x12F\n" +
 	"\x06create\x18\n" +
 	" \x01(\v2,.egress.provisioner.v1.CreateInstanceRequestH\x00R\x06create\x12=\n" +
 	"\x03get\x18\v \x01(\v2).egress.provisioner.v1.GetInstanceRequestH\x00R\x03get\x12F\n" +
@@ -711,7 +785,7 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x03(\v2).egress.bus.v1.CommandError.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x05\n" +
 	"\rCommandResult\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -722,7 +796,8 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
 	"handled_by\x18\x06 \x01(\tR\thandledBy\x12?\n" +
 	"\rcomplete_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fcompleteTime\x125\n" +
-	"\bduration\x18\b \x01(\v2\x19.google.protobuf.DurationR\bduration\x12G\n" +
+	"\bduration\x18\b \x01(\v2\x19.google.protobuf.DurationR\bduration\x127\n" +
+	"\apurpose\x18\t \x01(\x0e2\x1d.egress.bus.v1.CommandPurposeR\apurpose\x12G\n" +
 	"\x06create\x18\n" +
 	" \x01(\v2-.egress.provisioner.v1.CreateInstanceResponseH\x00R\x06create\x12>\n" +
 	"\x03get\x18\v \x01(\v2*.egress.provisioner.v1.GetInstanceResponseH\x00R\x03get\x12G\n" +
@@ -746,7 +821,11 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\x10OPERATION_CREATE\x10\x01\x12\x11\n" +
 	"\rOPERATION_GET\x10\x02\x12\x14\n" +
 	"\x10OPERATION_DELETE\x10\x03\x12\x12\n" +
-	"\x0eOPERATION_LIST\x10\x04BFZDgithub.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1;busv1b\x06proto3"
+	"\x0eOPERATION_LIST\x10\x04*o\n" +
+	"\x0eCommandPurpose\x12\x1f\n" +
+	"\x1bCOMMAND_PURPOSE_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19COMMAND_PURPOSE_RECONCILE\x10\x01\x12\x1d\n" +
+	"\x19COMMAND_PURPOSE_ORPHAN_GC\x10\x02BFZDgithub.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1;busv1b\x06proto3"
 
 var (
 	file_egress_bus_v1_bus_proto_rawDescOnce sync.Once
@@ -760,58 +839,61 @@ func file_egress_bus_v1_bus_proto_rawDescGZIP() []byte {
 	return file_egress_bus_v1_bus_proto_rawDescData
 }
 
-var file_egress_bus_v1_bus_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_egress_bus_v1_bus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_egress_bus_v1_bus_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_egress_bus_v1_bus_proto_goTypes = []any{
 	(Operation)(0),                    // 0: egress.bus.v1.Operation
-	(*Command)(nil),                   // 1: egress.bus.v1.Command
-	(*CommandError)(nil),              // 2: egress.bus.v1.CommandError
-	(*CommandResult)(nil),             // 3: egress.bus.v1.CommandResult
-	(*ProxyEvent)(nil),                // 4: egress.bus.v1.ProxyEvent
-	(*HealthTransitionEvent)(nil),     // 5: egress.bus.v1.HealthTransitionEvent
-	nil,                               // 6: egress.bus.v1.CommandError.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 7: google.protobuf.Timestamp
-	(*v1.CreateInstanceRequest)(nil),  // 8: egress.provisioner.v1.CreateInstanceRequest
-	(*v1.GetInstanceRequest)(nil),     // 9: egress.provisioner.v1.GetInstanceRequest
-	(*v1.DeleteInstanceRequest)(nil),  // 10: egress.provisioner.v1.DeleteInstanceRequest
-	(*v1.ListInstancesRequest)(nil),   // 11: egress.provisioner.v1.ListInstancesRequest
-	(v1.ErrorReason)(0),               // 12: egress.provisioner.v1.ErrorReason
-	(*durationpb.Duration)(nil),       // 13: google.protobuf.Duration
-	(*v1.CreateInstanceResponse)(nil), // 14: egress.provisioner.v1.CreateInstanceResponse
-	(*v1.GetInstanceResponse)(nil),    // 15: egress.provisioner.v1.GetInstanceResponse
-	(*v1.DeleteInstanceResponse)(nil), // 16: egress.provisioner.v1.DeleteInstanceResponse
-	(*v1.ListInstancesResponse)(nil),  // 17: egress.provisioner.v1.ListInstancesResponse
-	(v11.ChangeType)(0),               // 18: egress.proxy.v1.ChangeType
-	(*v11.Proxy)(nil),                 // 19: egress.proxy.v1.Proxy
-	(*v12.HealthTransition)(nil),      // 20: egress.health.v1.HealthTransition
+	(CommandPurpose)(0),               // 1: egress.bus.v1.CommandPurpose
+	(*Command)(nil),                   // 2: egress.bus.v1.Command
+	(*CommandError)(nil),              // 3: egress.bus.v1.CommandError
+	(*CommandResult)(nil),             // 4: egress.bus.v1.CommandResult
+	(*ProxyEvent)(nil),                // 5: egress.bus.v1.ProxyEvent
+	(*HealthTransitionEvent)(nil),     // 6: egress.bus.v1.HealthTransitionEvent
+	nil,                               // 7: egress.bus.v1.CommandError.MetadataEntry
+	(*timestamppb.Timestamp)(nil),     // 8: google.protobuf.Timestamp
+	(*v1.CreateInstanceRequest)(nil),  // 9: egress.provisioner.v1.CreateInstanceRequest
+	(*v1.GetInstanceRequest)(nil),     // 10: egress.provisioner.v1.GetInstanceRequest
+	(*v1.DeleteInstanceRequest)(nil),  // 11: egress.provisioner.v1.DeleteInstanceRequest
+	(*v1.ListInstancesRequest)(nil),   // 12: egress.provisioner.v1.ListInstancesRequest
+	(v1.ErrorReason)(0),               // 13: egress.provisioner.v1.ErrorReason
+	(*durationpb.Duration)(nil),       // 14: google.protobuf.Duration
+	(*v1.CreateInstanceResponse)(nil), // 15: egress.provisioner.v1.CreateInstanceResponse
+	(*v1.GetInstanceResponse)(nil),    // 16: egress.provisioner.v1.GetInstanceResponse
+	(*v1.DeleteInstanceResponse)(nil), // 17: egress.provisioner.v1.DeleteInstanceResponse
+	(*v1.ListInstancesResponse)(nil),  // 18: egress.provisioner.v1.ListInstancesResponse
+	(v11.ChangeType)(0),               // 19: egress.proxy.v1.ChangeType
+	(*v11.Proxy)(nil),                 // 20: egress.proxy.v1.Proxy
+	(*v12.HealthTransition)(nil),      // 21: egress.health.v1.HealthTransition
 }
 var file_egress_bus_v1_bus_proto_depIdxs = []int32{
 	0,  // 0: egress.bus.v1.Command.operation:type_name -> egress.bus.v1.Operation
-	7,  // 1: egress.bus.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	7,  // 2: egress.bus.v1.Command.issue_time:type_name -> google.protobuf.Timestamp
-	8,  // 3: egress.bus.v1.Command.create:type_name -> egress.provisioner.v1.CreateInstanceRequest
-	9,  // 4: egress.bus.v1.Command.get:type_name -> egress.provisioner.v1.GetInstanceRequest
-	10, // 5: egress.bus.v1.Command.delete:type_name -> egress.provisioner.v1.DeleteInstanceRequest
-	11, // 6: egress.bus.v1.Command.list:type_name -> egress.provisioner.v1.ListInstancesRequest
-	12, // 7: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
-	6,  // 8: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
-	0,  // 9: egress.bus.v1.CommandResult.operation:type_name -> egress.bus.v1.Operation
-	7,  // 10: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
-	13, // 11: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
-	14, // 12: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
-	15, // 13: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
-	16, // 14: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
-	17, // 15: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
-	2,  // 16: egress.bus.v1.CommandResult.error:type_name -> egress.bus.v1.CommandError
-	18, // 17: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
-	19, // 18: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
-	7,  // 19: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
-	20, // 20: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	8,  // 1: egress.bus.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	8,  // 2: egress.bus.v1.Command.issue_time:type_name -> google.protobuf.Timestamp
+	1,  // 3: egress.bus.v1.Command.purpose:type_name -> egress.bus.v1.CommandPurpose
+	9,  // 4: egress.bus.v1.Command.create:type_name -> egress.provisioner.v1.CreateInstanceRequest
+	10, // 5: egress.bus.v1.Command.get:type_name -> egress.provisioner.v1.GetInstanceRequest
+	11, // 6: egress.bus.v1.Command.delete:type_name -> egress.provisioner.v1.DeleteInstanceRequest
+	12, // 7: egress.bus.v1.Command.list:type_name -> egress.provisioner.v1.ListInstancesRequest
+	13, // 8: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
+	7,  // 9: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
+	0,  // 10: egress.bus.v1.CommandResult.operation:type_name -> egress.bus.v1.Operation
+	8,  // 11: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
+	14, // 12: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
+	1,  // 13: egress.bus.v1.CommandResult.purpose:type_name -> egress.bus.v1.CommandPurpose
+	15, // 14: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
+	16, // 15: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
+	17, // 16: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
+	18, // 17: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
+	3,  // 18: egress.bus.v1.CommandResult.error:type_name -> egress.bus.v1.CommandError
+	19, // 19: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
+	20, // 20: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
+	8,  // 21: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
+	21, // 22: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_egress_bus_v1_bus_proto_init() }
@@ -837,7 +919,7 @@ func file_egress_bus_v1_bus_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_bus_v1_bus_proto_rawDesc), len(file_egress_bus_v1_bus_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,

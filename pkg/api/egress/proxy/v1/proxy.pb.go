@@ -318,7 +318,7 @@ type ProxySpec struct {
 	// Cloud-init user-data handed to the instance byte for byte (any format
 	// cloud-init accepts: cloud-config, scripts, MIME, gzip). MANAGED only; at
 	// most 64 KiB. Treated as secret: never logged, traced or published on
-	// events.
+	// events, and returned only in the FULL view, to admins.
 	CloudInit string `protobuf:"bytes,4,opt,name=cloud_init,json=cloudInit,proto3" json:"cloud_init,omitempty"`
 	// TCP port the proxy listens on inside a MANAGED instance. 1-65535;
 	// 0 means the default, 3128.

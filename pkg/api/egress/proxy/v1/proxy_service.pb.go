@@ -24,6 +24,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ProxyView says how much of a proxy a read returns.
+type ProxyView int32
+
+const (
+	// The default: BASIC.
+	ProxyView_PROXY_VIEW_UNSPECIFIED ProxyView = 0
+	// Everything but the secrets: spec.cloud_init is left out.
+	ProxyView_PROXY_VIEW_BASIC ProxyView = 1
+	// Everything, spec.cloud_init included. Only callers with the admin role
+	// may ask for it (PERMISSION_DENIED otherwise).
+	ProxyView_PROXY_VIEW_FULL ProxyView = 2
+)
+
+// Enum value maps for ProxyView.
+var (
+	ProxyView_name = map[int32]string{
+		0: "PROXY_VIEW_UNSPECIFIED",
+		1: "PROXY_VIEW_BASIC",
+		2: "PROXY_VIEW_FULL",
+	}
+	ProxyView_value = map[string]int32{
+		"PROXY_VIEW_UNSPECIFIED": 0,
+		"PROXY_VIEW_BASIC":       1,
+		"PROXY_VIEW_FULL":        2,
+	}
+)
+
+func (x ProxyView) Enum() *ProxyView {
+	p := new(ProxyView)
+	*p = x
+	return p
+}
+
+func (x ProxyView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProxyView) Descriptor() protoreflect.EnumDescriptor {
+	return file_egress_proxy_v1_proxy_service_proto_enumTypes[0].Descriptor()
+}
+
+func (ProxyView) Type() protoreflect.EnumType {
+	return &file_egress_proxy_v1_proxy_service_proto_enumTypes[0]
+}
+
+func (x ProxyView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProxyView.Descriptor instead.
+func (ProxyView) EnumDescriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{0}
+}
+
 // ChangeType says what happened to a proxy.
 type ChangeType int32
 
@@ -65,11 +119,11 @@ func (x ChangeType) String() string {
 }
 
 func (ChangeType) Descriptor() protoreflect.EnumDescriptor {
-	return file_egress_proxy_v1_proxy_service_proto_enumTypes[0].Descriptor()
+	return file_egress_proxy_v1_proxy_service_proto_enumTypes[1].Descriptor()
 }
 
 func (ChangeType) Type() protoreflect.EnumType {
-	return &file_egress_proxy_v1_proxy_service_proto_enumTypes[0]
+	return &file_egress_proxy_v1_proxy_service_proto_enumTypes[1]
 }
 
 func (x ChangeType) Number() protoreflect.EnumNumber {
@@ -78,7 +132,7 @@ func (x ChangeType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeType.Descriptor instead.
 func (ChangeType) EnumDescriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{0}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{1}
 }
 
 // Request of CreateProxy.
@@ -213,7 +267,9 @@ func (x *CreateProxyResponse) GetCreated() bool {
 type GetProxyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the proxy.
-	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// How much of the proxy to return; BASIC when unset.
+	View          ProxyView `protobuf:"varint,2,opt,name=view,proto3,enum=egress.proxy.v1.ProxyView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -253,6 +309,13 @@ func (x *GetProxyRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *GetProxyRequest) GetView() ProxyView {
+	if x != nil {
+		return x.View
+	}
+	return ProxyView_PROXY_VIEW_UNSPECIFIED
 }
 
 // Response of GetProxy.
@@ -314,7 +377,9 @@ type ListProxiesRequest struct {
 	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the previous page; empty for the first page. The
 	// other request fields must stay the same across pages.
-	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// How much of each proxy to return; BASIC when unset.
+	View          ProxyView `protobuf:"varint,6,opt,name=view,proto3,enum=egress.proxy.v1.ProxyView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -382,6 +447,13 @@ func (x *ListProxiesRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListProxiesRequest) GetView() ProxyView {
+	if x != nil {
+		return x.View
+	}
+	return ProxyView_PROXY_VIEW_UNSPECIFIED
 }
 
 // Response of ListProxies.
@@ -696,7 +768,12 @@ type WatchProxiesRequest struct {
 	// that happen after the call.
 	SinceRevision int64 `protobuf:"varint,1,opt,name=since_revision,json=sinceRevision,proto3" json:"since_revision,omitempty"`
 	// Only changes of proxies on this provider.
-	Provider      string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	// How much of each proxy to return; BASIC when unset. With FULL a
+	// change carries spec.cloud_init when its snapshot is of the proxy's
+	// current generation (an older change is superseded by a later one, which
+	// carries it); a deletion never does.
+	View          ProxyView `protobuf:"varint,3,opt,name=view,proto3,enum=egress.proxy.v1.ProxyView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -745,6 +822,13 @@ func (x *WatchProxiesRequest) GetProvider() string {
 	return ""
 }
 
+func (x *WatchProxiesRequest) GetView() ProxyView {
+	if x != nil {
+		return x.View
+	}
+	return ProxyView_PROXY_VIEW_UNSPECIFIED
+}
+
 // One message of WatchProxies: a change of one proxy.
 type WatchProxiesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -752,8 +836,8 @@ type WatchProxiesResponse struct {
 	Revision int64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	// What happened.
 	Type ChangeType `protobuf:"varint,2,opt,name=type,proto3,enum=egress.proxy.v1.ChangeType" json:"type,omitempty"`
-	// Full snapshot of the proxy after the change (its last state for
-	// DELETED). cloud_init is left out.
+	// Snapshot of the proxy after the change (its last state for DELETED),
+	// in the requested view.
 	Proxy *Proxy `protobuf:"bytes,3,opt,name=proxy,proto3" json:"proxy,omitempty"`
 	// When the change was stored.
 	ChangeTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=change_time,json=changeTime,proto3" json:"change_time,omitempty"`
@@ -972,18 +1056,20 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"]\n" +
 	"\x13CreateProxyResponse\x12,\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"%\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"U\n" +
 	"\x0fGetProxyRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"@\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewR\x04view\"@\n" +
 	"\x10GetProxyResponse\x12,\n" +
-	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\xa3\x02\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\xd3\x02\n" +
 	"\x12ListProxiesRequest\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x121\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x1b.egress.proxy.v1.ProxyPhaseR\x05phase\x12G\n" +
 	"\x06labels\x18\x03 \x03(\v2/.egress.proxy.v1.ListProxiesRequest.LabelsEntryR\x06labels\x12\x1b\n" +
 	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\x1a9\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x12.\n" +
+	"\x04view\x18\x06 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewR\x04view\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
@@ -1009,10 +1095,11 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fskip_cleanup\x18\x02 \x01(\bR\vskipCleanup\"C\n" +
 	"\x13DeleteProxyResponse\x12,\n" +
-	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"X\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\x88\x01\n" +
 	"\x13WatchProxiesRequest\x12%\n" +
 	"\x0esince_revision\x18\x01 \x01(\x03R\rsinceRevision\x12\x1a\n" +
-	"\bprovider\x18\x02 \x01(\tR\bprovider\"\xce\x01\n" +
+	"\bprovider\x18\x02 \x01(\tR\bprovider\x12.\n" +
+	"\x04view\x18\x03 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewR\x04view\"\xce\x01\n" +
 	"\x14WatchProxiesResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12/\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1b.egress.proxy.v1.ChangeTypeR\x04type\x12,\n" +
@@ -1024,7 +1111,11 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\"P\n" +
 	"\x15ListProvidersResponse\x127\n" +
-	"\tproviders\x18\x01 \x03(\v2\x19.egress.proxy.v1.ProviderR\tproviders*t\n" +
+	"\tproviders\x18\x01 \x03(\v2\x19.egress.proxy.v1.ProviderR\tproviders*R\n" +
+	"\tProxyView\x12\x1a\n" +
+	"\x16PROXY_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10PROXY_VIEW_BASIC\x10\x01\x12\x13\n" +
+	"\x0fPROXY_VIEW_FULL\x10\x02*t\n" +
 	"\n" +
 	"ChangeType\x12\x1b\n" +
 	"\x17CHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -1058,68 +1149,72 @@ func file_egress_proxy_v1_proxy_service_proto_rawDescGZIP() []byte {
 	return file_egress_proxy_v1_proxy_service_proto_rawDescData
 }
 
-var file_egress_proxy_v1_proxy_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_egress_proxy_v1_proxy_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_egress_proxy_v1_proxy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_egress_proxy_v1_proxy_service_proto_goTypes = []any{
-	(ChangeType)(0),               // 0: egress.proxy.v1.ChangeType
-	(*CreateProxyRequest)(nil),    // 1: egress.proxy.v1.CreateProxyRequest
-	(*CreateProxyResponse)(nil),   // 2: egress.proxy.v1.CreateProxyResponse
-	(*GetProxyRequest)(nil),       // 3: egress.proxy.v1.GetProxyRequest
-	(*GetProxyResponse)(nil),      // 4: egress.proxy.v1.GetProxyResponse
-	(*ListProxiesRequest)(nil),    // 5: egress.proxy.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),   // 6: egress.proxy.v1.ListProxiesResponse
-	(*UpdateProxyRequest)(nil),    // 7: egress.proxy.v1.UpdateProxyRequest
-	(*UpdateProxyResponse)(nil),   // 8: egress.proxy.v1.UpdateProxyResponse
-	(*DeleteProxyRequest)(nil),    // 9: egress.proxy.v1.DeleteProxyRequest
-	(*DeleteProxyResponse)(nil),   // 10: egress.proxy.v1.DeleteProxyResponse
-	(*WatchProxiesRequest)(nil),   // 11: egress.proxy.v1.WatchProxiesRequest
-	(*WatchProxiesResponse)(nil),  // 12: egress.proxy.v1.WatchProxiesResponse
-	(*ListProvidersRequest)(nil),  // 13: egress.proxy.v1.ListProvidersRequest
-	(*Provider)(nil),              // 14: egress.proxy.v1.Provider
-	(*ListProvidersResponse)(nil), // 15: egress.proxy.v1.ListProvidersResponse
-	nil,                           // 16: egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	nil,                           // 17: egress.proxy.v1.ListProxiesRequest.LabelsEntry
-	nil,                           // 18: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	(*ProxySpec)(nil),             // 19: egress.proxy.v1.ProxySpec
-	(*Proxy)(nil),                 // 20: egress.proxy.v1.Proxy
-	(ProxyPhase)(0),               // 21: egress.proxy.v1.ProxyPhase
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(ProxyView)(0),                // 0: egress.proxy.v1.ProxyView
+	(ChangeType)(0),               // 1: egress.proxy.v1.ChangeType
+	(*CreateProxyRequest)(nil),    // 2: egress.proxy.v1.CreateProxyRequest
+	(*CreateProxyResponse)(nil),   // 3: egress.proxy.v1.CreateProxyResponse
+	(*GetProxyRequest)(nil),       // 4: egress.proxy.v1.GetProxyRequest
+	(*GetProxyResponse)(nil),      // 5: egress.proxy.v1.GetProxyResponse
+	(*ListProxiesRequest)(nil),    // 6: egress.proxy.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),   // 7: egress.proxy.v1.ListProxiesResponse
+	(*UpdateProxyRequest)(nil),    // 8: egress.proxy.v1.UpdateProxyRequest
+	(*UpdateProxyResponse)(nil),   // 9: egress.proxy.v1.UpdateProxyResponse
+	(*DeleteProxyRequest)(nil),    // 10: egress.proxy.v1.DeleteProxyRequest
+	(*DeleteProxyResponse)(nil),   // 11: egress.proxy.v1.DeleteProxyResponse
+	(*WatchProxiesRequest)(nil),   // 12: egress.proxy.v1.WatchProxiesRequest
+	(*WatchProxiesResponse)(nil),  // 13: egress.proxy.v1.WatchProxiesResponse
+	(*ListProvidersRequest)(nil),  // 14: egress.proxy.v1.ListProvidersRequest
+	(*Provider)(nil),              // 15: egress.proxy.v1.Provider
+	(*ListProvidersResponse)(nil), // 16: egress.proxy.v1.ListProvidersResponse
+	nil,                           // 17: egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	nil,                           // 18: egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	nil,                           // 19: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	(*ProxySpec)(nil),             // 20: egress.proxy.v1.ProxySpec
+	(*Proxy)(nil),                 // 21: egress.proxy.v1.Proxy
+	(ProxyPhase)(0),               // 22: egress.proxy.v1.ProxyPhase
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_egress_proxy_v1_proxy_service_proto_depIdxs = []int32{
-	16, // 0: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	19, // 1: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	20, // 2: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	20, // 3: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	21, // 4: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
-	17, // 5: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
-	20, // 6: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
-	18, // 7: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	19, // 8: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	20, // 9: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	20, // 10: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	0,  // 11: egress.proxy.v1.WatchProxiesResponse.type:type_name -> egress.proxy.v1.ChangeType
-	20, // 12: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	22, // 13: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
-	14, // 14: egress.proxy.v1.ListProvidersResponse.providers:type_name -> egress.proxy.v1.Provider
-	1,  // 15: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
-	3,  // 16: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
-	5,  // 17: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
-	7,  // 18: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
-	9,  // 19: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
-	11, // 20: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
-	13, // 21: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
-	2,  // 22: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
-	4,  // 23: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
-	6,  // 24: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
-	8,  // 25: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
-	10, // 26: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
-	12, // 27: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
-	15, // 28: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
-	22, // [22:29] is the sub-list for method output_type
-	15, // [15:22] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	17, // 0: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	20, // 1: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	21, // 2: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	0,  // 3: egress.proxy.v1.GetProxyRequest.view:type_name -> egress.proxy.v1.ProxyView
+	21, // 4: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	22, // 5: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
+	18, // 6: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	0,  // 7: egress.proxy.v1.ListProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
+	21, // 8: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
+	19, // 9: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	20, // 10: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	21, // 11: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	21, // 12: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	0,  // 13: egress.proxy.v1.WatchProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
+	1,  // 14: egress.proxy.v1.WatchProxiesResponse.type:type_name -> egress.proxy.v1.ChangeType
+	21, // 15: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	23, // 16: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
+	15, // 17: egress.proxy.v1.ListProvidersResponse.providers:type_name -> egress.proxy.v1.Provider
+	2,  // 18: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
+	4,  // 19: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
+	6,  // 20: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
+	8,  // 21: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
+	10, // 22: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
+	12, // 23: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
+	14, // 24: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
+	3,  // 25: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
+	5,  // 26: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
+	7,  // 27: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
+	9,  // 28: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
+	11, // 29: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
+	13, // 30: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
+	16, // 31: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
+	25, // [25:32] is the sub-list for method output_type
+	18, // [18:25] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_egress_proxy_v1_proxy_service_proto_init() }
@@ -1133,7 +1228,7 @@ func file_egress_proxy_v1_proxy_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_proxy_v1_proxy_service_proto_rawDesc), len(file_egress_proxy_v1_proxy_service_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -1,0 +1,186 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+)
+
+// emptyDB is a database of the test's own; advisory locks are per
+// database, so tests cannot take each other's locks.
+func emptyDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "empty", Fingerprint: "0",
+		Migrate: func(context.Context, string) error { return nil }})
+	pool, err := postgres.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// holderPID is the backend holding advisory lock key, 0 when none does.
+func holderPID(t *testing.T, pool *pgxpool.Pool, key int64) int32 {
+	t.Helper()
+	var pid int32
+	err := pool.QueryRow(context.Background(), `SELECT coalesce(max(pid), 0) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1
+		  AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid`, key).Scan(&pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within 20s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the condition
+	}
+}
+
+// leader records what one replica's lead calls saw.
+type leader struct {
+	terms  atomic.Int32 // lead calls started
+	active atomic.Int32 // lead calls running now
+	mu     sync.Mutex
+	causes []error // why each term's context ended
+}
+
+func (l *leader) lead(running *atomic.Int32, overlap *atomic.Bool) func(context.Context) error {
+	return func(ctx context.Context) error {
+		l.terms.Add(1)
+		l.active.Add(1)
+		if running.Add(1) > 1 {
+			overlap.Store(true)
+		}
+		<-ctx.Done()
+		running.Add(-1)
+		l.active.Add(-1)
+		l.mu.Lock()
+		l.causes = append(l.causes, context.Cause(ctx))
+		l.mu.Unlock()
+		return nil
+	}
+}
+
+// Killing the holder's backend (pg_terminate_backend) ends its lead with
+// ErrLeadershipLost; the lock is then taken again — by the other replica
+// or, after reconnecting, by the same one — and never held by two at once.
+func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.T) {
+	t.Parallel()
+	for _, replicas := range []int{1, 2} {
+		t.Run(map[int]string{1: "alone", 2: "two replicas"}[replicas], func(t *testing.T) {
+			t.Parallel()
+			pool := emptyDB(t)
+			const key = int64(0x65677265_7373ff01)
+			logs := &logtest.Buffer{}
+			ctx, cancel := context.WithCancel(context.Background())
+			var running atomic.Int32
+			var overlap atomic.Bool
+			leaders := make([]*leader, replicas)
+			var wg sync.WaitGroup
+			for i := range leaders {
+				leaders[i] = &leader{}
+				s := &postgres.Singleton{Pool: pool, Key: key, Name: "test singleton", Retry: 20 * time.Millisecond,
+					Watch: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(logs, nil))}
+				wg.Go(func() { _ = s.Run(ctx, leaders[i].lead(&running, &overlap)) })
+			}
+			defer func() { cancel(); wg.Wait() }()
+			terms := func() (n int32) {
+				for _, l := range leaders {
+					n += l.terms.Load()
+				}
+				return n
+			}
+
+			waitUntil(t, "led", func() bool { return running.Load() == 1 && holderPID(t, pool, key) != 0 })
+			first := -1
+			for i, l := range leaders {
+				if l.active.Load() == 1 {
+					first = i
+				}
+			}
+			if first < 0 {
+				t.Fatal("no replica leads although one was leading a moment ago")
+			}
+			pid := holderPID(t, pool, key)
+			var killed bool
+			if err := pool.QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", pid).Scan(&killed); err != nil || !killed {
+				t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, killed, err)
+			}
+			waitUntil(t, "lost by the killed holder", func() bool {
+				l := leaders[first]
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return len(l.causes) == 1
+			})
+			if cause := leaders[first].causes[0]; !errors.Is(cause, postgres.ErrLeadershipLost) {
+				t.Errorf("the killed holder's lead ended with %v, want ErrLeadershipLost", cause)
+			}
+			waitUntil(t, "led again", func() bool {
+				p := holderPID(t, pool, key)
+				return terms() == 2 && running.Load() == 1 && p != 0 && p != pid
+			})
+			if overlap.Load() {
+				t.Error("two replicas led at once")
+			}
+			cancel()
+			wg.Wait()
+			if running.Load() != 0 {
+				t.Error("a lead still runs after Run returned")
+			}
+			waitUntil(t, "released after Run returned", func() bool { return holderPID(t, pool, key) == 0 })
+		})
+	}
+}
+
+// Only one of several replicas leads, and when the leader's lead returns
+// on its own, the lock is released and another replica takes it.
+func TestSingletonHandsOverWhenLeadReturns(t *testing.T) {
+	t.Parallel()
+	pool := emptyDB(t)
+	const key = int64(0x65677265_7373ff02)
+	ctx, cancel := context.WithCancel(context.Background())
+	var running, total atomic.Int32
+	var overlap atomic.Bool
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for range 3 {
+		s := &postgres.Singleton{Pool: pool, Key: key, Name: "test", Retry: 10 * time.Millisecond, Watch: time.Second,
+			Log: slog.New(slog.NewTextHandler(&logtest.Buffer{}, nil))}
+		wg.Go(func() {
+			_ = s.Run(ctx, func(ctx context.Context) error {
+				if running.Add(1) > 1 {
+					overlap.Store(true)
+				}
+				defer running.Add(-1)
+				total.Add(1)
+				select {
+				case <-ctx.Done():
+				case <-time.After(30 * time.Millisecond): // one short term of work
+				}
+				return nil
+			})
+		})
+	}
+	waitUntil(t, "led 10 terms", func() bool { return total.Load() >= 10 })
+	if overlap.Load() {
+		t.Error("two replicas led at once")
+	}
+}

@@ -1,0 +1,127 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/egress-proxies/egress-proxies/pkg/gateway"
+)
+
+// guardREST is what stands in front of the REST gateway: the bearer token
+// is checked before anything of the body is read (an anonymous caller
+// cannot make the service read one), and the body is cut off at
+// MaxRequestBytes while it is read, answering 413. The gateway therefore
+// never buffers more than the limit. Roles are checked by the gRPC
+// interceptors behind the gateway, for both transports alike.
+func (s *Service) guardREST(mux *runtime.ServeMux) http.Handler {
+	limit := int64(s.opts.MaxRequestBytes)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hasBody := r.Body != nil && r.Body != http.NoBody
+		if s.authn != nil {
+			if _, err := s.authn.Authenticate(r.Header.Get("Authorization")); err != nil {
+				if hasBody {
+					// Never read the unauthenticated body, not even to
+					// keep the connection.
+					w.Header().Set("Connection", "close")
+				}
+				runtime.HTTPError(r.Context(), mux, gateway.Marshaler(), w, r, err)
+				return
+			}
+		}
+		if r.ContentLength > limit {
+			writeTooLarge(w, limit)
+			return
+		}
+		if !hasBody {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		body := &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, limit)}
+		r.Body = body
+		mux.ServeHTTP(&tooLargeWriter{ResponseWriter: w, body: body, limit: limit}, r)
+	})
+}
+
+// writeTooLarge answers 413 with the gateway's error body.
+func writeTooLarge(w http.ResponseWriter, limit int64) {
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("the request body exceeds the limit of %d bytes (--max-request-bytes)", limit))
+	b, err := gateway.Marshaler().Marshal(st.Proto())
+	if err != nil {
+		b = []byte(`{"code":8,"message":"request body too large"}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Connection", "close")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = w.Write(b)
+}
+
+// limitedBody notes when http.MaxBytesReader cut the body off.
+type limitedBody struct {
+	io.ReadCloser
+	exceeded atomic.Bool
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		b.exceeded.Store(true)
+	}
+	return n, err
+}
+
+// tooLargeWriter replaces whatever the gateway answers to a body cut off by
+// the limit (its decoder sees only a read error) with 413.
+type tooLargeWriter struct {
+	http.ResponseWriter
+	body    *limitedBody
+	limit   int64
+	written bool
+	swallow bool
+}
+
+func (w *tooLargeWriter) WriteHeader(code int) {
+	if w.written {
+		return
+	}
+	w.written = true
+	if w.body.exceeded.Load() {
+		w.swallow = true
+		for k := range w.ResponseWriter.Header() {
+			w.ResponseWriter.Header().Del(k)
+		}
+		writeTooLarge(w.ResponseWriter, w.limit)
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *tooLargeWriter) Write(p []byte) (int, error) {
+	if !w.written {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.swallow {
+		return len(p), nil
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *tooLargeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush implements http.Flusher for streamed responses.
+func (w *tooLargeWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok && !w.swallow {
+		f.Flush()
+	}
+}

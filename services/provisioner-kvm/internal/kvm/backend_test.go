@@ -1,0 +1,376 @@
+package kvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	"golang.org/x/crypto/ssh/knownhosts"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+)
+
+var testImage = []byte("a qcow2 image, as far as this test is concerned")
+
+func testImageSHA() string {
+	s := sha256.Sum256(testImage)
+	return hex.EncodeToString(s[:])
+}
+
+// imageServer serves testImage and counts requests.
+type imageServer struct {
+	*httptest.Server
+	hits     atomic.Int32
+	noLength bool
+	status   int
+	release  chan struct{} // when set, answers wait for it
+}
+
+func newImageServer(t *testing.T) *imageServer {
+	s := &imageServer{status: http.StatusOK}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.hits.Add(1)
+		if s.release != nil {
+			<-s.release
+		}
+		if s.status != http.StatusOK {
+			w.WriteHeader(s.status)
+			return
+		}
+		if s.noLength {
+			w.(http.Flusher).Flush()
+		} else {
+			w.Header().Set("Content-Length", strconv.Itoa(len(testImage)))
+		}
+		_, _ = w.Write(testImage)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func fakeBackend(t *testing.T, api *fakeAPI, srv *imageServer, mod func(*Config)) (*Backend, *fakeDialer) {
+	t.Helper()
+	cfg := Config{
+		Hosts:        []Host{{Name: "h1", Address: "h1:22", User: "virt", KeyFile: "/k", KnownHostsFile: "/kh", Bridge: "br0"}},
+		Images:       map[string]Image{"debian": {URL: srv.URL + "/d.qcow2", SHA256: testImageSHA()}},
+		MachineTypes: map[string]MachineType{"small": {VCPUs: 1, MemoryMiB: 512}},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	d := &fakeDialer{api: api}
+	be, err := New("kvm-test", cfg, nil, Options{dial: d.dial, Now: func() time.Time { return time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return be, d
+}
+
+func req(uid string) *provisionerv1.CreateInstanceRequest {
+	return &provisionerv1.CreateInstanceRequest{ProxyUid: uid, Placement: &proxyv1.Placement{}, CloudInit: "#cloud-config\n"}
+}
+
+func TestCreateGetDeleteOverTheFake(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI("default")
+	be, _ := fakeBackend(t, api, newImageServer(t), nil)
+	ctx := context.Background()
+	in, err := be.Create(ctx, req("u1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.GetProviderId() != "hosts/h1/domains/proxy-u1" || in.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING ||
+		!in.GetCreateTime().AsTime().Equal(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)) {
+		t.Fatalf("Create = %v", in)
+	}
+	ov := api.pools["default"]["proxy-u1.qcow2"]
+	if ov == nil || ov.backing != "/pools/default/base-debian.qcow2" || ov.format != "qcow2" {
+		t.Errorf("overlay = %+v", ov)
+	}
+	if api.domains["proxy-u1"].state != libvirt.DomainRunning {
+		t.Error("domain not started")
+	}
+	getReq := &provisionerv1.GetInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: "u1"}
+	// No agent, no ARP entry: booting.
+	if got, err := be.Get(ctx, getReq); err != nil || got.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING {
+		t.Fatalf("Get = %v, %v", got, err)
+	}
+	// The ARP table for the NIC's MAC.
+	x := api.domains["proxy-u1"].xml
+	api.domains["proxy-u1"].xml = strings.Replace(x, "<interface type=\"bridge\">", "<interface type=\"bridge\"><mac address=\"52:54:00:AA:BB:CC\"></mac>", 1)
+	api.arp["52:54:00:aa:bb:cc"] = "192.0.2.7"
+	if got, err := be.Get(ctx, getReq); err != nil || got.GetIp() != "192.0.2.7" || got.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_RUNNING {
+		t.Fatalf("Get via ARP = %v, %v", got, err)
+	}
+	// The guest agent wins when it answers.
+	api.agentIP = "198.51.100.9"
+	if got, err := be.Get(ctx, getReq); err != nil || got.GetIp() != "198.51.100.9" {
+		t.Fatalf("Get via the agent = %v, %v", got, err)
+	}
+	if _, err := be.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: "someone-else"}); !errclass.Is(err, errclass.NotFound) {
+		t.Errorf("Get with another UID = %v, want NotFound", err)
+	}
+	deleted, err := be.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: "u1"})
+	if err != nil || !deleted {
+		t.Fatalf("Delete = %v, %v", deleted, err)
+	}
+	vols := api.volNames("default")
+	slices.Sort(vols)
+	if want := []string{"base-debian.qcow2", "base-debian.qcow2.sha256"}; !slices.Equal(vols, want) {
+		t.Errorf("pool after Delete = %v, want %v", vols, want)
+	}
+	if _, err := be.Get(ctx, getReq); !errclass.Is(err, errclass.NotFound) {
+		t.Errorf("Get after Delete = %v, want NotFound", err)
+	}
+}
+
+func TestStateMapping(t *testing.T) {
+	t.Parallel()
+	S := provisionerv1.InstanceState_INSTANCE_STATE_STOPPED
+	for _, tc := range []struct {
+		st   libvirt.DomainState
+		ip   string
+		want provisionerv1.InstanceState
+	}{
+		{libvirt.DomainRunning, "", provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING},
+		{libvirt.DomainRunning, "10.0.0.2", provisionerv1.InstanceState_INSTANCE_STATE_RUNNING},
+		{libvirt.DomainBlocked, "10.0.0.2", provisionerv1.InstanceState_INSTANCE_STATE_RUNNING},
+		{libvirt.DomainPaused, "", S}, {libvirt.DomainShutdown, "", S}, {libvirt.DomainShutoff, "", S}, {libvirt.DomainPmsuspended, "", S},
+		{libvirt.DomainCrashed, "", provisionerv1.InstanceState_INSTANCE_STATE_FAILED},
+		{libvirt.DomainNostate, "", provisionerv1.InstanceState_INSTANCE_STATE_UNSPECIFIED},
+	} {
+		if got := mapState(tc.st, tc.ip); got != tc.want {
+			t.Errorf("mapState(%v, %q) = %v, want %v", tc.st, tc.ip, got, tc.want)
+		}
+	}
+}
+
+func TestResolvePlacement(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI("default")
+	be, _ := fakeBackend(t, api, newImageServer(t), func(c *Config) {
+		c.Hosts = append(c.Hosts, Host{Name: "h2", Address: "h2:22", User: "v", KeyFile: "/k", KnownHostsFile: "/kh", Bridge: "br0"})
+	})
+	for _, tc := range []struct {
+		name string
+		pl   *proxyv1.Placement
+		want string
+	}{
+		{"zone needed with two hosts", &proxyv1.Placement{}, `placement.zone "" is not a host`},
+		{"unknown zone", &proxyv1.Placement{Zone: "h9"}, `placement.zone "h9"`},
+		{"unknown machine type", &proxyv1.Placement{Zone: "h1", MachineType: "huge"}, `placement.machineType "huge"`},
+		{"file image", &proxyv1.Placement{Zone: "h1", Image: "file:///etc/passwd"}, "neither a key of images nor an http(s) URL"},
+	} {
+		r := req("u")
+		r.Placement = tc.pl
+		if _, err := be.Create(context.Background(), r); !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want Permanent with %q", tc.name, err, tc.want)
+		}
+	}
+	if len(api.calls) != 0 {
+		t.Errorf("bad placements reached libvirt: %v", api.calls)
+	}
+}
+
+func TestImageCache(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		base     []byte
+		marker   string
+		wantHits int32
+	}{
+		{"cached and verified", testImage, testImageSHA(), 0},
+		{"base without marker is a partial upload", []byte("half"), "", 1},
+		{"configured checksum changed", []byte("older"), strings.Repeat("0", 64), 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newImageServer(t)
+			api := newFakeAPI("default")
+			api.pools["default"]["base-debian.qcow2"] = &fakeVol{format: "qcow2", data: tc.base}
+			if tc.marker != "" {
+				api.pools["default"]["base-debian.qcow2.sha256"] = &fakeVol{format: "raw", data: []byte(tc.marker)}
+			}
+			be, _ := fakeBackend(t, api, srv, nil)
+			if _, err := be.Create(context.Background(), req("u")); err != nil {
+				t.Fatal(err)
+			}
+			if srv.hits.Load() != tc.wantHits {
+				t.Errorf("downloads = %d, want %d", srv.hits.Load(), tc.wantHits)
+			}
+			if b := api.pools["default"]["base-debian.qcow2"]; string(b.data) != string(testImage) {
+				t.Errorf("base = %q", b.data)
+			}
+			if m := api.pools["default"]["base-debian.qcow2.sha256"]; string(m.data) != testImageSHA() {
+				t.Errorf("marker = %q", m.data)
+			}
+		})
+	}
+}
+
+func TestImageCacheFailures(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		mod   func(*imageServer, *Config)
+		class errclass.Class
+		want  string
+	}{
+		{"checksum mismatch names both sums", func(_ *imageServer, c *Config) {
+			img := c.Images["debian"]
+			img.SHA256 = strings.Repeat("a", 64)
+			c.Images["debian"] = img
+		}, errclass.Permanent, "configured " + strings.Repeat("a", 64) + ", downloaded " + testImageSHA()},
+		{"no Content-Length", func(s *imageServer, _ *Config) { s.noLength = true }, errclass.Permanent, "Content-Length"},
+		{"404", func(s *imageServer, _ *Config) { s.status = http.StatusNotFound }, errclass.Permanent, "404"},
+		{"503", func(s *imageServer, _ *Config) { s.status = http.StatusServiceUnavailable }, errclass.Transient, "503"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newImageServer(t)
+			api := newFakeAPI("default")
+			be, _ := fakeBackend(t, api, srv, func(c *Config) { tc.mod(srv, c) })
+			_, err := be.Create(context.Background(), req("u"))
+			if !errclass.Is(err, tc.class) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Create = %v (%v), want %v with %q", err, errclass.Of(err), tc.class, tc.want)
+			}
+			if v := api.volNames("default"); len(v) != 0 {
+				t.Errorf("volumes left: %v", v)
+			}
+		})
+	}
+}
+
+// Concurrent creates on one host share one download.
+func TestImageCacheOneDownloadForConcurrentCallers(t *testing.T) {
+	t.Parallel()
+	srv := newImageServer(t)
+	srv.release = make(chan struct{})
+	api := newFakeAPI("default")
+	be, _ := fakeBackend(t, api, srv, nil)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = be.Create(context.Background(), req("u"+strconv.Itoa(i))) })
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.hits.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond) // waiting for the first download to start
+	}
+	close(srv.release)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if srv.hits.Load() != 1 {
+		t.Errorf("downloads = %d, want 1", srv.hits.Load())
+	}
+}
+
+func TestListOverTheFake(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI("default")
+	be, _ := fakeBackend(t, api, newImageServer(t), nil)
+	for _, u := range []string{"a", "b"} {
+		if _, err := be.Create(context.Background(), req(u)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	api.domains["proxy-unmarked"] = &fakeDomain{state: libvirt.DomainRunning}
+	api.domains["web01"] = &fakeDomain{state: libvirt.DomainRunning}
+	list, err := be.List(context.Background())
+	if err != nil || len(list) != 2 || list[0].GetProxyUid() != "a" || list[1].GetProxyUid() != "b" || list[0].GetCreateTime() == nil ||
+		list[0].GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING || list[0].GetDetails()["libvirtState"] != "running" {
+		t.Fatalf("List = %v, %v", list, err)
+	}
+}
+
+func TestCheckOverTheFake(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI("default")
+	be, _ := fakeBackend(t, api, newImageServer(t), nil)
+	got := be.Check(context.Background())
+	if len(got) != 1 || !got[0].GetReady() || got[0].GetReason() != ReasonReachable ||
+		got[0].GetDetails()["libvirtVersion"] != "9.0.0" || got[0].GetDetails()["hypervisorVersion"] != "7.2.0" ||
+		got[0].GetDetails()["poolAvailable"] != "60.0GiB" || got[0].GetDetails()["hostname"] != "fake-host" {
+		t.Fatalf("Check = %v", got)
+	}
+	api.states["default"] = libvirt.StoragePoolInactive
+	if got := be.Check(context.Background()); got[0].GetReady() || got[0].GetReason() != ReasonPoolNotActive {
+		t.Fatalf("Check with a stopped pool = %v", got)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		err  error
+		want errclass.Class
+	}{
+		{"no domain", lvErr(libvirt.ErrNoDomain, "x"), errclass.NotFound},
+		{"no volume", lvErr(libvirt.ErrNoStorageVol, "x"), errclass.NotFound},
+		{"no pool", lvErr(libvirt.ErrNoStoragePool, "x"), errclass.Permanent},
+		{"kvm without /dev/kvm", lvErr(libvirt.ErrConfigUnsupported, "unsupported configuration: Emulator does not support virt type 'kvm'"), errclass.Permanent},
+		{"xml", lvErr(libvirt.ErrXMLError, "x"), errclass.Permanent},
+		{"access denied", lvErr(libvirt.ErrAccessDenied, "x"), errclass.Permanent},
+		{"missing bridge", lvErr(libvirt.ErrSystemError, "Cannot get interface MTU on 'br9': No such device"), errclass.Transient},
+		{"internal", lvErr(libvirt.ErrInternalError, "x"), errclass.Transient},
+		{"agent", lvErr(libvirt.ErrAgentUnresponsive, "x"), errclass.Transient},
+		{"host key mismatch", &dialError{stage: stageSSHHandshake, err: &knownhosts.KeyError{Want: []knownhosts.KnownKey{{}}}}, errclass.Permanent},
+		{"host key unknown", &dialError{stage: stageSSHHandshake, err: &knownhosts.KeyError{}}, errclass.Permanent},
+		{"not authorised", &dialError{stage: stageSSHHandshake, err: errors.New("ssh: handshake failed: ssh: unable to authenticate, attempted methods [none publickey], no supported methods remain")}, errclass.Permanent},
+		{"refused", &dialError{stage: stageTCP, err: errors.New("dial tcp 127.0.0.1:1: connect: connection refused")}, errclass.Transient},
+		{"socket rejected", &dialError{stage: stageLibvirtConnect, err: errors.New(`ssh: rejected: connect failed ("open failed")`)}, errclass.Transient},
+		{"eof", io.ErrUnexpectedEOF, errclass.Transient},
+		{"kept", errclass.New(errclass.Permanent, "x"), errclass.Permanent},
+	}
+	for _, tc := range tests {
+		if got := errclass.Of(classify(tc.err)); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if err := classify(context.DeadlineExceeded); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a deadline lost its identity: %v", err)
+	}
+}
+
+func TestCheckReason(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&dialError{stage: stageSSHMaterial, err: errors.New("x")}, ReasonSSHMaterialUnavailable},
+		{&dialError{stage: stageTCP, err: context.DeadlineExceeded}, ReasonUnreachable},
+		{&dialError{stage: stageSSHHandshake, err: errors.New("x")}, ReasonSSHHandshakeFailed},
+		{&dialError{stage: stageLibvirtConnect, err: errors.New("x")}, ReasonLibvirtConnectFailed},
+		{context.DeadlineExceeded, ReasonTimeout},
+		{errProbeBusy, ReasonTimeout},
+		{lvErr(libvirt.ErrNoStoragePool, "x"), ReasonPoolNotFound},
+		{lvErr(libvirt.ErrInternalError, "x"), ReasonLibvirtError},
+		{io.EOF, ReasonUnreachable},
+	} {
+		if got := checkReason(tc.err); got != tc.want {
+			t.Errorf("checkReason(%v) = %s, want %s", tc.err, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,286 @@
+package kvm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/libvirttest"
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+)
+
+// errCrash stands for the process dying: the operation stops at that call
+// and the next attempt runs in a fresh Backend.
+var errCrash = errors.New("simulated crash")
+
+// crashAt fails the first call of method (and every call after it) so an
+// operation stops exactly there.
+type crashAt struct {
+	libvirtAPI
+	method  string
+	crashed *atomic.Bool
+}
+
+func (c crashAt) stop(m string) error {
+	if m == c.method || c.crashed.Load() {
+		c.crashed.Store(true)
+		return errCrash
+	}
+	return nil
+}
+
+func (c crashAt) StorageVolCreateXML(p libvirt.StoragePool, x string, f libvirt.StorageVolCreateFlags) (libvirt.StorageVol, error) {
+	if err := c.stop("StorageVolCreateXML:" + volName(x)); err != nil {
+		return libvirt.StorageVol{}, err
+	}
+	return c.libvirtAPI.StorageVolCreateXML(p, x, f)
+}
+
+func (c crashAt) DomainDefineXML(x string) (libvirt.Domain, error) {
+	if err := c.stop("DomainDefineXML"); err != nil {
+		return libvirt.Domain{}, err
+	}
+	return c.libvirtAPI.DomainDefineXML(x)
+}
+
+func (c crashAt) DomainCreate(d libvirt.Domain) error {
+	if err := c.stop("DomainCreate"); err != nil {
+		return err
+	}
+	return c.libvirtAPI.DomainCreate(d)
+}
+
+// volName pulls the volume name out of a volume XML.
+func volName(x string) string {
+	_, after, _ := strings.Cut(x, "<name>")
+	name, _, _ := strings.Cut(after, "</name>")
+	if strings.HasSuffix(name, "-seed.iso") {
+		return "seed"
+	}
+	if strings.HasPrefix(name, "base-") {
+		return "base"
+	}
+	return "overlay"
+}
+
+// TestLiveCrashMidCreate: a Create that stops after each step is finished
+// by the next one, with one domain, running, and no leaked volume.
+func TestLiveCrashMidCreate(t *testing.T) {
+	t.Parallel()
+	env := libvirttest.New(t)
+	ctx := liveCtx(t)
+	for _, step := range []string{"StorageVolCreateXML:base", "StorageVolCreateXML:overlay", "StorageVolCreateXML:seed", "DomainDefineXML", "DomainCreate"} {
+		t.Run(step, func(t *testing.T) {
+			u := uid(t) + strings.ToLower(strings.NewReplacer(":", "-").Replace(step))
+			name, _ := instanceName(u)
+			t.Cleanup(func() { env.RemoveDomain(name) })
+			var crashed atomic.Bool
+			first, err := New("kvm-test", liveConfig(env), nil, Options{wrap: func(api libvirtAPI) libvirtAPI {
+				return crashAt{libvirtAPI: api, method: step, crashed: &crashed}
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer first.Close()
+			if _, err := first.Create(ctx, createReq(u, "tiny")); !errors.Is(err, errCrash) {
+				t.Fatalf("first Create = %v, want the simulated crash", err)
+			}
+			be := newLive(t, liveConfig(env), nil)
+			in, err := be.Create(ctx, createReq(u, "tiny"))
+			if err != nil {
+				t.Fatalf("Create after the crash: %v", err)
+			}
+			if st := env.DomainState(name); st != "running" {
+				t.Errorf("domain %s, want running", st)
+			}
+			if n := strings.Count(env.Virsh("list", "--all", "--name"), name); n != 1 {
+				t.Errorf("%d domains named %s", n, name)
+			}
+			var mine []string
+			for _, v := range env.Volumes() {
+				if strings.HasPrefix(v, name) {
+					mine = append(mine, v)
+				}
+			}
+			slices.Sort(mine)
+			if want := []string{seedName(name), overlayName(name)}; !slices.Equal(mine, want) {
+				t.Errorf("volumes of the proxy = %v, want %v", mine, want)
+			}
+			if _, err := be.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: u}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestLiveForeignDomain: a domain with the proxy's name but no mark is
+// refused by Create (Permanent), invisible to Get and List, and left alone
+// by Delete.
+func TestLiveForeignDomain(t *testing.T) {
+	t.Parallel()
+	env := libvirttest.New(t)
+	ctx := liveCtx(t)
+	be := newLive(t, liveConfig(env), nil)
+	u := uid(t) + "foreign"
+	name, _ := instanceName(u)
+	t.Cleanup(func() { env.RemoveDomain(name) })
+	xml := fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>64</memory><os><type arch='x86_64'>hvm</type></os></domain>`, name)
+	path := env.Dir + "/foreign.xml"
+	writeTestFile(t, path, xml)
+	env.Virsh("define", path)
+	id := providerID("h1", name)
+	if _, err := be.Create(ctx, createReq(u, "tiny")); !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "not this proxy's") {
+		t.Fatalf("Create over a foreign domain = %v, want Permanent", err)
+	}
+	if _, err := be.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: id, ProxyUid: u}); !errclass.Is(err, errclass.NotFound) {
+		t.Errorf("Get = %v, want NotFound", err)
+	}
+	if deleted, err := be.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: id, ProxyUid: u}); err != nil || deleted {
+		t.Errorf("Delete = %v, %v; want false, nil", deleted, err)
+	}
+	if st := env.DomainState(name); st != "shut off" {
+		t.Errorf("foreign domain is %q after Create and Delete, want it untouched (shut off)", st)
+	}
+	list, err := be.List(ctx)
+	if err != nil || slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool { return i.GetName() == name }) {
+		t.Errorf("List = %v, %v; want no foreign domain", list, err)
+	}
+}
+
+// TestLiveListWithAHostDown: one unreachable host does not hide the other;
+// a host no longer configured makes Get Permanent and Delete a success.
+func TestLiveListWithAHostDown(t *testing.T) {
+	t.Parallel()
+	env := libvirttest.New(t)
+	ctx := liveCtx(t)
+	down := liveHost(env, "h2")
+	down.Address = env.ClosedAddress()
+	var logs logtest.Buffer
+	be := newLive(t, liveConfig(env, liveHost(env, "h1"), down), slog.New(slog.NewJSONHandler(&logs, nil)))
+	u := uid(t) + "list"
+	name, _ := instanceName(u)
+	t.Cleanup(func() { env.RemoveDomain(name) })
+	req := createReq(u, "tiny")
+	req.Placement.Zone = "h1"
+	in, err := be.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The daemon is shared with the other tests, so their domains may be
+	// listed too; this one must be, and nothing from the host that is down.
+	list, err := be.List(ctx)
+	if err != nil || !slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool {
+		return i.GetProviderId() == in.GetProviderId() && i.GetProxyUid() == u && i.GetCreateTime() != nil
+	}) || slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool { return strings.HasPrefix(i.GetProviderId(), "hosts/h2/") }) {
+		t.Fatalf("List = %v, %v; want %s and nothing of h2", list, err, in.GetProviderId())
+	}
+	if !strings.Contains(logs.String(), "WARNING: kvm host skipped in List") || !strings.Contains(logs.String(), `"host":"h2"`) {
+		t.Errorf("no WARNING for the unreachable host:\n%s", logs.String())
+	}
+	onlyDown := newLive(t, liveConfig(env, down), nil)
+	if _, err := onlyDown.List(ctx); !errclass.Is(err, errclass.Transient) {
+		t.Errorf("List with every host down = %v, want Transient", err)
+	}
+	// h1 dropped from the config.
+	without := newLive(t, liveConfig(env, down), nil)
+	if _, err := without.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: u}); !errclass.Is(err, errclass.Permanent) {
+		t.Errorf("Get on an unconfigured host = %v, want Permanent", err)
+	}
+	if deleted, err := without.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: u}); err != nil || deleted {
+		t.Errorf("Delete on an unconfigured host = %v, %v; want false, nil", deleted, err)
+	}
+	if st := env.DomainState(name); st != "running" {
+		t.Errorf("domain is %q; an unconfigured host's domain must stay", st)
+	}
+}
+
+// TestLiveCheck: one verdict per host, in order, with every reason.
+func TestLiveCheck(t *testing.T) {
+	t.Parallel()
+	env := libvirttest.New(t)
+	ctx := liveCtx(t)
+	inactive := "egress-inactive-" + strings.TrimPrefix(env.Pool, "egress-test-")
+	env.DefinePool(inactive, env.Dir+"/inactive", false)
+	emptyKnownHosts := env.Dir + "/known_hosts_empty"
+	writeTestFile(t, emptyKnownHosts, "")
+	notAKey := env.Dir + "/not_a_key"
+	writeTestFile(t, notAKey, "this is not a key\n")
+	h := func(name string, mod func(*Host)) Host {
+		x := liveHost(env, name)
+		mod(&x)
+		return x
+	}
+	hosts := []Host{
+		h("ok", func(*Host) {}),
+		h("missing-pool", func(x *Host) { x.Pool = "no-such-pool" }),
+		h("inactive-pool", func(x *Host) { x.Pool = inactive }),
+		h("wrong-port", func(x *Host) { x.Address = env.ClosedAddress() }),
+		h("host-key-unknown", func(x *Host) { x.KnownHostsFile = emptyKnownHosts }),
+		h("host-key-changed", func(x *Host) { x.KnownHostsFile = env.WrongKnownHostsFile }),
+		h("key-not-authorised", func(x *Host) { x.KeyFile = env.OtherKeyFile }),
+		h("key-file-missing", func(x *Host) { x.KeyFile = env.Dir + "/no-such-key" }),
+		h("key-file-garbage", func(x *Host) { x.KeyFile = notAKey }),
+		h("wrong-socket", func(x *Host) { x.Socket = "/var/run/libvirt/no-such-sock" }),
+	}
+	want := []struct{ reason, message string }{
+		{ReasonReachable, ""},
+		{ReasonPoolNotFound, "Storage pool not found"},
+		{ReasonPoolNotActive, "is inactive"},
+		{ReasonUnreachable, "connection refused"},
+		{ReasonSSHHandshakeFailed, "key is unknown"},
+		{ReasonSSHHandshakeFailed, "key mismatch"},
+		{ReasonSSHHandshakeFailed, "unable to authenticate"},
+		{ReasonSSHMaterialUnavailable, "no such file"},
+		{ReasonSSHMaterialUnavailable, "no key found"},
+		{ReasonLibvirtConnectFailed, "open failed"},
+	}
+	be := newLive(t, liveConfig(env, hosts...), nil)
+	got := be.Check(ctx)
+	if len(got) != len(hosts) {
+		t.Fatalf("Check gave %d verdicts for %d hosts", len(got), len(hosts))
+	}
+	for i, ts := range got {
+		if ts.GetName() != hosts[i].Name || ts.GetReason() != want[i].reason || !strings.Contains(ts.GetMessage(), want[i].message) ||
+			ts.GetReady() != (want[i].reason == ReasonReachable) || ts.GetLatency() == nil {
+			t.Errorf("%s: ready=%v reason=%s message=%q; want reason %s with %q", hosts[i].Name, ts.GetReady(), ts.GetReason(), ts.GetMessage(), want[i].reason, want[i].message)
+		}
+	}
+	ok := got[0].GetDetails()
+	for _, k := range []string{"hostname", "libvirtVersion", "hypervisorVersion", "poolState", "poolCapacity", "poolAvailable", "user"} {
+		if ok[k] == "" {
+			t.Errorf("details[%s] empty: %v", k, ok)
+		}
+	}
+	if ok["poolState"] != "running" || !strings.HasSuffix(ok["poolAvailable"], "GiB") {
+		t.Errorf("details = %v", ok)
+	}
+	if got[2].GetDetails()["poolState"] != "inactive" {
+		t.Errorf("inactive pool details = %v", got[2].GetDetails())
+	}
+
+	// The same failures, met by an operation, carry their class.
+	classes := map[string]errclass.Class{
+		"missing-pool": errclass.Permanent, "wrong-port": errclass.Transient, "host-key-changed": errclass.Permanent,
+		"key-not-authorised": errclass.Permanent, "key-file-missing": errclass.Transient, "key-file-garbage": errclass.Permanent,
+		"wrong-socket": errclass.Transient,
+	}
+	for i, hh := range hosts {
+		class, ok := classes[hh.Name]
+		if !ok {
+			continue
+		}
+		req := createReq(uid(t)+fmt.Sprint(i), "tiny")
+		req.Placement.Zone = hh.Name
+		if _, err := be.Create(ctx, req); !errclass.Is(err, class) {
+			t.Errorf("Create on %s = %v (%v), want %v", hh.Name, err, errclass.Of(err), class)
+		}
+	}
+}
