@@ -39,10 +39,10 @@ func TestBinaryLifecycle(t *testing.T) {
 	for name, natsURL := range map[string]string{"NATS up": nats.URL(), "NATS down": natstest.DownURL(t)} {
 		t.Run(name, func(t *testing.T) {
 			servicetest.AssertLifecycle(t, ".", "provisioner-gcp",
-				[]string{"--providers-config=" + cfg, "--provider=gce", "--nats-url=" + natsURL, "--nats-prefix=lc"})
+				[]string{"--providers-config=" + cfg, "--provider=gce", "--nats-url=" + natsURL, "--nats-prefix=lc", "--auth-disabled"})
 		})
 	}
-	p, _ := servicetest.Start(t, ".", []string{"--providers-config=" + cfg, "--provider=gce", "--nats-url=" + nats.URL(), "--nats-prefix=lc2"})
+	p, _ := servicetest.Start(t, ".", []string{"--providers-config=" + cfg, "--provider=gce", "--nats-url=" + nats.URL(), "--nats-prefix=lc2", "--auth-disabled"})
 	line := p.WaitLog(t, 30*time.Second, func(m map[string]any) bool {
 		msg, _ := m["msg"].(string)
 		return strings.HasPrefix(msg, "WARNING: credentials file is not readable")
@@ -73,7 +73,7 @@ func TestBinaryRefusesBadConfig(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--nats-url=" + nats.URL()}, tc.args...)
+			args := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--nats-url=" + nats.URL(), "--auth-disabled"}, tc.args...)
 			p := proctest.Start(t, bin, args)
 			if code := p.Wait(t, 60*time.Second); code != 1 {
 				t.Errorf("exit code %d, want 1", code)

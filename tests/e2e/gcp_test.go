@@ -51,8 +51,8 @@ func TestGCPBackend(t *testing.T) {
       endpoint: `+apiURL+`
       withoutAuthentication: true
 `)
-	servicetest.Start(t, "../../services/provisioner-gcp", []string{"--nats-url=" + s.nats.URL(),
-		"--providers-config=" + s.providers, "--provider=gce-fake", "--replica-id=gce-1", "--log-level=debug"})
+	servicetest.Start(t, "../../services/provisioner-gcp", append([]string{"--nats-url=" + s.nats.URL(),
+		"--providers-config=" + s.providers, "--provider=gce-fake", "--replica-id=gce-1", "--log-level=debug"}, s.serving()...))
 	s.startOrchestrator()
 	c := s.proxies()
 	for _, p := range []struct{ name, zone string }{{"gce-00", okZone}, {"quota-00", quotaZone}} {

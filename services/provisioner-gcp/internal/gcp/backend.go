@@ -38,6 +38,10 @@ type Backend struct {
 
 	mu      sync.Mutex
 	clients *clients // built on first use; nil until then or after a failure
+
+	// probes are health-check requests Check stopped waiting for; Close
+	// lets them end (the client's timeout bounds them) before closing.
+	probes sync.WaitGroup
 }
 
 type clients struct {
@@ -186,6 +190,7 @@ func (be *Backend) client(ctx context.Context) (*clients, error) {
 
 // Close releases the clients.
 func (be *Backend) Close() error {
+	be.probes.Wait()
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	if be.clients == nil {

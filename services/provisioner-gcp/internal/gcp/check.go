@@ -49,7 +49,11 @@ func (be *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
 	// The SDK's aggregated list ignores the context (only the client's
 	// request timeout ends it), so the check stops waiting on its own.
 	done := make(chan error, 1)
-	go func() { done <- be.probe(ctx) }()
+	be.probes.Add(1)
+	go func() {
+		defer be.probes.Done()
+		done <- be.probe(ctx)
+	}()
 	var err error
 	select {
 	case err = <-done:
