@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -228,6 +229,39 @@ func (e *NoProxyError) Error() string { return "egress: " + e.msg }
 // Is makes errors.Is(err, ErrNoProxyAvailable) hold.
 func (e *NoProxyError) Is(target error) bool { return target == ErrNoProxyAvailable }
 
+// ErrRateLimited is matched (errors.Is) by a *RateLimitError.
+var ErrRateLimited = errors.New("rate limited")
+
+// RateLimitError is the service refusing a call over this client's rate
+// limit (RESOURCE_EXHAUSTED with reason RATE_LIMITED); Acquire waits
+// RetryAfter before its next attempt.
+type RateLimitError struct {
+	RetryAfter time.Duration
+	msg        string
+}
+
+func (e *RateLimitError) Error() string { return "egress: " + e.msg }
+
+// Is makes errors.Is(err, ErrRateLimited) hold.
+func (e *RateLimitError) Is(target error) bool { return target == ErrRateLimited }
+
+// exhausted is the error for a RESOURCE_EXHAUSTED answer: a rate limit
+// when its details say so, else no proxy available.
+func exhausted(st *status.Status) error {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "RATE_LIMITED" {
+			e := &RateLimitError{msg: st.Message()}
+			for _, d := range st.Details() {
+				if ri, ok := d.(*errdetails.RetryInfo); ok {
+					e.RetryAfter = ri.GetRetryDelay().AsDuration()
+				}
+			}
+			return e
+		}
+	}
+	return noProxyError(st)
+}
+
 func noProxyError(st *status.Status) *NoProxyError {
 	e := &NoProxyError{msg: st.Message()}
 	for _, d := range st.Details() {
@@ -242,7 +276,8 @@ func noProxyError(st *status.Status) *NoProxyError {
 // TryAcquire asks once for a lease on a proxy for target (a host name or IP
 // without port; empty: any target) among those matching sel, for ttl (0:
 // the service's default). A *NoProxyError (errors.Is ErrNoProxyAvailable)
-// when none qualifies.
+// when none qualifies, a *RateLimitError (errors.Is ErrRateLimited) when
+// this client is over its rate limit.
 func (c *Client) TryAcquire(ctx context.Context, target string, sel Selector, ttl time.Duration) (*Lease, error) {
 	c.mu.Lock()
 	closed := c.closed
@@ -258,7 +293,7 @@ func (c *Client) TryAcquire(ctx context.Context, target string, sel Selector, tt
 	if err != nil {
 		st := status.Convert(err)
 		if st.Code() == codes.ResourceExhausted {
-			return nil, noProxyError(st)
+			return nil, exhausted(st)
 		}
 		return nil, fmt.Errorf("egress: acquire lease: %w", err)
 	}
@@ -266,13 +301,19 @@ func (c *Client) TryAcquire(ctx context.Context, target string, sel Selector, tt
 }
 
 // Acquire is TryAcquire retried with backoff and jitter while no proxy is
-// available or the service is unavailable, until a lease is granted or ctx
+// available or the service is unavailable (after a rate limit's refusal,
+// the delay it names), until a lease is granted or ctx
 // ends (then the last error, wrapped with ctx's). Errors that retrying
 // cannot fix (invalid arguments, a bad token) return at once.
 func (c *Client) Acquire(ctx context.Context, target string, sel Selector, ttl time.Duration) (*Lease, error) {
 	var last error
 	l, err := backoff.Retry(ctx, func() (*Lease, error) {
 		l, err := c.TryAcquire(ctx, target, sel, ttl)
+		var limited *RateLimitError
+		if errors.As(err, &limited) && limited.RetryAfter > 0 {
+			last = err
+			return nil, backoff.RetryAfter(int(limited.RetryAfter.Round(time.Second) / time.Second))
+		}
 		if err == nil || retryable(err) {
 			last = err
 			return l, err
@@ -289,7 +330,7 @@ func (c *Client) Acquire(ctx context.Context, target string, sel Selector, ttl t
 // certificate the client cannot verify is a setting to fix, not a moment
 // to wait out.
 func retryable(err error) bool {
-	if errors.Is(err, ErrNoProxyAvailable) {
+	if errors.Is(err, ErrNoProxyAvailable) || errors.Is(err, ErrRateLimited) {
 		return true
 	}
 	switch status.Code(err) {

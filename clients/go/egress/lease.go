@@ -216,7 +216,7 @@ func (l *Lease) releaseCall() error {
 		switch status.Code(err) {
 		case codes.OK, codes.NotFound: // NOT_FOUND: no longer retained, so not held either
 			return struct{}{}, nil
-		case codes.Unavailable, codes.Aborted:
+		case codes.Unavailable, codes.Aborted, codes.ResourceExhausted: // ResourceExhausted: a rate limit
 			return struct{}{}, err
 		}
 		return struct{}{}, backoff.Permanent(err)

@@ -64,7 +64,7 @@ func newSuite(t *testing.T, n int) *suite {
 
 // newSuiteTLS is newSuite with the lease service serving TLS with tf's
 // certificate when tf is set.
-func newSuiteTLS(t *testing.T, n int, tf *tlsFiles) *suite {
+func newSuiteTLS(t *testing.T, n int, tf *tlsFiles, extraArgs ...string) *suite {
 	t.Helper()
 	s := &suite{t: t, nats: natstest.New(t), site: newSite(t)}
 	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "clients_empty", Fingerprint: "none",
@@ -77,6 +77,7 @@ func newSuiteTLS(t *testing.T, n int, tf *tlsFiles) *suite {
 		"--database-url=" + dsn, "--nats-url=" + s.nats.URL(), "--auth-token-file=" + tokens,
 		"--min-ttl=1s", "--sweep-interval=200ms", "--pool-refresh-interval=200ms",
 	}
+	args = append(args, extraArgs...)
 	creds := insecure.NewCredentials()
 	if tf != nil {
 		args = append(args, "--tls-cert-file="+tf.certFile, "--tls-key-file="+tf.keyFile)

@@ -3,7 +3,10 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -309,5 +312,65 @@ func TestReportSetsCooldown(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// Over its rate limit a client is told so (not "no proxy"), and Acquire
+// waits the delay the service names, then gets its lease.
+func TestAcquireWaitsOutTheRateLimit(t *testing.T) {
+	t.Parallel()
+	s := newSuiteTLS(t, 2, nil, "--rate-limit-lease=0.5", "--rate-limit-lease-burst=1")
+	c := s.client(egress.Options{})
+	first, err := c.TryAcquire(ctx(t), "limited.test", egress.Selector{}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release()
+	_, err = c.TryAcquire(ctx(t), "limited.test", egress.Selector{}, 30*time.Second)
+	var limited *egress.RateLimitError
+	if !errors.As(err, &limited) || errors.Is(err, egress.ErrNoProxyAvailable) || limited.RetryAfter < time.Second {
+		t.Fatalf("second acquire = %v, want a rate limit naming a delay of 1s or more", err)
+	}
+	start := time.Now()
+	l, err := c.Acquire(ctx(t), "limited.test", egress.Selector{}, 30*time.Second)
+	if err != nil {
+		t.Fatalf("acquire after the rate limit: %v", err)
+	}
+	if waited := time.Since(start); waited < time.Second {
+		t.Errorf("Acquire got through after %v, before the refill", waited)
+	}
+	if l.ProxyName == first.ProxyName {
+		t.Errorf("both leases on %s", l.ProxyName)
+	}
+	l.Release()
+	first.Release()
+
+	// The Python client over REST: 429 with Retry-After.
+	script := `
+import sys, time
+from egress_proxies import LeaseClient, RateLimited
+c = LeaseClient(sys.argv[1], sys.argv[2])
+try:
+    for _ in range(3):
+        c.try_acquire("limited.test", ttl=30).release()
+    print("never limited")
+except RateLimited as e:
+    print("limited", e.http_status, e.retry_after)
+start = time.monotonic()
+with c.acquire("limited.test", ttl=30, max_wait=30) as lease:
+    print("leased after %.1fs" % (time.monotonic() - start))
+c.close()
+`
+	cmd := exec.CommandContext(ctx(t), "/usr/bin/python3", "-c", script, "http://"+s.lease.HTTP, token)
+	cmd.Env = append(os.Environ(), "PYTHONPATH=../../python", "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	var status int
+	var retryAfter, after float64
+	if _, err := fmt.Sscanf(string(out), "limited %d %g\nleased after %gs", &status, &retryAfter, &after); err != nil ||
+		status != http.StatusTooManyRequests || retryAfter < 1 || after < 0.5 {
+		t.Fatalf("python client under the rate limit:\n%s", out)
 	}
 }

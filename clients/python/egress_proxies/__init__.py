@@ -24,10 +24,12 @@ from .client import (
     LeaseLost,
     LeaseReleased,
     NoProxyAvailable,
+    RateLimited,
 )
 
 __all__ = [
     "BANNED", "BLOCKED", "CAPTCHA", "ERROR", "OUTCOMES", "SCOPE_GLOBAL", "SCOPE_TARGET", "SUCCESS", "TIMEOUT",
     "Backoff", "Cooldown", "Lease", "LeaseClient", "LeaseError", "LeaseLost", "LeaseReleased", "NoProxyAvailable",
+    "RateLimited",
 ]
 __version__ = "0.1.0"

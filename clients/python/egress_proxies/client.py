@@ -76,6 +76,15 @@ class NoProxyAvailable(LeaseError):
         self.cooling_down_global = int(counts.get("coolingDownGlobal", 0))
 
 
+class RateLimited(LeaseError):
+    """The service refused a call over this client's rate limit (HTTP 429);
+    ``retry_after`` is the wait it names, in seconds."""
+
+    def __init__(self, message: str, code: int, http_status: int, details: list, retry_after: float):
+        super().__init__(message, code, http_status, details)
+        self.retry_after = retry_after
+
+
 class LeaseLost(LeaseError):
     """A lease the service no longer holds for this client: ended elsewhere
     (NOT_FOUND), its proxy no longer leasable (FAILED_PRECONDITION), or not
@@ -198,6 +207,12 @@ class LeaseClient:
             message = answer.get("message") or f"HTTP {e.code}"
             code = int(answer.get("code", 0) or 0)
             details = answer.get("details") or []
+            if e.code == 429:
+                try:
+                    retry_after = float(e.headers.get("Retry-After", "1"))
+                except ValueError:
+                    retry_after = 1.0
+                raise RateLimited(f"{method} {path}: {message}", code, e.code, details, retry_after) from None
             if code == _RESOURCE_EXHAUSTED:
                 raise NoProxyAvailable(message, code, e.code, details) from None
             raise LeaseError(f"{method} {path}: {message}", code, e.code, details) from None
@@ -250,6 +265,8 @@ class LeaseClient:
             except LeaseError as e:
                 if not isinstance(e, NoProxyAvailable) and e.code != _UNAVAILABLE and e.http_status not in (429, 503):
                     raise
+                if isinstance(e, RateLimited):
+                    wait = max(wait, e.retry_after)
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -405,7 +422,10 @@ class Lease:
             except LeaseError as e:
                 if e.code == _NOT_FOUND:
                     return True  # no longer retained, so not held either
-                if e.code != _UNAVAILABLE or time.monotonic() + delay > deadline:
+                transient = e.code == _UNAVAILABLE or isinstance(e, RateLimited)
+                if isinstance(e, RateLimited):
+                    delay = max(delay, e.retry_after)
+                if not transient or time.monotonic() + delay > deadline:
                     log.warning("WARNING: releasing proxy lease %s failed; it ends at its expiry %s: %s",
                                 self.id, self.expire_time.isoformat(), e)
                     return False
