@@ -1,6 +1,5 @@
 // Package providerhealth asks every configured provider's provisioner to
-// check its backend on an interval, as the seed's provider health monitor
-// does: all providers concurrently under one timeout, one stored record per
+// check its backend on an interval: all providers concurrently under one timeout, one stored record per
 // provider, a log line only when a target goes down, changes its reason or
 // comes back, and gauges read at scrape time. Across replicas it runs as a
 // singleton: only the holder of a PostgreSQL advisory lock checks (and

@@ -1,5 +1,5 @@
-// Package reconcile is the orchestrator's state machine, the seed
-// reconciler's rules recast for a claimed queue: Decide looks at a claimed
+// Package reconcile is the orchestrator's state machine, the reconcile
+// rules of docs/orchestrator.md on a claimed queue: Decide looks at a claimed
 // proxy and picks the next provisioner command (or none); Apply folds a
 // command's result into the proxy; ApplyHealth folds in a health verdict.
 // All three only change the row they are given; the caller stores it and
@@ -169,7 +169,7 @@ func (e *Engine) Decide(r *store.Row, now time.Time) Decision {
 	}
 }
 
-// decideDelete follows the seed's reconcileDelete.
+// decideDelete applies the deletion rules (docs/orchestrator.md, Deletion).
 func (e *Engine) decideDelete(r *store.Row, now time.Time) Decision {
 	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
 	switch {

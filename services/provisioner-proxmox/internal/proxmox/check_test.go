@@ -207,7 +207,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 			t.Errorf("the %s reached the log", what)
 		}
 	}
-	// The lines the seed lists are there.
+	// The documented log lines are there.
 	for _, msg := range []string{"proxmox api call", "proxmox vm ensured running", "proxmox vm fetched", "proxmox vm deleted", "proxmox vms listed", "proxmox node checked", "proxmox create resolved", "proxmox guest agent answered", "proxmox listed instance"} {
 		if !strings.Contains(out, `"msg":"`+msg+`"`) {
 			t.Errorf("no %q line", msg)

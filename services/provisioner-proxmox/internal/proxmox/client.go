@@ -29,7 +29,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 )
 
-// LevelTrace is the level of the seed's V(2) lines: request parameters,
+// LevelTrace is the most detailed level: request parameters,
 // config summaries, the agent's addresses (never secrets).
 const LevelTrace = slog.LevelDebug - 4
 

@@ -1,9 +1,7 @@
 // Package proxmox is the Proxmox VE backend of the provisioner runtime:
 // each proxy is a full clone of a template, booted with a NoCloud seed ISO
 // built in-process, on a cluster reached through its REST API with an API
-// token. The behaviour follows the seed's Proxmox document section by
-// section; docs/provisioner-proxmox.md is its description for this
-// architecture.
+// token. docs/provisioner-proxmox.md describes the behaviour.
 package proxmox
 
 import (
@@ -159,7 +157,7 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Budgets bound every request and wait (the seed's timeouts table).
+// Budgets bound every request and wait (docs/provisioner-proxmox.md, Budgets).
 type Budgets struct {
 	Connect, TLSHandshake, Request time.Duration
 	Clone, Upload, Resize, Start   time.Duration
@@ -168,7 +166,7 @@ type Budgets struct {
 	Check                          time.Duration
 }
 
-// DefaultBudgets are the seed's budgets.
+// DefaultBudgets are the documented budgets.
 func DefaultBudgets(requestTimeout time.Duration) Budgets {
 	return Budgets{
 		Connect: 10 * time.Second, TLSHandshake: 10 * time.Second, Request: requestTimeout,

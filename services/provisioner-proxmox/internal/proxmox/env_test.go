@@ -51,7 +51,7 @@ func testBudgets() Budgets {
 	}
 }
 
-// newEnv starts a fake with the seed's template, token and ACL, and a
+// newEnv starts a fake with the documented template, token and ACL, and a
 // backend configured for it; mut adjusts the config first.
 func newEnv(t testing.TB, mut func(*Config), opts ...func(*pvefake.Options)) *env {
 	t.Helper()

@@ -12,7 +12,8 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 )
 
-// classify gives err its class, once, by the seed's error-class table.
+// classify gives err its class, once, by the error-class table in
+// docs/provisioner-proxmox.md.
 // Errors that carry a class from their source (validation, the token and
 // CA files, the ownership check) keep it.
 //

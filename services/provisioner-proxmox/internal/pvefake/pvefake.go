@@ -1,6 +1,6 @@
 // Package pvefake is a fake Proxmox VE API server, faithful to the real one
-// on the wire for everything the provisioner uses (see
-// ../shared/backend-facts.md and the seed's captured texts):
+// on the wire for everything the provisioner uses (status codes, bodies and
+// error texts as a real Proxmox VE answers them):
 //
 //   - real TLS with its own CA and a certificate naming 127.0.0.1,
 //     localhost and the first node; HTTP/1.1 only;
@@ -295,13 +295,13 @@ func (s *Server) AddToken(id, secret string, acl map[string][]string) {
 	s.tokens[id] = &token{secret: secret, acl: acl}
 }
 
-// OperatorPrivileges is the seed's ProxyOperator role.
+// OperatorPrivileges is the documented ProxyOperator role.
 var OperatorPrivileges = []string{"VM.Allocate", "VM.Clone", "VM.Audit", "VM.Config.CDROM", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Disk", "VM.Config.Network", "VM.Config.Options", "VM.PowerMgmt", "VM.GuestAgent.Audit", "Datastore.Audit", "Datastore.AllocateSpace", "Datastore.AllocateTemplate", "Sys.Audit", "SDN.Use"}
 
-// SeedPrivileges is the seed's ProxyOperatorSeeds role.
+// SeedPrivileges is the documented ProxyOperatorSeeds role.
 var SeedPrivileges = []string{"Datastore.Allocate", "Datastore.AllocateTemplate", "Datastore.AllocateSpace", "Datastore.Audit"}
 
-// OperatorACL is the seed's ACL: ProxyOperator on / and ProxyOperatorSeeds
+// OperatorACL is the documented ACL: ProxyOperator on / and ProxyOperatorSeeds
 // on the seed storage.
 func (s *Server) OperatorACL() map[string][]string {
 	return map[string][]string{"/": OperatorPrivileges, "/storage/" + s.opts.ISOStorage: SeedPrivileges}
@@ -322,7 +322,7 @@ func (s *Server) AddTemplate(vmid int, nodeName string, config map[string]string
 	s.vms[vmid] = &vm{VM: VM{VMID: vmid, Node: nodeName, Status: "stopped", QMP: "stopped", Template: !notTemplate, Config: cfg}, startsOK: true}
 }
 
-// DebianTemplate is a config like the seed's Debian 13 template.
+// DebianTemplate is a config like a Debian 13 cloud template.
 func DebianTemplate() map[string]string {
 	return map[string]string{
 		"name": "debian-13-template", "memory": "2048", "cores": "2", "ostype": "l26", "machine": "q35", "bios": "ovmf",

@@ -1,6 +1,6 @@
 // Command pvefake runs the fake Proxmox VE API for manual runs of
 // provisioner-proxmox: a node pv1-1 with the seed storage proxy-seeds, the
-// Debian template 9001, and the seed's token and ACL. It writes the token
+// Debian template 9001, and a token with the documented ACL. It writes the token
 // and the CA to --dir and prints a providers entry that uses them.
 package main
 
