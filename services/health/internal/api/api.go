@@ -1,6 +1,7 @@
 // Package api serves HealthService: proxy health from the shared store (so
 // every replica answers for every proxy, whoever probes it), transitions
-// as a stream, and provider health.
+// as a stream, and provider health. Requests arrive checked against the
+// contract's rules (pkg/validate, on every server through pkg/service).
 package api
 
 import (
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/transitions"
 )
@@ -47,9 +49,6 @@ const (
 
 // GetProxyHealth returns one proxy's health.
 func (s *Server) GetProxyHealth(ctx context.Context, req *healthv1.GetProxyHealthRequest) (*healthv1.GetProxyHealthResponse, error) {
-	if req.GetProxyName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "proxy_name is required")
-	}
 	h, err := s.Store.GetProxy(ctx, req.GetProxyName())
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "proxy %q is not probed", req.GetProxyName())
@@ -62,10 +61,8 @@ func (s *Server) GetProxyHealth(ctx context.Context, req *healthv1.GetProxyHealt
 
 // ListProxyHealth lists proxies by name, a page at a time.
 func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHealthRequest) (*healthv1.ListProxyHealthResponse, error) {
-	size := int(req.GetPageSize())
+	size := int(req.GetPageSize()) // never negative: a contract rule
 	switch {
-	case size < 0:
-		return nil, status.Error(codes.InvalidArgument, "page_size must not be negative")
 	case size == 0:
 		size = defaultPageSize
 	case size > maxPageSize:
@@ -76,7 +73,7 @@ func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHea
 		raw, err := base64.RawURLEncoding.DecodeString(tok)
 		name, uid, ok := strings.Cut(string(raw), "\x00")
 		if err != nil || !ok || name == "" {
-			return nil, status.Error(codes.InvalidArgument, "page_token is not one this service issued")
+			return nil, validate.Field("page_token", "is not one this service issued")
 		}
 		afterName, afterUID = name, uid
 	}
@@ -97,10 +94,7 @@ func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHea
 // WatchProxyHealth streams transitions after since_sequence, then live.
 func (s *Server) WatchProxyHealth(req *healthv1.WatchProxyHealthRequest, stream healthv1.HealthService_WatchProxyHealthServer) error {
 	ctx := stream.Context()
-	since := req.GetSinceSequence()
-	if since < 0 {
-		return status.Error(codes.InvalidArgument, "since_sequence must not be negative")
-	}
+	since := req.GetSinceSequence() // never negative: a contract rule
 	// Subscribe first, so nothing stored from here on is missed; the
 	// backlog fills the gap up to the hub's position.
 	ch, hubPos, cancel, err := s.Hub.Subscribe(ctx)
