@@ -8,7 +8,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -53,6 +55,8 @@ type suite struct {
 	opsTokens string
 	crawlers  string
 	opsFile   string
+	// cloudInitKeys is the orchestrator's cloud-init keyring.
+	cloudInitKeys string
 
 	orchestrator servicetest.Addrs
 	lease        servicetest.Addrs
@@ -76,6 +80,11 @@ func newSuite(t *testing.T) *suite {
 	s.opsTokens = s.write("ops-tokens", "ops "+opsToken+"\n")
 	s.crawlers = s.write("crawler-tokens", "crawler-a "+crawlerToken+"\n")
 	s.opsFile = s.write("ops-token", opsToken+"\n")
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	s.cloudInitKeys = s.write("cloud-init-keys.yaml", "active: e2e\nkeys:\n  e2e: "+base64.StdEncoding.EncodeToString(key)+"\n")
 
 	s.site = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the site, %s", r.URL.Path)
@@ -124,7 +133,7 @@ func (s *suite) common() []string {
 
 func (s *suite) startOrchestrator() *proctest.Process {
 	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(s.common(),
-		"--auth-token-file="+s.opsTokens, "--providers-config="+s.providers,
+		"--auth-token-file="+s.opsTokens, "--providers-config="+s.providers, "--cloud-init-key-file="+s.cloudInitKeys,
 		"--gc-interval=2s", "--gc-grace=1s", "--resync-interval=3s",
 		"--provisioning-poll=200ms", "--deletion-poll=200ms", "--create-deadline=30s", "--get-deadline=10s", "--delete-deadline=20s"))
 	s.orchestrator = a
