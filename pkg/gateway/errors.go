@@ -42,6 +42,25 @@ func ErrorHandlerWith(httpStatus func(*status.Status) int) runtime.ErrorHandlerF
 	}
 }
 
+// RoutingErrorHandler answers requests that match no route in the same
+// shape: 404 NOT_FOUND for an unknown path, 405 (UNIMPLEMENTED in the body)
+// for a known path with another method, where grpc-gateway's default says
+// 501.
+func RoutingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	var err error
+	switch httpStatus {
+	case http.StatusMethodNotAllowed:
+		err = status.Errorf(codes.Unimplemented, "method %s is not allowed on %s", r.Method, r.URL.Path)
+		w = &statusOverride{ResponseWriter: w, code: http.StatusMethodNotAllowed}
+	case http.StatusNotFound:
+		err = status.Errorf(codes.NotFound, "no API at %s", r.URL.Path)
+	default:
+		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
+		return
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
 // The field a grpc-gateway or protojson decoding error is about, from the
 // wording of their messages (grpc-gateway runtime/query.go and the
 // generated handlers; protojson's decoder).

@@ -25,12 +25,15 @@ func Marshaler() runtime.Marshaler {
 }
 
 // NewServeMux returns a gateway mux using Marshaler for every content type
-// and ErrorHandler for every error, with any extra options (a service's
+// and ErrorHandler and RoutingErrorHandler for every error (streaming
+// calls write the same google.rpc.Status as {"error": ...} on their line),
+// with any extra options (a service's
 // ErrorHandlerWith, header matchers) applied after.
 func NewServeMux(opts ...runtime.ServeMuxOption) *runtime.ServeMux {
 	base := []runtime.ServeMuxOption{
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, Marshaler()),
 		runtime.WithErrorHandler(ErrorHandler),
+		runtime.WithRoutingErrorHandler(RoutingErrorHandler),
 	}
 	return runtime.NewServeMux(append(base, opts...)...)
 }
