@@ -68,14 +68,9 @@ func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHea
 	case size > maxPageSize:
 		size = maxPageSize
 	}
-	var afterName, afterUID string
-	if tok := req.GetPageToken(); tok != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(tok)
-		name, uid, ok := strings.Cut(string(raw), "\x00")
-		if err != nil || !ok || name == "" {
-			return nil, validate.Field("page_token", "is not one this service issued")
-		}
-		afterName, afterUID = name, uid
+	afterName, afterUID, err := decodePageToken(req.GetPageToken())
+	if err != nil {
+		return nil, err
 	}
 	list, err := s.Store.ListProxies(ctx, afterName, afterUID, size+1)
 	if err != nil {
@@ -85,7 +80,7 @@ func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHea
 	if len(list) > size {
 		list = list[:size]
 		last := list[size-1]
-		resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(last.GetProxyName() + "\x00" + last.GetProxyUid()))
+		resp.NextPageToken = encodePageToken(last.GetProxyName(), last.GetProxyUid())
 	}
 	resp.Proxies = list
 	return resp, nil
@@ -212,4 +207,23 @@ func (s *Server) internal(ctx context.Context, what string, err error) error {
 	}
 	s.Log.ErrorContext(ctx, what+" failed", "error", err)
 	return status.Error(codes.Unavailable, what+" failed; retry")
+}
+
+// decodePageToken reads a ListProxyHealth page token: where the previous
+// page stopped. An empty token starts at the beginning.
+func decodePageToken(tok string) (afterName, afterUID string, err error) {
+	if tok == "" {
+		return "", "", nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	name, uid, ok := strings.Cut(string(raw), "\x00")
+	if err != nil || !ok || name == "" {
+		return "", "", validate.Field("page_token", "is not one this service issued")
+	}
+	return name, uid, nil
+}
+
+// encodePageToken is the token of the page after the proxy name/uid.
+func encodePageToken(name, uid string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(name + "\x00" + uid))
 }
