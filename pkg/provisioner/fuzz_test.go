@@ -11,6 +11,7 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/validate"
+	"github.com/egress-proxies/egress-proxies/pkg/validate/validatetest"
 )
 
 // FuzzCreateInstanceRequest feeds the provisioner's requests as they
@@ -44,7 +45,7 @@ func FuzzCreateInstanceRequest(f *testing.F) {
 			}
 		}
 		if err := v.Check(in); err != nil {
-			if !strings.HasPrefix(err.Error(), "rpc error: code = InvalidArgument desc = invalid request: ") {
+			if !validatetest.IsViolation(err) {
 				t.Fatalf("unexpected error shape: %v", err)
 			}
 			return

@@ -7,8 +7,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/pkg/validate"
+	"github.com/egress-proxies/egress-proxies/pkg/validate/validatetest"
 )
 
 // FuzzListProxyHealthRequest feeds ListProxyHealthRequests, as protobuf and
@@ -24,18 +24,13 @@ func FuzzListProxyHealthRequest(f *testing.F) {
 	bin, _ := proto.Marshal(&healthv1.ListProxyHealthRequest{PageSize: 10, PageToken: encodePageToken("proxy-1", "u1")})
 	f.Add(bin, false)
 	f.Add([]byte(`{"pageSize":5,"pageToken":"cHJveHktMQB1MQ"}`), true)
-	dec := gateway.Marshaler()
 	f.Fuzz(func(t *testing.T, data []byte, asJSON bool) {
 		var req healthv1.ListProxyHealthRequest
-		if asJSON {
-			if dec.Unmarshal(data, &req) != nil {
-				return
-			}
-		} else if proto.Unmarshal(data, &req) != nil {
+		if !validatetest.Decode(data, asJSON, &req) {
 			return
 		}
 		if err := v.Check(&req); err != nil {
-			if !strings.HasPrefix(err.Error(), "rpc error: code = InvalidArgument desc = invalid request: ") {
+			if !validatetest.IsViolation(err) {
 				t.Fatalf("unexpected error shape: %v", err)
 			}
 			return

@@ -8,8 +8,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/pkg/validate"
+	"github.com/egress-proxies/egress-proxies/pkg/validate/validatetest"
 )
 
 // FuzzAcquireRequest feeds AcquireLeaseRequests, in the protobuf encoding
@@ -26,18 +26,13 @@ func FuzzAcquireRequest(f *testing.F) {
 	bin, _ := proto.Marshal(&leasev1.AcquireLeaseRequest{TargetHost: "Shop.Example.COM.", Selector: &leasev1.ProxySelector{Zone: "eu-1", Labels: map[string]string{"pool": "a"}}})
 	f.Add(bin, false)
 	f.Add([]byte(`{"targetHost":"[::1]","ttl":"30s","selector":{"provider":"pve","labels":{"k":"v"}}}`), true)
-	dec := gateway.Marshaler()
 	f.Fuzz(func(t *testing.T, data []byte, asJSON bool) {
 		var req leasev1.AcquireLeaseRequest
-		if asJSON {
-			if dec.Unmarshal(data, &req) != nil {
-				return
-			}
-		} else if proto.Unmarshal(data, &req) != nil {
+		if !validatetest.Decode(data, asJSON, &req) {
 			return
 		}
 		if err := v.Check(&req); err != nil {
-			if !strings.HasPrefix(err.Error(), "rpc error: code = InvalidArgument desc = invalid request: ") {
+			if !validatetest.IsViolation(err) {
 				t.Fatalf("unexpected error shape: %v", err)
 			}
 			return

@@ -8,8 +8,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/pkg/validate"
+	"github.com/egress-proxies/egress-proxies/pkg/validate/validatetest"
 )
 
 func configured(p string) bool { return p == "pve" }
@@ -70,18 +70,13 @@ func FuzzValidate(f *testing.F) {
 	f.Add(ext, false)
 	f.Add([]byte(`{"name":"p1","spec":{"mode":"PROXY_MODE_MANAGED","provider":"pve","placement":{"zone":"pv1-1"},"cloudInit":"#cloud-config\n"}}`), true)
 	f.Add([]byte(`{"name":"p1","spec":{"mode":"PROXY_MODE_MANAGED","provider":"pve","placement":{"zone":"pv1\u0000"}}}`), true)
-	dec := gateway.Marshaler()
 	f.Fuzz(func(t *testing.T, data []byte, asJSON bool) {
 		var req proxyv1.CreateProxyRequest
-		if asJSON {
-			if dec.Unmarshal(data, &req) != nil {
-				return
-			}
-		} else if proto.Unmarshal(data, &req) != nil {
+		if !validatetest.Decode(data, asJSON, &req) {
 			return
 		}
 		if err := v.Check(&req); err != nil {
-			if !strings.HasPrefix(err.Error(), "rpc error: code = InvalidArgument desc = invalid request: ") {
+			if !validatetest.IsViolation(err) {
 				t.Fatalf("unexpected error shape: %v", err)
 			}
 			return
@@ -90,7 +85,7 @@ func FuzzValidate(f *testing.F) {
 		ValidateLabels(&viol, "labels", req.GetLabels())
 		Validate(&viol, req.GetSpec(), configured, []string{"pve"})
 		if err := viol.Err(); err != nil {
-			if !strings.HasPrefix(err.Error(), "rpc error: code = InvalidArgument desc = invalid request: ") {
+			if !validatetest.IsViolation(err) {
 				t.Fatalf("unexpected error shape: %v", err)
 			}
 			return
