@@ -49,10 +49,11 @@ third_party/.stamp: scripts/third-party-protos.sh tools/go.mod
 	scripts/third-party-protos.sh
 	@touch $@
 
-## generate: regenerate Go code and the OpenAPI document from proto/
+## generate: regenerate Go code and the OpenAPI document from proto/ (with the buf.validate rules written into it)
 generate: tools third-party
 	rm -rf pkg/api/egress pkg/api/openapi
 	$(BUF) generate
+	go run ./pkg/validate/openapirules pkg/api/openapi/egress.swagger.json
 
 ## check-generated: fail when committed generated code differs from a fresh generation
 check-generated: generate

@@ -50,6 +50,9 @@ export EGRESS_PROBE_TARGET=${EGRESS_PROBE_TARGET:-http://$self:$((8101 + offset)
 # Read instances every 30 s, so a local proxy stopped with the last run is
 # started again soon after this one starts.
 export EGRESS_RESYNC_INTERVAL=${EGRESS_RESYNC_INTERVAL:-30s}
+# The orchestrator encrypts cloud-init at rest with this (public, local-only)
+# keyring; see docs/orchestrator.md, "Cloud-init at rest".
+export EGRESS_CLOUD_INIT_KEY_FILE=${EGRESS_CLOUD_INIT_KEY_FILE:-deploy/local/cloud-init-keys.yaml}
 # provisioner-local serves the `local` provider; health checks it.
 export EGRESS_PROVIDER=${EGRESS_PROVIDER:-local}
 export EGRESS_PROVISIONER=${EGRESS_PROVISIONER:-local=$self:$((8160 + offset))}

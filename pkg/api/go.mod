@@ -3,6 +3,7 @@ module github.com/egress-proxies/egress-proxies/pkg/api
 go 1.26.0
 
 require (
+	buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go v1.36.12-20260825204119-511051f7f437.1
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.34.0
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0

@@ -1,7 +1,8 @@
 // Package gateway holds the suite's one grpc-gateway configuration, so every
 // service's REST API encodes JSON the same way: lowerCamelCase field names,
 // every field present in responses, enums by name, and unknown fields in a
-// request body rejected rather than silently dropped.
+// request body rejected rather than silently dropped; and one error shape
+// (ErrorHandler).
 package gateway
 
 import (
@@ -25,12 +26,17 @@ func Marshaler() runtime.Marshaler {
 	}
 }
 
-// NewServeMux returns a gateway mux using Marshaler for every content type,
-// with any extra options (error handlers, header matchers) applied after.
+// NewServeMux returns a gateway mux using Marshaler for every content type
+// and ErrorHandler and RoutingErrorHandler for every error (streaming
+// calls write the same google.rpc.Status as {"error": ...} on their line),
+// with any extra options (a service's
+// ErrorHandlerWith, header matchers) applied after.
 func NewServeMux(opts ...runtime.ServeMuxOption) *runtime.ServeMux {
 	base := []runtime.ServeMuxOption{
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, Marshaler()),
 		runtime.WithOutgoingHeaderMatcher(OutgoingHeader),
+		runtime.WithErrorHandler(ErrorHandler),
+		runtime.WithRoutingErrorHandler(RoutingErrorHandler),
 	}
 	return runtime.NewServeMux(append(base, opts...)...)
 }

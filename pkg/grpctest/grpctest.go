@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
 )
 
 // Serve serves srv on a free loopback port until the test ends and
@@ -35,4 +37,16 @@ func Dial(tb testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientConn 
 	}
 	tb.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// NewServer is a gRPC server as the services build it for their API: the
+// contract's request rules enforced (pkg/validate) before any handler, plus
+// opts.
+func NewServer(tb testing.TB, opts ...grpc.ServerOption) *grpc.Server {
+	tb.Helper()
+	v, err := validate.New()
+	if err != nil {
+		tb.Fatalf("grpctest: %v", err)
+	}
+	return grpc.NewServer(append(v.ServerOptions(), opts...)...)
 }

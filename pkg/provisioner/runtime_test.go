@@ -25,6 +25,7 @@ import (
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
@@ -564,6 +565,14 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 		{"operation without its request is Permanent", &busv1.Command{CommandId: "c6", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_CREATE},
 			func(t *testing.T, r *busv1.CommandResult) {
 				if r.GetError().GetReason() != errclass.Permanent {
+					t.Errorf("result = %v", r)
+				}
+			}},
+		{"a request breaking the contract is Permanent", &busv1.Command{CommandId: "c8", ProxyUid: "u2", Provider: "pve", Operation: busv1.Operation_OPERATION_CREATE,
+			Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u2", ProxyName: "p2",
+				Placement: &proxyv1.Placement{Zone: "pve1\n"}}}},
+			func(t *testing.T, r *busv1.CommandResult) {
+				if r.GetError().GetReason() != errclass.Permanent || !strings.Contains(r.GetError().GetMessage(), "placement.zone") {
 					t.Errorf("result = %v", r)
 				}
 			}},

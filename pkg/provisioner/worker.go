@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -19,6 +21,7 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
 )
 
 // Worker executes commands from the provider's shared durable consumer.
@@ -287,6 +290,16 @@ func (w *Worker) exec(ctx context.Context, cmd *busv1.Command) (res *busv1.Comma
 		res.Outcome = &busv1.CommandResult_Error{Error: errclass.ToCommandError(err)}
 		return res
 	}
+	// Commands obey the same contract rules as gRPC calls (pkg/validate).
+	if req := commandRequest(cmd); req != nil {
+		rules, err := commandRules()
+		if err != nil {
+			return fail(err)
+		}
+		if err := rules.Check(req); err != nil {
+			return fail(errclass.New(errclass.Permanent, "%s", status.Convert(err).Message()))
+		}
+	}
 	switch cmd.GetOperation() {
 	case busv1.Operation_OPERATION_CREATE:
 		req := cmd.GetCreate()
@@ -332,4 +345,17 @@ func (w *Worker) exec(ctx context.Context, cmd *busv1.Command) (res *busv1.Comma
 		return fail(errclass.New(errclass.Permanent, "unknown operation %s", cmd.GetOperation()))
 	}
 	return res
+}
+
+// commandRules checks commands' requests; built once, on first use.
+var commandRules = sync.OnceValues(validate.New)
+
+// commandRequest is the provisioner request a command carries, if any.
+func commandRequest(cmd *busv1.Command) proto.Message {
+	m := cmd.ProtoReflect()
+	fd := m.WhichOneof(m.Descriptor().Oneofs().ByName("request"))
+	if fd == nil {
+		return nil
+	}
+	return m.Get(fd).Message().Interface()
 }

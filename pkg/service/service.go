@@ -3,7 +3,9 @@
 // server with grpc.health.v1, and an HTTP server carrying the REST gateway,
 // Prometheus /metrics, /healthz and /readyz. Run serves until the context
 // ends (SIGTERM or SIGINT in Main), then stops accepting work, lets
-// in-flight calls finish within the shutdown timeout and returns.
+// in-flight calls finish within the shutdown timeout and returns. Every
+// request is checked against its contract's rules (pkg/validate) before a
+// handler sees it, and every REST error has one shape (pkg/gateway).
 package service
 
 import (
@@ -46,6 +48,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/gateway"
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
 )
 
 // Options are the settings every service has.
@@ -230,6 +233,13 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 	}
 	s.opts.MaxRequestBytes = orDefault(opts.MaxRequestBytes, DefaultMaxRequestBytes)
 	serverOpts = append(serverOpts, grpc.MaxRecvMsgSize(s.opts.MaxRequestBytes))
+	// Validation after authentication: an anonymous caller learns nothing,
+	// not even which of its fields are wrong.
+	validator, err := validate.New()
+	if err != nil {
+		return nil, err
+	}
+	serverOpts = append(serverOpts, validator.ServerOptions()...)
 	s.GRPC = grpc.NewServer(append(serverOpts, s.grpcOpts...)...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
 	if opts.Reflection {

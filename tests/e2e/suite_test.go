@@ -8,8 +8,10 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -62,6 +64,8 @@ type suite struct {
 	caFile   string
 	certFile string
 	keyFile  string
+	// cloudInitKeys is the orchestrator's cloud-init keyring.
+	cloudInitKeys string
 
 	orchestrator servicetest.Addrs
 	lease        servicetest.Addrs
@@ -85,6 +89,11 @@ func newSuite(t *testing.T) *suite {
 	s.tokens = s.write("tokens", "ops "+opsToken+" admin\ncrawler-a "+crawlerToken+" crawler\n"+
 		"dashboard "+viewerToken+" viewer\nsuite "+serviceToken+" service\n")
 	s.svcFile = s.write("service-token", serviceToken+"\n")
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	s.cloudInitKeys = s.write("cloud-init-keys.yaml", "active: e2e\nkeys:\n  e2e: "+base64.StdEncoding.EncodeToString(key)+"\n")
 
 	s.site = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the site, %s", r.URL.Path)
@@ -186,7 +195,7 @@ func (s *suite) base(httpAddr string) string {
 
 func (s *suite) startOrchestrator() *proctest.Process {
 	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(s.common(),
-		"--providers-config="+s.providers,
+		"--providers-config="+s.providers, "--cloud-init-key-file="+s.cloudInitKeys,
 		"--gc-interval=2s", "--gc-grace=1s", "--resync-interval=3s",
 		"--provisioning-poll=200ms", "--deletion-poll=200ms", "--create-deadline=30s", "--get-deadline=10s", "--delete-deadline=20s"))
 	s.orchestrator = a

@@ -1,12 +1,14 @@
 // Package servicetest checks what every service binary promises: it starts,
 // serves grpc.health.v1 and Prometheus /metrics, logs JSON through slog, and
-// exits cleanly on SIGTERM.
+// exits cleanly on SIGTERM; and how every REST API answers bad input.
 package servicetest
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -103,4 +105,94 @@ func get(t *testing.T, url string, want int) string {
 		t.Fatalf("GET %s = %d, want %d: %s", url, resp.StatusCode, want, b)
 	}
 	return string(b)
+}
+
+// BadInput is one malformed REST request and the answer it must get.
+type BadInput struct {
+	Name         string
+	Method, Path string
+	Body         string
+	// Status is the HTTP status wanted; Statuses, when set, the statuses
+	// accepted instead (for a limit another layer may enforce first).
+	Status   int
+	Statuses []int
+	// Field, when set, must be named by a google.rpc.BadRequest field
+	// violation and in the message.
+	Field string
+}
+
+// CheckBadInput sends each request to base (http://host:port) with the
+// bearer token and checks the answer: the wanted status, and the suite's
+// one error shape, a google.rpc.Status JSON whose BadRequest names Field.
+func CheckBadInput(t *testing.T, base, token string, cases []BadInput) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.Method, base+tc.Path, strings.NewReader(tc.Body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			wanted := tc.Statuses
+			if len(wanted) == 0 {
+				wanted = []int{tc.Status}
+			}
+			if !slices.Contains(wanted, resp.StatusCode) {
+				t.Fatalf("%s %s = %d %.300s; want %v", tc.Method, tc.Path, resp.StatusCode, raw, wanted)
+			}
+			var st struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+				Details []struct {
+					Type            string `json:"@type"`
+					FieldViolations []struct {
+						Field       string `json:"field"`
+						Description string `json:"description"`
+					} `json:"fieldViolations"`
+				} `json:"details"`
+			}
+			// A streaming call writes the status as {"error": ...}, its line
+			// format.
+			var line struct {
+				Error json.RawMessage `json:"error"`
+			}
+			if json.Unmarshal(raw, &line) == nil && len(line.Error) > 0 {
+				raw = line.Error
+			}
+			if err := json.Unmarshal(raw, &st); err != nil || st.Code == 0 || st.Message == "" {
+				t.Fatalf("the answer is not a google.rpc.Status JSON: %.300s (%v)", raw, err)
+			}
+			if tc.Field == "" {
+				return
+			}
+			named := false
+			for _, d := range st.Details {
+				for _, fv := range d.FieldViolations {
+					named = named || (d.Type == "type.googleapis.com/google.rpc.BadRequest" && fv.Field == tc.Field && fv.Description != "")
+				}
+			}
+			if !named || !strings.Contains(st.Message, tc.Field) {
+				t.Errorf("the answer does not name %s in a BadRequest and its message: %.500s", tc.Field, raw)
+			}
+		})
+	}
+}
+
+// NoErrorLogs fails when p logged at ERROR level: bad input is the
+// client's fault and must not page anyone.
+func NoErrorLogs(t *testing.T, p *proctest.Process) {
+	t.Helper()
+	for _, l := range p.Logs() {
+		if l["level"] == "ERROR" {
+			t.Errorf("logged an ERROR: %v", l)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 // Package api serves HealthService: proxy health from the shared store (so
 // every replica answers for every proxy, whoever probes it), transitions
-// as a stream, and provider health.
+// as a stream, and provider health. Requests arrive checked against the
+// contract's rules (pkg/validate, on every server through pkg/service).
 package api
 
 import (
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/transitions"
 )
@@ -47,9 +49,6 @@ const (
 
 // GetProxyHealth returns one proxy's health.
 func (s *Server) GetProxyHealth(ctx context.Context, req *healthv1.GetProxyHealthRequest) (*healthv1.GetProxyHealthResponse, error) {
-	if req.GetProxyName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "proxy_name is required")
-	}
 	h, err := s.Store.GetProxy(ctx, req.GetProxyName())
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "proxy %q is not probed", req.GetProxyName())
@@ -62,23 +61,16 @@ func (s *Server) GetProxyHealth(ctx context.Context, req *healthv1.GetProxyHealt
 
 // ListProxyHealth lists proxies by name, a page at a time.
 func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHealthRequest) (*healthv1.ListProxyHealthResponse, error) {
-	size := int(req.GetPageSize())
+	size := int(req.GetPageSize()) // never negative: a contract rule
 	switch {
-	case size < 0:
-		return nil, status.Error(codes.InvalidArgument, "page_size must not be negative")
 	case size == 0:
 		size = defaultPageSize
 	case size > maxPageSize:
 		size = maxPageSize
 	}
-	var afterName, afterUID string
-	if tok := req.GetPageToken(); tok != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(tok)
-		name, uid, ok := strings.Cut(string(raw), "\x00")
-		if err != nil || !ok || name == "" {
-			return nil, status.Error(codes.InvalidArgument, "page_token is not one this service issued")
-		}
-		afterName, afterUID = name, uid
+	afterName, afterUID, err := decodePageToken(req.GetPageToken())
+	if err != nil {
+		return nil, err
 	}
 	list, err := s.Store.ListProxies(ctx, afterName, afterUID, size+1)
 	if err != nil {
@@ -88,7 +80,7 @@ func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHea
 	if len(list) > size {
 		list = list[:size]
 		last := list[size-1]
-		resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(last.GetProxyName() + "\x00" + last.GetProxyUid()))
+		resp.NextPageToken = encodePageToken(last.GetProxyName(), last.GetProxyUid())
 	}
 	resp.Proxies = list
 	return resp, nil
@@ -97,10 +89,7 @@ func (s *Server) ListProxyHealth(ctx context.Context, req *healthv1.ListProxyHea
 // WatchProxyHealth streams transitions after since_sequence, then live.
 func (s *Server) WatchProxyHealth(req *healthv1.WatchProxyHealthRequest, stream healthv1.HealthService_WatchProxyHealthServer) error {
 	ctx := stream.Context()
-	since := req.GetSinceSequence()
-	if since < 0 {
-		return status.Error(codes.InvalidArgument, "since_sequence must not be negative")
-	}
+	since := req.GetSinceSequence() // never negative: a contract rule
 	// Subscribe first, so nothing stored from here on is missed; the
 	// backlog fills the gap up to the hub's position.
 	ch, hubPos, cancel, err := s.Hub.Subscribe(ctx)
@@ -218,4 +207,23 @@ func (s *Server) internal(ctx context.Context, what string, err error) error {
 	}
 	s.Log.ErrorContext(ctx, what+" failed", "error", err)
 	return status.Error(codes.Unavailable, what+" failed; retry")
+}
+
+// decodePageToken reads a ListProxyHealth page token: where the previous
+// page stopped. An empty token starts at the beginning.
+func decodePageToken(tok string) (afterName, afterUID string, err error) {
+	if tok == "" {
+		return "", "", nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	name, uid, ok := strings.Cut(string(raw), "\x00")
+	if err != nil || !ok || name == "" {
+		return "", "", validate.Field("page_token", "is not one this service issued")
+	}
+	return name, uid, nil
+}
+
+// encodePageToken is the token of the page after the proxy name/uid.
+func encodePageToken(name, uid string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(name + "\x00" + uid))
 }

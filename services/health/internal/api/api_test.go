@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -44,7 +43,7 @@ func newFixture(t *testing.T) *fixture {
 	hubDone := make(chan struct{})
 	go func() { _ = hub.Run(ctx); close(hubDone) }()
 
-	srv := grpc.NewServer()
+	srv := grpctest.NewServer(t)
 	healthv1.RegisterHealthServiceServer(srv, &api.Server{Store: st, Hub: hub, Log: log,
 		Providers: []api.Provider{{Name: "pve", Type: "proxmox"}, {Name: "kvm-home", Type: "kvm"}}})
 	t.Cleanup(func() {

@@ -5,26 +5,17 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
 )
 
 // invalid is an INVALID_ARGUMENT naming the field, in the message and as a
-// google.rpc.BadRequest field violation.
+// google.rpc.BadRequest field violation: the shape of every validation error
+// of the suite.
 func invalid(field, problem string) error {
-	msg := field + ": " + problem
-	st := status.New(codes.InvalidArgument, msg)
-	d, err := st.WithDetails(&errdetails.BadRequest{
-		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: problem}},
-	})
-	if err != nil {
-		return st.Err()
-	}
-	return d.Err()
+	return validate.Field(field, "%s", problem)
 }
 
 // leaseID checks a lease id is a UUID and returns its canonical form.
@@ -76,26 +67,13 @@ func targetHost(h string) (string, error) {
 	return host, nil
 }
 
-// selector checks a selector.
+// selector converts a selector; its lengths and characters are checked by
+// the contract (lease.proto).
 func selector(s *leasev1.ProxySelector) (store.Selector, error) {
-	sel := store.Selector{
+	return store.Selector{
 		Provider: s.GetProvider(),
 		Region:   s.GetRegion(),
 		Zone:     s.GetZone(),
 		Labels:   s.GetLabels(),
-	}
-	for field, v := range map[string]string{"selector.provider": sel.Provider, "selector.region": sel.Region, "selector.zone": sel.Zone} {
-		if len(v) > 253 {
-			return sel, invalid(field, "must be at most 253 characters")
-		}
-	}
-	for k, v := range sel.Labels {
-		if k == "" || len(k) > 317 {
-			return sel, invalid("selector.labels", "keys must have 1 to 317 characters")
-		}
-		if len(v) > 63 {
-			return sel, invalid("selector.labels["+k+"]", "values must be at most 63 characters")
-		}
-	}
-	return sel, nil
+	}, nil
 }

@@ -38,7 +38,7 @@ func TestTargetHost(t *testing.T) {
 			t.Errorf("targetHost(%q) = %q, %v; want %q, ok=%v", tc.in, got, err, tc.want, tc.ok)
 		}
 		if err != nil {
-			if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), "target_host: ") {
+			if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), "invalid request: target_host: ") {
 				t.Errorf("targetHost(%q) error %v does not name the field", tc.in, err)
 			}
 		}
@@ -75,7 +75,7 @@ func FuzzTargetHost(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in string) {
 		got, err := targetHost(in)
 		if err != nil {
-			if !strings.HasPrefix(status.Convert(err).Message(), "target_host: ") {
+			if !strings.HasPrefix(status.Convert(err).Message(), "invalid request: target_host: ") {
 				t.Fatalf("error %v does not name the field", err)
 			}
 			return

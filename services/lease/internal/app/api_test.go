@@ -654,7 +654,19 @@ func TestInvalidRequests(t *testing.T) {
 		{"empty label key", func(ctx context.Context, c lt.Client) lt.Result {
 			_, r := c.Acquire(ctx, &leasev1.AcquireLeaseRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"": "x"}}})
 			return r
-		}, "selector.labels"},
+		}, `selector.labels[""]`},
+		{"NUL in a selector zone", func(ctx context.Context, c lt.Client) lt.Result {
+			_, r := c.Acquire(ctx, &leasev1.AcquireLeaseRequest{Selector: &leasev1.ProxySelector{Zone: "eu-1\x00"}})
+			return r
+		}, "selector.zone"},
+		{"newline in a selector label value", func(ctx context.Context, c lt.Client) lt.Result {
+			_, r := c.Acquire(ctx, &leasev1.AcquireLeaseRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "eu\nx"}}})
+			return r
+		}, `selector.labels["pool"]`},
+		{"NUL in a list filter", func(ctx context.Context, c lt.Client) lt.Result {
+			_, r := c.List(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Provider: "pve\x00"}})
+			return r
+		}, "selector.provider"},
 		{"renew ttl too long", func(ctx context.Context, c lt.Client) lt.Result {
 			_, r := c.Renew(ctx, &leasev1.RenewLeaseRequest{LeaseId: validID, Ttl: durationpb.New(48 * time.Hour)})
 			return r
@@ -694,7 +706,7 @@ func TestInvalidRequests(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				r := tc.call(lt.Ctx(t), c)
 				wantCode(t, tc.name, r, codes.InvalidArgument, http.StatusBadRequest)
-				if !strings.HasPrefix(r.Status.Message(), tc.field+": ") {
+				if !strings.HasPrefix(r.Status.Message(), "invalid request: "+tc.field+": ") {
 					t.Errorf("message %q does not name %s", r.Status.Message(), tc.field)
 				}
 				var named bool
@@ -722,13 +734,13 @@ func TestInvalidRESTBodies(t *testing.T) {
 	env.Apply(t, lt.Proxy(uidA, "proxy-a"), 1)
 	token := lt.Tokens["crawler-a"]
 	for _, tc := range []struct {
-		name, path, body string
+		name, path, body, field string
 	}{
-		{"not JSON", "/v1/leases", "{lease"},
-		{"unknown field", "/v1/leases", `{"targetHost":"a.example","colour":"red"}`},
-		{"wrong type", "/v1/leases", `{"ttl":42}`},
-		{"bad duration", "/v1/leases", `{"ttl":"soon"}`},
-		{"unknown outcome name", "/v1/leases/123e4567-e89b-42d3-a456-426614174000:report", `{"outcome":"OUTCOME_MEH"}`},
+		{"not JSON", "/v1/leases", "{lease", "body"},
+		{"unknown field", "/v1/leases", `{"targetHost":"a.example","colour":"red"}`, "colour"},
+		{"wrong type", "/v1/leases", `{"ttl":42}`, "body"},
+		{"bad duration", "/v1/leases", `{"ttl":"soon"}`, "body"},
+		{"unknown outcome name", "/v1/leases/123e4567-e89b-42d3-a456-426614174000:report", `{"outcome":"OUTCOME_MEH"}`, "outcome"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -736,8 +748,8 @@ func TestInvalidRESTBodies(t *testing.T) {
 			if err != nil || code != http.StatusBadRequest {
 				t.Errorf("POST %s %s = %d %s, %v; want 400", tc.path, tc.body, code, body, err)
 			}
-			if !strings.Contains(string(body), `"message":"body: `) || !strings.Contains(string(body), `"field":"body"`) {
-				t.Errorf("POST %s %s: the error does not name the body: %s", tc.path, tc.body, body)
+			if !strings.Contains(string(body), `"message":"invalid request: `+tc.field+`: `) || !strings.Contains(string(body), `"field":"`+tc.field+`"`) {
+				t.Errorf("POST %s %s: the error does not name %s: %s", tc.path, tc.body, tc.field, body)
 			}
 		})
 	}

@@ -1,5 +1,8 @@
 // Package api serves ProxyService: validated CRUD on proxies, paginated
-// listing, and Watch over the change log.
+// listing, and Watch over the change log. Requests reach it checked against
+// the contract's rules (pkg/validate, installed on every server by
+// pkg/service); the handlers check what depends on the configuration or on
+// several fields.
 package api
 
 import (
@@ -26,11 +29,9 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
-// Paging limits.
-const (
-	DefaultPageSize = 100
-	MaxPageSize     = 1000
-)
+// DefaultPageSize is the page size of a ListProxies that sets none; the
+// contract caps page_size at 1000.
+const DefaultPageSize = 100
 
 // Server implements ProxyService.
 type Server struct {
@@ -58,6 +59,9 @@ func internal(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
 	}
+	if errors.Is(err, store.ErrNoKeyring) {
+		return status.Error(codes.FailedPrecondition, "this orchestrator keeps no cloud-init: it runs without --cloud-init-key-file")
+	}
 	return status.Error(codes.Unavailable, "the store is unavailable; retry")
 }
 
@@ -66,7 +70,6 @@ func internal(err error) error {
 // creation outpace the database's commit rate.
 func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyRequest) (*proxyv1.CreateProxyResponse, error) {
 	var v spec.Violations
-	spec.ValidateName(&v, "name", req.GetName())
 	spec.ValidateLabels(&v, "labels", req.GetLabels())
 	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Names())
 	if err := v.Err(); err != nil {
@@ -251,7 +254,6 @@ func fullView(ctx context.Context, v *spec.Violations, view proxyv1.ProxyView) (
 // GetProxy implements ProxyService.
 func (s *Server) GetProxy(ctx context.Context, req *proxyv1.GetProxyRequest) (*proxyv1.GetProxyResponse, error) {
 	var v spec.Violations
-	spec.ValidateName(&v, "name", req.GetName())
 	full, err := fullView(ctx, &v, req.GetView())
 	if err != nil {
 		return nil, err
@@ -283,12 +285,6 @@ func filterKey(req *proxyv1.ListProxiesRequest) string {
 // ListProxies implements ProxyService.
 func (s *Server) ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest) (*proxyv1.ListProxiesResponse, error) {
 	var v spec.Violations
-	if req.GetPageSize() < 0 || req.GetPageSize() > MaxPageSize {
-		v.Add("page_size", "must be between 0 and %d", MaxPageSize)
-	}
-	if _, ok := proxyv1.ProxyPhase_name[int32(req.GetPhase())]; !ok {
-		v.Add("phase", "unknown phase %d", req.GetPhase())
-	}
 	spec.ValidateLabels(&v, "labels", req.GetLabels())
 	full, err := fullView(ctx, &v, req.GetView())
 	if err != nil {
@@ -333,7 +329,6 @@ func (s *Server) ListProxies(ctx context.Context, req *proxyv1.ListProxiesReques
 // UpdateProxy implements ProxyService.
 func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyRequest) (*proxyv1.UpdateProxyResponse, error) {
 	var v spec.Violations
-	spec.ValidateName(&v, "name", req.GetName())
 	spec.ValidateLabels(&v, "labels", req.GetLabels())
 	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Names())
 	if req.GetGeneration() == 0 && req.GetEtag() == "" {
@@ -397,11 +392,6 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 
 // DeleteProxy implements ProxyService.
 func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyRequest) (*proxyv1.DeleteProxyResponse, error) {
-	var v spec.Violations
-	spec.ValidateName(&v, "name", req.GetName())
-	if err := v.Err(); err != nil {
-		return nil, err
-	}
 	var row *store.Row
 	err := s.Store.Write(ctx, func(tx *store.Tx) error {
 		r, err := tx.LockByName(ctx, req.GetName())
@@ -448,9 +438,6 @@ const WatchRevisionHeader = "x-egress-watch-revision"
 func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.ProxyService_WatchProxiesServer) error {
 	ctx := stream.Context()
 	var v spec.Violations
-	if req.GetSinceRevision() < 0 {
-		v.Add("since_revision", "must not be negative")
-	}
 	full, err := fullView(ctx, &v, req.GetView())
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/api"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
@@ -36,6 +38,9 @@ type Config struct {
 	Timing          reconcile.Timing
 	GCInterval      time.Duration
 	GCGrace         time.Duration
+	// CloudInitKeyFile is the keyring that encrypts cloud-init at rest;
+	// without it proxies with cloud-init are refused.
+	CloudInitKeyFile string
 }
 
 // DefaultConfig has the production defaults.
@@ -71,6 +76,40 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.GCGrace, "gc-grace", c.GCGrace, "orphan GC never deletes an instance younger than this")
 	fs.DurationVar(&c.Timing.StoppedGrace, "stopped-grace", c.Timing.StoppedGrace, "an instance stopped this long is replaced; 0 never replaces it")
 	fs.DurationVar(&c.Timing.DeletionPoll, "deletion-poll", c.Timing.DeletionPoll, "how often a deleted instance is read until it is gone")
+	fs.StringVar(&c.CloudInitKeyFile, "cloud-init-key-file", c.CloudInitKeyFile,
+		"keyring (YAML: active key id and base64 AES-256 keys) that encrypts cloud-init in PostgreSQL; without it proxies with cloud-init are refused")
+}
+
+// openStore wraps pool with the cloud-init keyring, refuses to go on when
+// stored cloud-init cannot be read with it, and seals with the active key
+// whatever is not sealed with it yet (plaintext from before encryption at
+// rest, values sealed with a retired key).
+func (c *Config) openStore(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*store.Store, error) {
+	var opts []store.Option
+	if c.CloudInitKeyFile != "" {
+		keys, err := atrest.Load(c.CloudInitKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, store.WithKeyring(keys))
+		log.Info("cloud-init is encrypted at rest", "activeKey", keys.Active(), "keys", keys.IDs())
+	} else {
+		log.Warn("WARNING: no --cloud-init-key-file: proxies with cloud-init are refused (FAILED_PRECONDITION)")
+	}
+	st := store.New(pool, opts...)
+	if err := st.CheckCloudInitKeys(ctx); err != nil {
+		return nil, err
+	}
+	if c.CloudInitKeyFile != "" {
+		n, err := st.ReencryptCloudInit(ctx, 100)
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			log.Info("re-encrypted stored cloud-init with the active key", "proxies", n)
+		}
+	}
+	return st, nil
 }
 
 // Migrate applies the migrations (the `migrate` subcommand).
@@ -103,7 +142,12 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 
-	st := store.New(pool)
+	st, err := c.openStore(ctx, pool, s.Log)
+	if err != nil {
+		nc.Close()
+		pool.Close()
+		return err
+	}
 	work, changes := store.NewSignal(), store.NewSignal()
 	configured := func(name string) bool { _, ok := provs.Get(name); return ok }
 	d := &dispatch.Dispatcher{

@@ -6,13 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
@@ -32,33 +30,35 @@ func TestCreateValidation(t *testing.T) {
 		req       *proxyv1.CreateProxyRequest
 		wantField string
 	}{
-		{"empty name", &proxyv1.CreateProxyRequest{Spec: managed("x").GetSpec()}, "name: required"},
-		{"upper-case name", &proxyv1.CreateProxyRequest{Name: "Proxy1", Spec: managed("x").GetSpec()}, "name: \"Proxy1\" is not a DNS label"},
+		{"empty name", &proxyv1.CreateProxyRequest{Spec: managed("x").GetSpec()}, "name: does not match regex pattern"},
+		{"upper-case name", &proxyv1.CreateProxyRequest{Name: "Proxy1", Spec: managed("x").GetSpec()}, "name: does not match regex pattern"},
 		{"name too long", &proxyv1.CreateProxyRequest{Name: strings.Repeat("a", 64), Spec: managed("x").GetSpec()}, "name:"},
-		{"no spec", &proxyv1.CreateProxyRequest{Name: "a"}, "spec: required"},
-		{"no mode", &proxyv1.CreateProxyRequest{Name: "a", Spec: &proxyv1.ProxySpec{}}, "spec.mode: required"},
+		{"no spec", &proxyv1.CreateProxyRequest{Name: "a"}, "spec: value is required"},
+		{"no mode", &proxyv1.CreateProxyRequest{Name: "a", Spec: &proxyv1.ProxySpec{}}, "spec.mode: value is required"},
+		{"NUL in the zone", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Placement.Zone = "z1\x00" })}, "spec.placement.zone: must be printable text"},
+		{"newline in the zone", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Placement.Zone = "z1\nz2" })}, "spec.placement.zone: must be printable text"},
 		{"managed without provider", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Provider = "" })}, "spec.provider: required"},
 		{"unconfigured provider", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Provider = "gcp-eu" })}, `spec.provider: "gcp-eu" is not configured (configured: fake, other)`},
 		{"managed with endpoint", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Endpoint = &proxyv1.Endpoint{Host: "h", Port: 1} })}, "spec.endpoint: only EXTERNAL"},
-		{"port out of range", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Port = 70000 })}, "spec.port: 70000 is not a TCP port"},
-		{"cloud-init too large", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.CloudInit = strings.Repeat("x", 64<<10+1) })}, "spec.cloud_init: 65537 bytes"},
+		{"port out of range", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.Port = 70000 })}, "spec.port: must be less than or equal to 65535"},
+		{"cloud-init too large", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) { s.CloudInit = strings.Repeat("x", 64<<10+1) })}, "spec.cloud_init: must be at most 65536 bytes"},
 		{"external without endpoint", &proxyv1.CreateProxyRequest{Name: "a", Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_EXTERNAL}}, "spec.endpoint: required for EXTERNAL"},
 		{"external bad host", &proxyv1.CreateProxyRequest{Name: "a", Spec: ext("bad host!", 3128)}, "spec.endpoint.host:"},
-		{"external port 0", &proxyv1.CreateProxyRequest{Name: "a", Spec: ext("10.0.0.5", 0)}, "spec.endpoint.port: 0 is not a TCP port"},
+		{"external port 0", &proxyv1.CreateProxyRequest{Name: "a", Spec: ext("10.0.0.5", 0)}, "spec.endpoint.port: must be greater than or equal to 1"},
 		{"external with provider", &proxyv1.CreateProxyRequest{Name: "a", Spec: func() *proxyv1.ProxySpec { s := ext("h.example", 80); s.Provider = "fake"; return s }()}, "spec.provider: EXTERNAL proxies are not provisioned"},
 		{"external with cloud-init", &proxyv1.CreateProxyRequest{Name: "a", Spec: func() *proxyv1.ProxySpec { s := ext("h.example", 80); s.CloudInit = "x"; return s }()}, "spec.cloud_init: EXTERNAL"},
-		{"bad label key", &proxyv1.CreateProxyRequest{Name: "a", Labels: map[string]string{"-x": "y"}, Spec: managed("x").GetSpec()}, "labels[-x]: key name"},
-		{"bad label value", &proxyv1.CreateProxyRequest{Name: "a", Labels: map[string]string{"x": "a b"}, Spec: managed("x").GetSpec()}, "labels[x]: value"},
+		{"bad label key", &proxyv1.CreateProxyRequest{Name: "a", Labels: map[string]string{"-x": "y"}, Spec: managed("x").GetSpec()}, `labels["-x"]: does not match regex pattern`},
+		{"bad label value", &proxyv1.CreateProxyRequest{Name: "a", Labels: map[string]string{"x": "a b"}, Spec: managed("x").GetSpec()}, `labels["x"]: does not match regex pattern`},
 		{"probe interval too short", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) {
 			s.HealthCheck = &proxyv1.HealthCheckSpec{Interval: durationpb.New(time.Millisecond)}
-		})}, "spec.health_check.interval: must be at least 100ms"},
+		})}, "spec.health_check.interval: must be greater than or equal to 0.1s"},
 		{"timeout over interval", &proxyv1.CreateProxyRequest{Name: "a", Spec: mgd(func(s *proxyv1.ProxySpec) {
 			s.HealthCheck = &proxyv1.HealthCheckSpec{Interval: durationpb.New(time.Second), Timeout: durationpb.New(2 * time.Second)}
 		})}, "spec.health_check.timeout: 2s is longer than the interval 1s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := h.api.CreateProxy(context.Background(), tc.req)
+			_, err := h.client.CreateProxy(context.Background(), tc.req)
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.wantField) {
 				t.Errorf("err = %v, want InvalidArgument naming %q", err, tc.wantField)
 			}
@@ -92,7 +92,7 @@ func TestCreateIdempotentAndConflicts(t *testing.T) {
 	// Optimistic concurrency.
 	p := first.GetProxy()
 	upd := &proxyv1.UpdateProxyRequest{Name: "p1", Spec: managed("p1").GetSpec(), Labels: map[string]string{"a": "b"}}
-	if _, err := h.api.UpdateProxy(ctx, upd); status.Code(err) != codes.InvalidArgument {
+	if _, err := h.client.UpdateProxy(ctx, upd); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("update without generation/etag: %v", err)
 	}
 	upd.Generation = p.GetGeneration() + 7
@@ -191,8 +191,14 @@ func TestListPaginationAndFilters(t *testing.T) {
 	if _, err := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{PageToken: "garbage!"}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("garbage token: %v", err)
 	}
-	if _, err := h.api.ListProxies(ctx, &proxyv1.ListProxiesRequest{PageSize: 5000}); status.Code(err) != codes.InvalidArgument {
-		t.Errorf("page size 5000: %v", err)
+	for _, req := range []*proxyv1.ListProxiesRequest{
+		{PageSize: 5000}, {PageSize: -1}, {Phase: 42}, {Provider: "fake\x00"}, {Provider: "fake\n"},
+		{Labels: map[string]string{"pool": "eu\x00"}}, {PageToken: "\x00"},
+	} {
+		_, err := h.client.ListProxies(ctx, req)
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || len(st.Details()) == 0 {
+			t.Errorf("ListProxies(%v) = %v, want INVALID_ARGUMENT with a BadRequest", req, err)
+		}
 	}
 }
 
@@ -203,9 +209,7 @@ func TestWatchResume(t *testing.T) {
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	srv := grpc.NewServer()
-	proxyv1.RegisterProxyServiceServer(srv, h.api)
-	client := proxyv1.NewProxyServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	client := h.client
 
 	a := h.create(managed("a"))
 	list, err := client.ListProxies(ctx, &proxyv1.ListProxiesRequest{})

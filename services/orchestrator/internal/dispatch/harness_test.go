@@ -2,6 +2,8 @@ package dispatch_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"log/slog"
 	"sync"
 	"testing"
@@ -17,11 +19,13 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/api"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
@@ -44,6 +48,10 @@ type harness struct {
 	names  bus.Names
 	provs  *providers.Config
 	api    *api.Server
+	// client reaches api over gRPC as the service serves it: the
+	// contract's rules checked before the handler.
+	client proxyv1.ProxyServiceClient
+	keys   *atrest.Keyring
 	store  *store.Store
 	gc     *gc.Collector
 }
@@ -76,8 +84,12 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	h.store = store.New(pool)
+	h.keys = testKeyring(t)
+	h.store = store.New(pool, store.WithKeyring(h.keys))
 	h.api = &api.Server{Store: h.store, Providers: provs, Changes: store.NewSignal(), WatchPoll: 50 * time.Millisecond}
+	gs := grpctest.NewServer(t)
+	proxyv1.RegisterProxyServiceServer(gs, h.api)
+	h.client = proxyv1.NewProxyServiceClient(grpctest.Dial(t, grpctest.Serve(t, gs)))
 	apiCtx, stopAPI := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = h.api.Run(apiCtx) }()
@@ -100,7 +112,7 @@ func (h *harness) startReplica() (stop func()) {
 		timing = *h.timing
 	}
 	work, changes := store.NewSignal(), store.NewSignal()
-	st := store.New(pool)
+	st := store.New(pool, store.WithKeyring(h.keys))
 	d := &dispatch.Dispatcher{
 		Store: st, JS: h.js, Names: h.names, Log: log, Work: work, Changes: changes,
 		Engine:  &reconcile.Engine{Timing: timing, Configured: func(n string) bool { _, ok := h.provs.Get(n); return ok }, Log: log},
@@ -324,4 +336,18 @@ func (h *harness) publishHealth(uid, providerID string, seq int64, healthy bool)
 	if _, err := bus.Publish(context.Background(), h.js, h.names.HealthEventSubject(uid), ev); err != nil {
 		h.t.Fatal(err)
 	}
+}
+
+// testKeyring is a cloud-init keyring of one fresh random key.
+func testKeyring(t testing.TB) *atrest.Keyring {
+	t.Helper()
+	key := make([]byte, atrest.KeySize)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	k, err := atrest.Parse([]byte("active: test\nkeys:\n  test: " + base64.StdEncoding.EncodeToString(key) + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }

@@ -1,6 +1,10 @@
-// Package spec holds the rules for a Proxy's desired state: validation of
-// what clients send (every violation names its field), the defaults, and
-// the spec hash that decides when an instance must be replaced.
+// Package spec holds the rules for a Proxy's desired state: the part of
+// validation the contract's annotations cannot express (rules that depend
+// on the mode, on the providers config, or span several fields; every
+// violation names its field), the defaults, and the spec hash that decides
+// when an instance must be replaced. Formats, lengths and ranges are
+// buf.validate rules in proxy.proto, enforced by pkg/validate before a
+// handler runs.
 package spec
 
 import (
@@ -10,87 +14,27 @@ import (
 	"net"
 	"regexp"
 	"strings"
-	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
 )
 
-// Limits and defaults.
-const (
-	DefaultPort      = 3128
-	MaxCloudInitSize = 64 << 10
-	MaxLabels        = 64
-	MinProbeInterval = 100 * time.Millisecond
-	MaxThreshold     = 100
-)
+// DefaultPort is the port of a MANAGED proxy whose spec leaves it 0.
+const DefaultPort = 3128
 
-var (
-	nameRE       = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
-	labelNameRE  = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
-	labelValueRE = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
-	dnsSubRE     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	hostRE       = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
-)
+var hostRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$`)
 
-// Violations collects field errors; Err turns them into one InvalidArgument
-// status whose message names every field and whose BadRequest detail lists
-// them.
-type Violations []*errdetails.BadRequest_FieldViolation
+// Violations collects field errors in the suite's one validation shape.
+type Violations = validate.Violations
 
-// Add records a violation of field.
-func (v *Violations) Add(field, format string, args ...any) {
-	*v = append(*v, &errdetails.BadRequest_FieldViolation{Field: field, Description: fmt.Sprintf(format, args...)})
-}
-
-// Err is nil without violations.
-func (v Violations) Err() error {
-	if len(v) == 0 {
-		return nil
-	}
-	parts := make([]string, len(v))
-	for i, f := range v {
-		parts[i] = f.GetField() + ": " + f.GetDescription()
-	}
-	st := status.New(codes.InvalidArgument, "invalid request: "+strings.Join(parts, "; "))
-	if d, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: v}); err == nil {
-		st = d
-	}
-	return st.Err()
-}
-
-// ValidateName checks a proxy name.
-func ValidateName(v *Violations, field, name string) {
-	switch {
-	case name == "":
-		v.Add(field, "required")
-	case !nameRE.MatchString(name):
-		v.Add(field, "%q is not a DNS label: 1-63 lowercase letters, digits and '-', starting with a letter, not ending with '-'", name)
-	}
-}
-
-// ValidateLabels checks label keys and values.
+// ValidateLabels checks what the contract's label pattern cannot: a key's
+// DNS-subdomain prefix is at most 253 characters.
 func ValidateLabels(v *Violations, field string, labels map[string]string) {
-	if len(labels) > MaxLabels {
-		v.Add(field, "at most %d labels", MaxLabels)
-	}
-	for k, val := range labels {
-		name := k
-		if prefix, rest, ok := strings.Cut(k, "/"); ok {
-			name = rest
-			if len(prefix) > 253 || !dnsSubRE.MatchString(prefix) {
-				v.Add(field+"["+k+"]", "key prefix %q must be a DNS subdomain", prefix)
-			}
-		}
-		if !labelNameRE.MatchString(name) {
-			v.Add(field+"["+k+"]", "key name %q must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric", name)
-		}
-		if !labelValueRE.MatchString(val) {
-			v.Add(field+"["+k+"]", "value %q must be empty or 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric", val)
+	for k := range labels {
+		if prefix, _, ok := strings.Cut(k, "/"); ok && len(prefix) > 253 {
+			v.Add(fmt.Sprintf("%s[%q]", field, k), "key prefix must be a DNS subdomain of at most 253 characters")
 		}
 	}
 }
@@ -114,12 +58,6 @@ func Validate(v *Violations, s *proxyv1.ProxySpec, configured func(string) bool,
 		if s.GetEndpoint() != nil {
 			v.Add("spec.endpoint", "only EXTERNAL proxies have an endpoint")
 		}
-		if s.GetPort() > 65535 {
-			v.Add("spec.port", "%d is not a TCP port (1-65535, or 0 for %d)", s.GetPort(), DefaultPort)
-		}
-		if len(s.GetCloudInit()) > MaxCloudInitSize {
-			v.Add("spec.cloud_init", "%d bytes; at most %d", len(s.GetCloudInit()), MaxCloudInitSize)
-		}
 	case proxyv1.ProxyMode_PROXY_MODE_EXTERNAL:
 		ep := s.GetEndpoint()
 		if ep == nil {
@@ -127,11 +65,8 @@ func Validate(v *Violations, s *proxyv1.ProxySpec, configured func(string) bool,
 		} else {
 			if ep.GetHost() == "" {
 				v.Add("spec.endpoint.host", "required")
-			} else if net.ParseIP(ep.GetHost()) == nil && (len(ep.GetHost()) > 253 || !hostRE.MatchString(ep.GetHost())) {
+			} else if net.ParseIP(ep.GetHost()) == nil && !hostRE.MatchString(ep.GetHost()) {
 				v.Add("spec.endpoint.host", "%q is neither an IP address nor a host name", ep.GetHost())
-			}
-			if ep.GetPort() == 0 || ep.GetPort() > 65535 {
-				v.Add("spec.endpoint.port", "%d is not a TCP port (1-65535)", ep.GetPort())
 			}
 		}
 		if s.GetProvider() != "" {
@@ -150,41 +85,17 @@ func Validate(v *Violations, s *proxyv1.ProxySpec, configured func(string) bool,
 		v.Add("spec.mode", "required: MANAGED or EXTERNAL")
 	}
 	validateHealth(v, s.GetHealthCheck())
-	if l := s.GetLease(); l != nil && l.MaxLeases != nil && l.GetMaxLeases() > 1_000_000 {
-		v.Add("spec.lease.max_leases", "%d is more than 1000000", l.GetMaxLeases())
-	}
 }
 
+// validateHealth checks the probe timeout against the interval; each alone
+// is a contract rule.
 func validateHealth(v *Violations, h *proxyv1.HealthCheckSpec) {
-	if h == nil {
+	if h.GetInterval() == nil || h.GetTimeout() == nil {
 		return
 	}
-	var interval, timeout time.Duration
-	if d := h.GetInterval(); d != nil {
-		if err := d.CheckValid(); err != nil || d.AsDuration() < MinProbeInterval {
-			v.Add("spec.health_check.interval", "must be at least %s", MinProbeInterval)
-		}
-		interval = d.AsDuration()
-	}
-	if d := h.GetTimeout(); d != nil {
-		if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-			v.Add("spec.health_check.timeout", "must be positive")
-		}
-		timeout = d.AsDuration()
-	}
+	interval, timeout := h.GetInterval().AsDuration(), h.GetTimeout().AsDuration()
 	if interval > 0 && timeout > interval {
 		v.Add("spec.health_check.timeout", "%s is longer than the interval %s", timeout, interval)
-	}
-	if d := h.GetLatencyThreshold(); d != nil {
-		if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-			v.Add("spec.health_check.latency_threshold", "must be positive")
-		}
-	}
-	if h.GetSuccessThreshold() > MaxThreshold {
-		v.Add("spec.health_check.success_threshold", "at most %d", MaxThreshold)
-	}
-	if h.GetFailureThreshold() > MaxThreshold {
-		v.Add("spec.health_check.failure_threshold", "at most %d", MaxThreshold)
 	}
 }
 

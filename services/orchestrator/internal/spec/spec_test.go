@@ -3,10 +3,13 @@ package spec
 import (
 	"strings"
 	"testing"
+	"unicode"
 
 	"google.golang.org/protobuf/proto"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/validate"
+	"github.com/egress-proxies/egress-proxies/pkg/validate/validatetest"
 )
 
 func configured(p string) bool { return p == "pve" }
@@ -49,28 +52,57 @@ func TestHashCoversTheInstanceShapeOnly(t *testing.T) {
 	}
 }
 
-// FuzzValidate feeds arbitrary CreateProxyRequests: validation never
-// panics, and an accepted spec normalises idempotently to a stable hash.
+// FuzzValidate feeds arbitrary CreateProxyRequests, in the protobuf
+// encoding gRPC clients send and in the JSON the REST gateway decodes,
+// through the whole validation a create gets (the contract's rules, then
+// these Go checks): it never panics, whatever it accepts holds no control
+// character, and an accepted spec normalises idempotently to a stable hash.
+// Seeds: testdata/fuzz/FuzzValidate.
 func FuzzValidate(f *testing.F) {
+	v, err := validate.New()
+	if err != nil {
+		f.Fatal(err)
+	}
 	seed, _ := proto.Marshal(&proxyv1.CreateProxyRequest{Name: "p1", Labels: map[string]string{"a": "b"}, Spec: managedSpec()})
-	f.Add(seed)
+	f.Add(seed, false)
 	ext, _ := proto.Marshal(&proxyv1.CreateProxyRequest{Name: "e", Spec: &proxyv1.ProxySpec{
 		Mode: proxyv1.ProxyMode_PROXY_MODE_EXTERNAL, Endpoint: &proxyv1.Endpoint{Host: "h.example", Port: 1}}})
-	f.Add(ext)
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Add(ext, false)
+	f.Add([]byte(`{"name":"p1","spec":{"mode":"PROXY_MODE_MANAGED","provider":"pve","placement":{"zone":"pv1-1"},"cloudInit":"#cloud-config\n"}}`), true)
+	f.Add([]byte(`{"name":"p1","spec":{"mode":"PROXY_MODE_MANAGED","provider":"pve","placement":{"zone":"pv1\u0000"}}}`), true)
+	f.Fuzz(func(t *testing.T, data []byte, asJSON bool) {
 		var req proxyv1.CreateProxyRequest
-		if proto.Unmarshal(data, &req) != nil {
+		if !validatetest.Decode(data, asJSON, &req) {
 			return
 		}
-		var v Violations
-		ValidateName(&v, "name", req.GetName())
-		ValidateLabels(&v, "labels", req.GetLabels())
-		Validate(&v, req.GetSpec(), configured, []string{"pve"})
-		if err := v.Err(); err != nil {
-			if !strings.HasPrefix(err.Error(), "rpc error: code = InvalidArgument desc = invalid request: ") {
+		if err := v.Check(&req); err != nil {
+			if !validatetest.IsViolation(err) {
 				t.Fatalf("unexpected error shape: %v", err)
 			}
 			return
+		}
+		var viol Violations
+		ValidateLabels(&viol, "labels", req.GetLabels())
+		Validate(&viol, req.GetSpec(), configured, []string{"pve"})
+		if err := viol.Err(); err != nil {
+			if !validatetest.IsViolation(err) {
+				t.Fatalf("unexpected error shape: %v", err)
+			}
+			return
+		}
+		p := req.GetSpec().GetPlacement()
+		for _, s := range []string{req.GetName(), req.GetSpec().GetProvider(), p.GetRegion(), p.GetZone(), p.GetMachineType(), p.GetImage(), req.GetSpec().GetEndpoint().GetHost()} {
+			if strings.ContainsFunc(s, unicode.IsControl) {
+				t.Fatalf("accepted a control character: %q", s)
+			}
+		}
+		for k, val := range req.GetLabels() {
+			if strings.ContainsFunc(k+val, unicode.IsControl) {
+				t.Fatalf("accepted a control character in label %q=%q", k, val)
+			}
+		}
+		if strings.ContainsAny(req.GetSpec().GetCloudInit(), "\x00\x1b\x7f") {
+			t.Fatalf("accepted a control character in cloud-init")
 		}
 		n := Normalize(req.GetSpec())
 		if !proto.Equal(n, Normalize(n)) {

@@ -26,6 +26,7 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 )
 
 //go:embed migrations/*.sql
@@ -54,17 +55,33 @@ const (
 var (
 	ErrNotFound = errors.New("proxy not found")
 	ErrExists   = errors.New("proxy already exists")
+	// ErrNoKeyring: cloud-init to encrypt or decrypt, and no keyring.
+	ErrNoKeyring = errors.New("no cloud-init keyring is configured (--cloud-init-key-file)")
 )
 
 // Store is the orchestrator's database.
 type Store struct {
 	pool *pgxpool.Pool
 	now  func() time.Time
+	keys *atrest.Keyring
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithKeyring encrypts cloud-init at rest with keys; without it a proxy
+// with cloud-init can be neither written nor read (ErrNoKeyring).
+func WithKeyring(keys *atrest.Keyring) Option {
+	return func(s *Store) { s.keys = keys }
 }
 
 // New wraps a pool.
-func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, now: time.Now}
+func New(pool *pgxpool.Pool, opts ...Option) *Store {
+	s := &Store{pool: pool, now: time.Now}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Pool is the underlying pool.
@@ -204,14 +221,14 @@ const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanu
 	create_time, update_time, delete_time, phase, provider_id, ip, port, healthy, reason, message,
 	instance_spec_hash, failed_spec_hash, observed_generation, phase_transition_time, health_transition_time,
 	probe_latency_us, health_sequence, next_attempt_time, attempts, command_id, command_step,
-	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent`
+	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent, cloud_init, cloud_init_key`
 
 // scanRows reads every row of rows (columns) and closes it.
-func scanRows(rows pgx.Rows) ([]*Row, error) {
+func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*Row, error) {
 	defer rows.Close()
 	var out []*Row
 	for rows.Next() {
-		r, err := scanRow(rows)
+		r, err := scanRow(keys, rows)
 		if err != nil {
 			return nil, err
 		}
@@ -220,11 +237,13 @@ func scanRows(rows pgx.Rows) ([]*Row, error) {
 	return out, rows.Err()
 }
 
-func scanRow(row pgx.Row) (*Row, error) {
+func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
 	var (
 		r         Row
 		labels    []byte
 		spec      []byte
+		sealed    []byte
+		keyID     *string
 		mode      int16
 		phase     int16
 		port      int32
@@ -237,7 +256,7 @@ func scanRow(row pgx.Row) (*Row, error) {
 		&r.IP, &port, &r.Healthy, &r.Reason, &r.Message, &r.InstanceSpecHash, &r.FailedSpecHash,
 		&r.ObservedGeneration, &r.PhaseTransitionTime, &r.HealthTransitionTime, &latencyUS,
 		&r.HealthSequence, &r.NextAttemptTime, &r.Attempts, &cmdID, &step, &r.CommandSpecHash,
-		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent)
+		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent, &sealed, &keyID)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ErrNotFound
@@ -258,17 +277,29 @@ func scanRow(row pgx.Row) (*Row, error) {
 	if err := proto.Unmarshal(spec, r.Spec); err != nil {
 		return nil, fmt.Errorf("spec of %s: %w", r.Name, err)
 	}
+	// keyID NULL: a row from before encryption at rest, its cloud-init
+	// still inside spec until ReencryptCloudInit.
+	if keyID != nil && *keyID != "" {
+		if keys == nil {
+			return nil, fmt.Errorf("cloud-init of proxy %s is encrypted with key %q: %w", r.String(), *keyID, ErrNoKeyring)
+		}
+		plain, err := keys.Open(sealed, *keyID, r.UID)
+		if err != nil {
+			return nil, fmt.Errorf("cloud-init of proxy %s: %w", r.String(), err)
+		}
+		r.Spec.CloudInit = string(plain)
+	}
 	return &r, nil
 }
 
 // Get reads one proxy by name.
 func (s *Store) Get(ctx context.Context, name string) (*Row, error) {
-	return scanRow(s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1", name))
+	return scanRow(s.keys, s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1", name))
 }
 
 // GetByUID reads one proxy by UID.
 func (s *Store) GetByUID(ctx context.Context, uid string) (*Row, error) {
-	return scanRow(s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1", uid))
+	return scanRow(s.keys, s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1", uid))
 }
 
 // Filter narrows List.
@@ -314,7 +345,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Row, int64, error) {
 		if err != nil {
 			return err
 		}
-		rows, err = scanRows(res)
+		rows, err = scanRows(s.keys, res)
 		return err
 	})
 	return rows, rev, err
@@ -383,7 +414,7 @@ func (s *Store) Published(ctx context.Context, afterUID string, upTo int64, limi
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(rows)
+	return scanRows(s.keys, rows)
 }
 
 // Revision is the latest committed revision.

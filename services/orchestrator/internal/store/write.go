@@ -13,6 +13,7 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 )
 
 // Tx is a writing transaction. Rows are locked as they are read; the
@@ -20,6 +21,7 @@ import (
 // Write returns.
 type Tx struct {
 	tx      pgx.Tx
+	keys    *atrest.Keyring
 	now     time.Time
 	pending []pendingChange
 	// read holds what a client could see of each row as it was locked, so
@@ -71,7 +73,7 @@ func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			t := &Tx{tx: tx, now: s.now().UTC().Truncate(time.Microsecond)}
+			t := &Tx{tx: tx, keys: s.keys, now: s.now().UTC().Truncate(time.Microsecond)}
 			if err := fn(t); err != nil {
 				return err
 			}
@@ -86,7 +88,7 @@ func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 
 // Lock reads a proxy by UID and locks it until the transaction ends.
 func (t *Tx) Lock(ctx context.Context, uid string) (*Row, error) {
-	r, err := scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1 FOR UPDATE", uid))
+	r, err := scanRow(t.keys, t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1 FOR UPDATE", uid))
 	if err == nil {
 		t.locked(r)
 	}
@@ -95,7 +97,7 @@ func (t *Tx) Lock(ctx context.Context, uid string) (*Row, error) {
 
 // LockByName reads a proxy by name and locks it until the transaction ends.
 func (t *Tx) LockByName(ctx context.Context, name string) (*Row, error) {
-	r, err := scanRow(t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1 FOR UPDATE", name))
+	r, err := scanRow(t.keys, t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1 FOR UPDATE", name))
 	if err == nil {
 		t.locked(r)
 	}
@@ -114,7 +116,7 @@ func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := scanRows(rows)
+	out, err := scanRows(t.keys, rows)
 	if err == nil {
 		t.locked(out...)
 	}
@@ -177,7 +179,9 @@ func (t *Tx) flush(ctx context.Context) error {
 		if p.typ == proxyv1.ChangeType_CHANGE_TYPE_UPDATED {
 			if was, same := t.unchanged(r); same {
 				r.Revision, r.UpdateTime = was.revision, was.updateTime
-				queueUpsert(batch, r, false)
+				if err := queueUpsert(batch, t.keys, r, false); err != nil {
+					return err
+				}
 				continue
 			}
 		}
@@ -195,10 +199,10 @@ func (t *Tx) flush(ctx context.Context) error {
 			r.Revision = first + int64(i)
 			r.UpdateTime = t.now
 			switch p.typ {
-			case proxyv1.ChangeType_CHANGE_TYPE_CREATED:
-				queueUpsert(batch, r, true)
-			case proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
-				queueUpsert(batch, r, false)
+			case proxyv1.ChangeType_CHANGE_TYPE_CREATED, proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
+				if err := queueUpsert(batch, t.keys, r, p.typ == proxyv1.ChangeType_CHANGE_TYPE_CREATED); err != nil {
+					return err
+				}
 			case proxyv1.ChangeType_CHANGE_TYPE_DELETED:
 				batch.Queue("DELETE FROM orchestrator.proxies WHERE uid = $1", r.UID)
 			}
@@ -221,12 +225,33 @@ func (t *Tx) flush(ctx context.Context) error {
 	return err
 }
 
-func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
+// sealCloudInit returns the spec as stored (without cloud-init) and the
+// cloud-init sealed with the active key for this row.
+func sealCloudInit(keys *atrest.Keyring, r *Row) (spec, sealed []byte, keyID string, err error) {
+	bare := r.Spec
+	if ci := r.Spec.GetCloudInit(); ci != "" {
+		if keys == nil {
+			return nil, nil, "", fmt.Errorf("storing the cloud-init of proxy %s: %w", r.String(), ErrNoKeyring)
+		}
+		if sealed, keyID, err = keys.Seal([]byte(ci), r.UID); err != nil {
+			return nil, nil, "", err
+		}
+		bare = proto.Clone(r.Spec).(*proxyv1.ProxySpec)
+		bare.CloudInit = ""
+	}
+	spec, err = proto.MarshalOptions{Deterministic: true}.Marshal(bare)
+	return spec, sealed, keyID, err
+}
+
+func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *Row, insert bool) error {
 	labels, _ := json.Marshal(r.Labels)
 	if r.Labels == nil {
 		labels = []byte("{}")
 	}
-	spec, _ := proto.MarshalOptions{Deterministic: true}.Marshal(r.Spec)
+	spec, sealed, keyID, err := sealCloudInit(keys, r)
+	if err != nil {
+		return err
+	}
 	var cmdID *string
 	if r.CommandID != "" {
 		cmdID = &r.CommandID
@@ -236,11 +261,12 @@ func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
 		r.ProviderID, r.IP, int32(r.Port), r.Healthy, r.Reason, r.Message, r.InstanceSpecHash,
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
-		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent}
+		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent,
+		sealed, keyID}
 	if insert {
 		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
-			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36)`, args...)
-		return
+			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36,$37,$38)`, args...)
+		return nil
 	}
 	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
 		skip_cleanup=$8, generation=$9, revision=$10, create_time=$11, update_time=$12, delete_time=$13,
@@ -248,7 +274,8 @@ func queueUpsert(b *pgx.Batch, r *Row, insert bool) {
 		instance_spec_hash=$21, failed_spec_hash=$22, observed_generation=$23, phase_transition_time=$24,
 		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
 		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
-		command_issue_time=$34, stopped_since=$35, trace_parent=$36 WHERE uid=$1`, args...)
+		command_issue_time=$34, stopped_since=$35, trace_parent=$36, cloud_init=$37, cloud_init_key=$38 WHERE uid=$1`, args...)
+	return nil
 }
 
 func isUniqueViolation(err error) bool {

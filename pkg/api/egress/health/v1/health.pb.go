@@ -7,6 +7,8 @@
 package healthv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -1049,7 +1051,7 @@ var File_egress_health_v1_health_proto protoreflect.FileDescriptor
 
 const file_egress_health_v1_health_proto_rawDesc = "" +
 	"\n" +
-	"\x1degress/health/v1/health.proto\x12\x10egress.health.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x04\n" +
+	"\x1degress/health/v1/health.proto\x12\x10egress.health.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x04\n" +
 	"\vProxyHealth\x12\x1b\n" +
 	"\tproxy_uid\x18\x01 \x01(\tR\bproxyUid\x12\x1d\n" +
 	"\n" +
@@ -1067,16 +1069,16 @@ const file_egress_health_v1_health_proto_rawDesc = "" +
 	"\x14consecutive_failures\x18\v \x01(\rR\x13consecutiveFailures\x12B\n" +
 	"\x0flast_probe_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rlastProbeTime\x12L\n" +
 	"\x14last_transition_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x12lastTransitionTime\x12\x16\n" +
-	"\x06prober\x18\x0e \x01(\tR\x06prober\"6\n" +
-	"\x15GetProxyHealthRequest\x12\x1d\n" +
+	"\x06prober\x18\x0e \x01(\tR\x06prober\"F\n" +
+	"\x15GetProxyHealthRequest\x12-\n" +
 	"\n" +
-	"proxy_name\x18\x01 \x01(\tR\tproxyName\"O\n" +
+	"proxy_name\x18\x01 \x01(\tB\x0e\xbaH\vr\t\x88\x92'\x01\x10\x01\x18\xfd\x01R\tproxyName\"O\n" +
 	"\x16GetProxyHealthResponse\x125\n" +
-	"\x06health\x18\x01 \x01(\v2\x1d.egress.health.v1.ProxyHealthR\x06health\"T\n" +
-	"\x16ListProxyHealthRequest\x12\x1b\n" +
-	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\x06health\x18\x01 \x01(\v2\x1d.egress.health.v1.ProxyHealthR\x06health\"k\n" +
+	"\x16ListProxyHealthRequest\x12$\n" +
+	"\tpage_size\x18\x01 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\bpageSize\x12+\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"z\n" +
+	"page_token\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\tpageToken\"z\n" +
 	"\x17ListProxyHealthResponse\x127\n" +
 	"\aproxies\x18\x01 \x03(\v2\x1d.egress.health.v1.ProxyHealthR\aproxies\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd1\x02\n" +
@@ -1091,9 +1093,9 @@ const file_egress_health_v1_health_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x123\n" +
 	"\alatency\x18\b \x01(\v2\x19.google.protobuf.DurationR\alatency\x12C\n" +
-	"\x0ftransition_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"@\n" +
-	"\x17WatchProxyHealthRequest\x12%\n" +
-	"\x0esince_sequence\x18\x01 \x01(\x03R\rsinceSequence\"^\n" +
+	"\x0ftransition_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0etransitionTime\"I\n" +
+	"\x17WatchProxyHealthRequest\x12.\n" +
+	"\x0esince_sequence\x18\x01 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rsinceSequence\"^\n" +
 	"\x18WatchProxyHealthResponse\x12B\n" +
 	"\n" +
 	"transition\x18\x01 \x01(\v2\".egress.health.v1.HealthTransitionR\n" +
@@ -1117,9 +1119,9 @@ const file_egress_health_v1_health_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12:\n" +
 	"\atargets\x18\x05 \x03(\v2 .egress.health.v1.ProviderTargetR\atargets\x12#\n" +
 	"\rtargets_ready\x18\x06 \x01(\tR\ftargetsReady\x12B\n" +
-	"\x0flast_check_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rlastCheckTime\"6\n" +
-	"\x18GetProviderHealthRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\"U\n" +
+	"\x0flast_check_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rlastCheckTime\"D\n" +
+	"\x18GetProviderHealthRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\"U\n" +
 	"\x19GetProviderHealthResponse\x128\n" +
 	"\x06health\x18\x01 \x01(\v2 .egress.health.v1.ProviderHealthR\x06health\"\x1b\n" +
 	"\x19ListProviderHealthRequest\"\\\n" +

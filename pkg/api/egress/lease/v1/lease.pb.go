@@ -7,6 +7,8 @@
 package leasev1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -1210,12 +1212,12 @@ var File_egress_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\x1begress/lease/v1/lease.proto\x12\x0fegress.lease.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\x01\n" +
-	"\rProxySelector\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x16\n" +
-	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
-	"\x04zone\x18\x03 \x01(\tR\x04zone\x12B\n" +
-	"\x06labels\x18\x04 \x03(\v2*.egress.lease.v1.ProxySelector.LabelsEntryR\x06labels\x1a9\n" +
+	"\x1begress/lease/v1/lease.proto\x12\x0fegress.lease.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x02\n" +
+	"\rProxySelector\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12$\n" +
+	"\x06region\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x06region\x12 \n" +
+	"\x04zone\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x04zone\x12c\n" +
+	"\x06labels\x18\x04 \x03(\v2*.egress.lease.v1.ProxySelector.LabelsEntryB\x1f\xbaH\x1c\x9a\x01\x19\x10@\"\vr\t\x88\x92'\x01\x10\x01\x18\xbd\x02*\br\x06\x88\x92'\x01\x18?R\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
@@ -1263,9 +1265,9 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"targetHost\x12=\n" +
 	"\facquire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vacquireTime\x12;\n" +
 	"\vexpire_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"\x9f\x01\n" +
-	"\x13AcquireLeaseRequest\x12\x1f\n" +
-	"\vtarget_host\x18\x01 \x01(\tR\n" +
+	"expireTime\"\xad\x01\n" +
+	"\x13AcquireLeaseRequest\x12-\n" +
+	"\vtarget_host\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xff\x01R\n" +
 	"targetHost\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12:\n" +
 	"\bselector\x18\x03 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\"D\n" +
@@ -1277,21 +1279,21 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\vat_capacity\x18\x03 \x01(\x05R\n" +
 	"atCapacity\x12.\n" +
 	"\x13cooling_down_target\x18\x04 \x01(\x05R\x11coolingDownTarget\x12.\n" +
-	"\x13cooling_down_global\x18\x05 \x01(\x05R\x11coolingDownGlobal\"[\n" +
-	"\x11RenewLeaseRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12+\n" +
+	"\x13cooling_down_global\x18\x05 \x01(\x05R\x11coolingDownGlobal\"e\n" +
+	"\x11RenewLeaseRequest\x12#\n" +
+	"\blease_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\aleaseId\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"B\n" +
 	"\x12RenewLeaseResponse\x12,\n" +
-	"\x05lease\x18\x01 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\"0\n" +
-	"\x13ReleaseLeaseRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\"2\n" +
+	"\x05lease\x18\x01 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\":\n" +
+	"\x13ReleaseLeaseRequest\x12#\n" +
+	"\blease_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\aleaseId\"2\n" +
 	"\x14ReleaseLeaseResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased\"\xd2\x01\n" +
-	"\x14ReportOutcomeRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\x122\n" +
-	"\aoutcome\x18\x02 \x01(\x0e2\x18.egress.lease.v1.OutcomeR\aoutcome\x125\n" +
-	"\bcooldown\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bcooldown\x124\n" +
-	"\x05scope\x18\x04 \x01(\x0e2\x1e.egress.lease.v1.CooldownScopeR\x05scope\"N\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"\xf0\x01\n" +
+	"\x14ReportOutcomeRequest\x12#\n" +
+	"\blease_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\aleaseId\x12<\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2\x18.egress.lease.v1.OutcomeB\b\xbaH\x05\x82\x01\x02\x10\x01R\aoutcome\x125\n" +
+	"\bcooldown\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bcooldown\x12>\n" +
+	"\x05scope\x18\x04 \x01(\x0e2\x1e.egress.lease.v1.CooldownScopeB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05scope\"N\n" +
 	"\x15ReportOutcomeResponse\x125\n" +
 	"\bcooldown\x18\x01 \x01(\v2\x19.egress.lease.v1.CooldownR\bcooldown*\x9d\x01\n" +
 	"\aOutcome\x12\x17\n" +

@@ -7,7 +7,9 @@
 package provisionerv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -917,7 +919,7 @@ var File_egress_provisioner_v1_provisioner_proto protoreflect.FileDescriptor
 
 const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"\n" +
-	"'egress/provisioner/v1/provisioner.proto\x12\x15egress.provisioner.v1\x1a\x1begress/proxy/v1/proxy.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x02\n" +
+	"'egress/provisioner/v1/provisioner.proto\x12\x15egress.provisioner.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x02\n" +
 	"\bInstance\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1b\n" +
@@ -930,39 +932,40 @@ const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"\adetails\x18\a \x03(\v2,.egress.provisioner.v1.Instance.DetailsEntryR\adetails\x1a:\n" +
 	"\fDetailsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf9\x01\n" +
-	"\x15CreateInstanceRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x1b\n" +
-	"\tproxy_uid\x18\x02 \x01(\tR\bproxyUid\x12\x1d\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x02\n" +
+	"\x15CreateInstanceRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12)\n" +
+	"\tproxy_uid\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\x12+\n" +
 	"\n" +
-	"proxy_name\x18\x03 \x01(\tR\tproxyName\x128\n" +
-	"\tplacement\x18\x04 \x01(\v2\x1a.egress.proxy.v1.PlacementR\tplacement\x12\x1d\n" +
+	"proxy_name\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\tproxyName\x128\n" +
+	"\tplacement\x18\x04 \x01(\v2\x1a.egress.proxy.v1.PlacementR\tplacement\x12,\n" +
 	"\n" +
-	"cloud_init\x18\x05 \x01(\tR\tcloudInit\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04port\x12\x1b\n" +
-	"\tspec_hash\x18\a \x01(\tR\bspecHash\"U\n" +
+	"cloud_init\x18\x05 \x01(\tB\r\xbaH\n" +
+	"r\b\x90\x92'\x01(\x80\x80\x04R\tcloudInit\x12\x1d\n" +
+	"\x04port\x18\x06 \x01(\rB\t\xbaH\x06*\x04\x18\xff\xff\x03R\x04port\x12)\n" +
+	"\tspec_hash\x18\a \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bspecHash\"U\n" +
 	"\x16CreateInstanceResponse\x12;\n" +
-	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"n\n" +
-	"\x12GetInstanceRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x1f\n" +
-	"\vprovider_id\x18\x02 \x01(\tR\n" +
-	"providerId\x12\x1b\n" +
-	"\tproxy_uid\x18\x03 \x01(\tR\bproxyUid\"R\n" +
+	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"\x98\x01\n" +
+	"\x12GetInstanceRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12-\n" +
+	"\vprovider_id\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\n" +
+	"providerId\x12)\n" +
+	"\tproxy_uid\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\"R\n" +
 	"\x13GetInstanceResponse\x12;\n" +
-	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"q\n" +
-	"\x15DeleteInstanceRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x1f\n" +
-	"\vprovider_id\x18\x02 \x01(\tR\n" +
-	"providerId\x12\x1b\n" +
-	"\tproxy_uid\x18\x03 \x01(\tR\bproxyUid\"2\n" +
+	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"\x9b\x01\n" +
+	"\x15DeleteInstanceRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12-\n" +
+	"\vprovider_id\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\n" +
+	"providerId\x12)\n" +
+	"\tproxy_uid\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\"2\n" +
 	"\x16DeleteInstanceResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted\"2\n" +
-	"\x14ListInstancesRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\"V\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"@\n" +
+	"\x14ListInstancesRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\"V\n" +
 	"\x15ListInstancesResponse\x12=\n" +
-	"\tinstances\x18\x01 \x03(\v2\x1f.egress.provisioner.v1.InstanceR\tinstances\"1\n" +
-	"\x13CheckBackendRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\"\xc1\x02\n" +
+	"\tinstances\x18\x01 \x03(\v2\x1f.egress.provisioner.v1.InstanceR\tinstances\"?\n" +
+	"\x13CheckBackendRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\"\xc1\x02\n" +
 	"\fTargetStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +

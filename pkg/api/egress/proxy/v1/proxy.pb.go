@@ -7,6 +7,8 @@
 package proxyv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -310,15 +312,17 @@ type ProxySpec struct {
 	// MANAGED or EXTERNAL. Required. Immutable.
 	Mode ProxyMode `protobuf:"varint,1,opt,name=mode,proto3,enum=egress.proxy.v1.ProxyMode" json:"mode,omitempty"`
 	// Name of a provider from the providers config. Required for MANAGED,
-	// forbidden for EXTERNAL.
+	// forbidden for EXTERNAL. At most 253 printable characters.
 	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
 	// Where and how big the instance is. MANAGED only; the provider decides
 	// which fields it needs and rejects values its config does not know.
 	Placement *Placement `protobuf:"bytes,3,opt,name=placement,proto3" json:"placement,omitempty"`
 	// Cloud-init user-data handed to the instance byte for byte (any format
-	// cloud-init accepts: cloud-config, scripts, MIME, gzip). MANAGED only; at
-	// most 64 KiB. Treated as secret: never logged, traced or published on
-	// events, and returned only in the FULL view, to admins.
+	// cloud-init accepts as text: cloud-config, scripts, MIME multipart).
+	// MANAGED only; at most 64 KiB of UTF-8 text, no control characters other
+	// than tab, LF and CR. Treated as secret: never logged, traced or published
+	// on events, encrypted at rest, and returned only in the FULL view, to
+	// admins.
 	CloudInit string `protobuf:"bytes,4,opt,name=cloud_init,json=cloudInit,proto3" json:"cloud_init,omitempty"`
 	// TCP port the proxy listens on inside a MANAGED instance. 1-65535;
 	// 0 means the default, 3128.
@@ -502,7 +506,7 @@ func (x *Placement) GetImage() string {
 // Endpoint is the network address of an EXTERNAL proxy.
 type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Host name or IP address. Required.
+	// Host name or IP address. Required; at most 253 characters.
 	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
 	// TCP port, 1-65535. Required.
 	Port          uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
@@ -564,10 +568,10 @@ type HealthCheckSpec struct {
 	// Limit for one probe. Unset: the service default. At most interval.
 	Timeout *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// Consecutive successes before an unhealthy proxy becomes healthy.
-	// 0: the service default.
+	// 0: the service default. At most 100.
 	SuccessThreshold uint32 `protobuf:"varint,3,opt,name=success_threshold,json=successThreshold,proto3" json:"success_threshold,omitempty"`
 	// Consecutive failures before a healthy proxy becomes unhealthy.
-	// 0: the service default.
+	// 0: the service default. At most 100.
 	FailureThreshold uint32 `protobuf:"varint,4,opt,name=failure_threshold,json=failureThreshold,proto3" json:"failure_threshold,omitempty"`
 	// A probe slower than this counts as a failure. Unset: no latency limit.
 	LatencyThreshold *durationpb.Duration `protobuf:"bytes,5,opt,name=latency_threshold,json=latencyThreshold,proto3" json:"latency_threshold,omitempty"`
@@ -644,7 +648,7 @@ func (x *HealthCheckSpec) GetLatencyThreshold() *durationpb.Duration {
 type LeaseSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Most leases the proxy holds at once. Unset: the lease service's default
-	// capacity. 0: no limit.
+	// capacity. 0: no limit. At most 1000000.
 	MaxLeases     *uint32 `protobuf:"varint,1,opt,name=max_leases,json=maxLeases,proto3,oneof" json:"max_leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -841,7 +845,7 @@ var File_egress_proxy_v1_proxy_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\n" +
-	"\x1begress/proxy/v1/proxy.proto\x12\x0fegress.proxy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x04\n" +
+	"\x1begress/proxy/v1/proxy.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x04\n" +
 	"\x05Proxy\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12:\n" +
@@ -862,34 +866,36 @@ const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\x06status\x18\v \x01(\v2\x1c.egress.proxy.v1.ProxyStatusR\x06status\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x02\n" +
-	"\tProxySpec\x12.\n" +
-	"\x04mode\x18\x01 \x01(\x0e2\x1a.egress.proxy.v1.ProxyModeR\x04mode\x12\x1a\n" +
-	"\bprovider\x18\x02 \x01(\tR\bprovider\x128\n" +
-	"\tplacement\x18\x03 \x01(\v2\x1a.egress.proxy.v1.PlacementR\tplacement\x12\x1d\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x03\n" +
+	"\tProxySpec\x12;\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x1a.egress.proxy.v1.ProxyModeB\v\xbaH\b\xc8\x01\x01\x82\x01\x02\x10\x01R\x04mode\x12(\n" +
+	"\bprovider\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x128\n" +
+	"\tplacement\x18\x03 \x01(\v2\x1a.egress.proxy.v1.PlacementR\tplacement\x12,\n" +
 	"\n" +
-	"cloud_init\x18\x04 \x01(\tR\tcloudInit\x12\x12\n" +
-	"\x04port\x18\x05 \x01(\rR\x04port\x125\n" +
+	"cloud_init\x18\x04 \x01(\tB\r\xbaH\n" +
+	"r\b\x90\x92'\x01(\x80\x80\x04R\tcloudInit\x12\x1d\n" +
+	"\x04port\x18\x05 \x01(\rB\t\xbaH\x06*\x04\x18\xff\xff\x03R\x04port\x125\n" +
 	"\bendpoint\x18\x06 \x01(\v2\x19.egress.proxy.v1.EndpointR\bendpoint\x12C\n" +
 	"\fhealth_check\x18\a \x01(\v2 .egress.proxy.v1.HealthCheckSpecR\vhealthCheck\x120\n" +
-	"\x05lease\x18\b \x01(\v2\x1a.egress.proxy.v1.LeaseSpecR\x05lease\"p\n" +
-	"\tPlacement\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\x12\x12\n" +
-	"\x04zone\x18\x02 \x01(\tR\x04zone\x12!\n" +
-	"\fmachine_type\x18\x03 \x01(\tR\vmachineType\x12\x14\n" +
-	"\x05image\x18\x04 \x01(\tR\x05image\"2\n" +
-	"\bEndpoint\x12\x12\n" +
-	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
-	"\x04port\x18\x02 \x01(\rR\x04port\"\x9f\x02\n" +
-	"\x0fHealthCheckSpec\x125\n" +
-	"\binterval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\binterval\x123\n" +
-	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12+\n" +
-	"\x11success_threshold\x18\x03 \x01(\rR\x10successThreshold\x12+\n" +
-	"\x11failure_threshold\x18\x04 \x01(\rR\x10failureThreshold\x12F\n" +
-	"\x11latency_threshold\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10latencyThreshold\">\n" +
-	"\tLeaseSpec\x12\"\n" +
+	"\x05lease\x18\b \x01(\v2\x1a.egress.proxy.v1.LeaseSpecR\x05lease\"\xa7\x01\n" +
+	"\tPlacement\x12#\n" +
+	"\x06region\x18\x01 \x01(\tB\v\xbaH\br\x06\x88\x92'\x01\x18?R\x06region\x12 \n" +
+	"\x04zone\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x04zone\x12/\n" +
+	"\fmachine_type\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\vmachineType\x12\"\n" +
+	"\x05image\x18\x04 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x10R\x05image\"M\n" +
+	"\bEndpoint\x12 \n" +
+	"\x04host\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x04host\x12\x1f\n" +
+	"\x04port\x18\x02 \x01(\rB\v\xbaH\b*\x06\x18\xff\xff\x03(\x01R\x04port\"\xd4\x02\n" +
+	"\x0fHealthCheckSpec\x12D\n" +
+	"\binterval\x18\x01 \x01(\v2\x19.google.protobuf.DurationB\r\xbaH\n" +
+	"\xaa\x01\a2\x05\x10\x80\xc2\xd7/R\binterval\x12=\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationB\b\xbaH\x05\xaa\x01\x02*\x00R\atimeout\x124\n" +
+	"\x11success_threshold\x18\x03 \x01(\rB\a\xbaH\x04*\x02\x18dR\x10successThreshold\x124\n" +
+	"\x11failure_threshold\x18\x04 \x01(\rB\a\xbaH\x04*\x02\x18dR\x10failureThreshold\x12P\n" +
+	"\x11latency_threshold\x18\x05 \x01(\v2\x19.google.protobuf.DurationB\b\xbaH\x05\xaa\x01\x02*\x00R\x10latencyThreshold\"I\n" +
+	"\tLeaseSpec\x12-\n" +
 	"\n" +
-	"max_leases\x18\x01 \x01(\rH\x00R\tmaxLeases\x88\x01\x01B\r\n" +
+	"max_leases\x18\x01 \x01(\rB\t\xbaH\x06*\x04\x18\xc0\x84=H\x00R\tmaxLeases\x88\x01\x01B\r\n" +
 	"\v_max_leases\"\x81\x04\n" +
 	"\vProxyStatus\x121\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x1b.egress.proxy.v1.ProxyPhaseR\x05phase\x12\x1f\n" +

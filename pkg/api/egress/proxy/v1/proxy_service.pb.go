@@ -7,6 +7,8 @@
 package proxyv1
 
 import (
+	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 	_ "github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2/options"
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -140,9 +142,9 @@ type CreateProxyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the new proxy; see Proxy.name for the format.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Labels of the new proxy; see Proxy.labels for the syntax.
+	// Labels of the new proxy; see Proxy.labels for the syntax. At most 64.
 	Labels map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Desired state.
+	// Desired state. Required.
 	Spec *ProxySpec `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
 	// Abandon the instance on deletion; see Proxy.skip_cleanup.
 	SkipCleanup   bool `protobuf:"varint,4,opt,name=skip_cleanup,json=skipCleanup,proto3" json:"skip_cleanup,omitempty"`
@@ -371,7 +373,8 @@ type ListProxiesRequest struct {
 	Provider string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
 	// Only proxies in this phase.
 	Phase ProxyPhase `protobuf:"varint,2,opt,name=phase,proto3,enum=egress.proxy.v1.ProxyPhase" json:"phase,omitempty"`
-	// Only proxies carrying every one of these labels with these values.
+	// Only proxies carrying every one of these labels with these values; the
+	// syntax of Proxy.labels.
 	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Most proxies to return; 0 means 100, at most 1000.
 	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -528,7 +531,7 @@ type UpdateProxyRequest struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The new labels, replacing the old ones.
 	Labels map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// The new spec, replacing the old one. Mode cannot change.
+	// The new spec, replacing the old one. Mode cannot change. Required.
 	Spec *ProxySpec `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
 	// The new skip_cleanup.
 	SkipCleanup bool `protobuf:"varint,4,opt,name=skip_cleanup,json=skipCleanup,proto3" json:"skip_cleanup,omitempty"`
@@ -1045,61 +1048,62 @@ var File_egress_proxy_v1_proxy_service_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\n" +
-	"#egress/proxy/v1/proxy_service.proto\x12\x0fegress.proxy.v1\x1a\x1begress/proxy/v1/proxy.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\xff\x01\n" +
-	"\x12CreateProxyRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12G\n" +
-	"\x06labels\x18\x02 \x03(\v2/.egress.proxy.v1.CreateProxyRequest.LabelsEntryR\x06labels\x12.\n" +
-	"\x04spec\x18\x03 \x01(\v2\x1a.egress.proxy.v1.ProxySpecR\x04spec\x12!\n" +
+	"#egress/proxy/v1/proxy_service.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\xf2\x03\n" +
+	"\x12CreateProxyRequest\x12<\n" +
+	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x12\x87\x02\n" +
+	"\x06labels\x18\x02 \x03(\v2/.egress.proxy.v1.CreateProxyRequest.LabelsEntryB\xbd\x01\xbaH\xb9\x01\x9a\x01\xb5\x01\x10@\"yrw\x18\xbd\x022r^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$*6r422^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$R\x06labels\x126\n" +
+	"\x04spec\x18\x03 \x01(\v2\x1a.egress.proxy.v1.ProxySpecB\x06\xbaH\x03\xc8\x01\x01R\x04spec\x12!\n" +
 	"\fskip_cleanup\x18\x04 \x01(\bR\vskipCleanup\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"]\n" +
 	"\x13CreateProxyResponse\x12,\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"U\n" +
-	"\x0fGetProxyRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
-	"\x04view\x18\x02 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewR\x04view\"@\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\x89\x01\n" +
+	"\x0fGetProxyRequest\x12<\n" +
+	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x128\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\"@\n" +
 	"\x10GetProxyResponse\x12,\n" +
-	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\xd3\x02\n" +
-	"\x12ListProxiesRequest\x12\x1a\n" +
-	"\bprovider\x18\x01 \x01(\tR\bprovider\x121\n" +
-	"\x05phase\x18\x02 \x01(\x0e2\x1b.egress.proxy.v1.ProxyPhaseR\x05phase\x12G\n" +
-	"\x06labels\x18\x03 \x03(\v2/.egress.proxy.v1.ListProxiesRequest.LabelsEntryR\x06labels\x12\x1b\n" +
-	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\xd0\x04\n" +
+	"\x12ListProxiesRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12;\n" +
+	"\x05phase\x18\x02 \x01(\x0e2\x1b.egress.proxy.v1.ProxyPhaseB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05phase\x12\x87\x02\n" +
+	"\x06labels\x18\x03 \x03(\v2/.egress.proxy.v1.ListProxiesRequest.LabelsEntryB\xbd\x01\xbaH\xb9\x01\x9a\x01\xb5\x01\x10@\"yrw\x18\xbd\x022r^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$*6r422^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$R\x06labels\x12'\n" +
+	"\tpage_size\x18\x04 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12+\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\x12.\n" +
-	"\x04view\x18\x06 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewR\x04view\x1a9\n" +
+	"page_token\x18\x05 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\tpageToken\x128\n" +
+	"\x04view\x18\x06 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
 	"\x13ListProxiesResponse\x120\n" +
 	"\aproxies\x18\x01 \x03(\v2\x16.egress.proxy.v1.ProxyR\aproxies\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x03R\brevision\"\xb3\x02\n" +
-	"\x12UpdateProxyRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12G\n" +
-	"\x06labels\x18\x02 \x03(\v2/.egress.proxy.v1.UpdateProxyRequest.LabelsEntryR\x06labels\x12.\n" +
-	"\x04spec\x18\x03 \x01(\v2\x1a.egress.proxy.v1.ProxySpecR\x04spec\x12!\n" +
-	"\fskip_cleanup\x18\x04 \x01(\bR\vskipCleanup\x12\x1e\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\xbc\x04\n" +
+	"\x12UpdateProxyRequest\x12<\n" +
+	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x12\x87\x02\n" +
+	"\x06labels\x18\x02 \x03(\v2/.egress.proxy.v1.UpdateProxyRequest.LabelsEntryB\xbd\x01\xbaH\xb9\x01\x9a\x01\xb5\x01\x10@\"yrw\x18\xbd\x022r^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$*6r422^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$R\x06labels\x126\n" +
+	"\x04spec\x18\x03 \x01(\v2\x1a.egress.proxy.v1.ProxySpecB\x06\xbaH\x03\xc8\x01\x01R\x04spec\x12!\n" +
+	"\fskip_cleanup\x18\x04 \x01(\bR\vskipCleanup\x12'\n" +
 	"\n" +
-	"generation\x18\x05 \x01(\x03R\n" +
-	"generation\x12\x12\n" +
-	"\x04etag\x18\x06 \x01(\tR\x04etag\x1a9\n" +
+	"generation\x18\x05 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\n" +
+	"generation\x12\x1f\n" +
+	"\x04etag\x18\x06 \x01(\tB\v\xbaH\br\x06\x88\x92'\x01\x18@R\x04etag\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"C\n" +
 	"\x13UpdateProxyResponse\x12,\n" +
-	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"K\n" +
-	"\x12DeleteProxyRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"u\n" +
+	"\x12DeleteProxyRequest\x12<\n" +
+	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x12!\n" +
 	"\fskip_cleanup\x18\x02 \x01(\bR\vskipCleanup\"C\n" +
 	"\x13DeleteProxyResponse\x12,\n" +
-	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\x88\x01\n" +
-	"\x13WatchProxiesRequest\x12%\n" +
-	"\x0esince_revision\x18\x01 \x01(\x03R\rsinceRevision\x12\x1a\n" +
-	"\bprovider\x18\x02 \x01(\tR\bprovider\x12.\n" +
-	"\x04view\x18\x03 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewR\x04view\"\xce\x01\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\xa9\x01\n" +
+	"\x13WatchProxiesRequest\x12.\n" +
+	"\x0esince_revision\x18\x01 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\rsinceRevision\x12(\n" +
+	"\bprovider\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x128\n" +
+	"\x04view\x18\x03 \x01(\x0e2\x1a.egress.proxy.v1.ProxyViewB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04view\"\xce\x01\n" +
 	"\x14WatchProxiesResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12/\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1b.egress.proxy.v1.ChangeTypeR\x04type\x12,\n" +
