@@ -71,7 +71,7 @@ func TestCloudInitKeyRotation(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		got, err := proxyv1.NewProxyServiceClient(conn).GetProxy(ctx, &proxyv1.GetProxyRequest{Name: "p1"})
+		got, err := proxyv1.NewProxyServiceClient(conn).GetProxy(ctx, &proxyv1.GetProxyRequest{Name: "p1", View: proxyv1.ProxyView_PROXY_VIEW_FULL})
 		if err != nil {
 			t.Fatal(err)
 		}

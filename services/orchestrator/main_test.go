@@ -66,6 +66,7 @@ func TestRESTWithAuth(t *testing.T) {
 	_, addrs := servicetest.Start(t, ".", []string{
 		"--auth-token-file=" + tokens,
 		"--providers-config=" + providersFile(t),
+		"--cloud-init-key-file=" + cloudInitKeyring(t),
 		"--database-url=" + orchtest.Database(t),
 		"--nats-url=" + natstest.New(t).URL(),
 	})
