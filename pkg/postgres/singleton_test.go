@@ -97,7 +97,9 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 			var wg sync.WaitGroup
 			for i := range leaders {
 				leaders[i] = &leader{}
-				s := &postgres.Singleton{Pool: pool, Key: key, Name: "test singleton", Retry: 20 * time.Millisecond,
+				// Retry well above Watch: the killed holder notices its loss before
+				// another replica tries the lock again (the documented window).
+				s := &postgres.Singleton{Pool: pool, Key: key, Name: "test singleton", Retry: 300 * time.Millisecond,
 					Watch: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(logs, nil))}
 				wg.Go(func() { _ = s.Run(ctx, leaders[i].lead(&running, &overlap)) })
 			}

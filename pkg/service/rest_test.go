@@ -204,7 +204,7 @@ func TestBodyLimitAndAuthBeforeTheBody(t *testing.T) {
 	}
 
 	// Within the limit everything works as before.
-	req, _ := http.NewRequest(http.MethodPost, "http://"+s.HTTPAddr()+"/v1/proxies", strings.NewReader(`{"name":"p1"}`))
+	req, _ := http.NewRequest(http.MethodPost, "http://"+s.HTTPAddr()+"/v1/proxies", strings.NewReader(`{"name":"p1","spec":{"mode":"PROXY_MODE_MANAGED","provider":"local"}}`))
 	req.Header.Set("Authorization", "Bearer tok-admin")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -246,7 +246,7 @@ func TestGRPCReceiveLimit(t *testing.T) {
 	if _, err := c.CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: strings.Repeat("a", limit)}, grpc.WaitForReady(true)); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("a message over the limit = %v, want RESOURCE_EXHAUSTED", err)
 	}
-	if _, err := c.CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: "p1"}); err != nil {
+	if _, err := c.CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: "p1", Spec: managed}); err != nil {
 		t.Errorf("a small message: %v", err)
 	}
 	if n := rec.creates.Load(); n != 1 {
@@ -261,7 +261,7 @@ func TestRateLimitOverRESTAndGRPC(t *testing.T) {
 	t.Parallel()
 	s, _, _ := startGuarded(t, Options{Limits: auth.Limits{ProxyWrites: auth.RateLimit{Rate: 0.01, Burst: 2}}})
 	post := func(token string) *http.Response {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+s.HTTPAddr()+"/v1/proxies", strings.NewReader(`{"name":"p1"}`))
+		req, _ := http.NewRequest(http.MethodPost, "http://"+s.HTTPAddr()+"/v1/proxies", strings.NewReader(`{"name":"p1","spec":{"mode":"PROXY_MODE_MANAGED","provider":"local"}}`))
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -288,7 +288,7 @@ func TestRateLimitOverRESTAndGRPC(t *testing.T) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = proxyv1.NewProxyServiceClient(conn).CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: "p2"})
+	_, err = proxyv1.NewProxyServiceClient(conn).CreateProxy(ctx, &proxyv1.CreateProxyRequest{Name: "p2", Spec: managed})
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !auth.IsRateLimited(st) {
 		t.Errorf("over the limit over gRPC = %v, want RESOURCE_EXHAUSTED (rate limited)", err)
 	}
@@ -301,3 +301,6 @@ func TestRateLimitOverRESTAndGRPC(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+// managed is the smallest spec the contract accepts.
+var managed = &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "local"}
