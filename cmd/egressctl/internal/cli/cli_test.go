@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -49,6 +51,7 @@ func orchestrator(t *testing.T) (string, *natstest.Server) {
 		Migrate: func(context.Context, string) error { return nil }})
 	_, addrs := servicetest.Start(t, "../../../../services/orchestrator", []string{
 		"--auth-token-file=" + tokens, "--providers-config=" + providers, "--database-url=" + dsn, "--nats-url=" + ns.URL(),
+		"--cloud-init-key-file=" + keyring(t),
 	})
 	return addrs.GRPC, ns
 }
@@ -258,4 +261,18 @@ func TestProxiesWatch(t *testing.T) {
 	if code, _, errOut := run(append(base, "proxies", "watch", "--list", "--since", "3")...); code != 1 || !strings.Contains(errOut, "exclude each other") {
 		t.Errorf("--list with --since = %d %q", code, errOut)
 	}
+}
+
+// keyring writes an orchestrator cloud-init keyring with one fresh key.
+func keyring(t *testing.T) string {
+	t.Helper()
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "keys.yaml")
+	if err := os.WriteFile(path, []byte("active: k\nkeys:\n  k: "+base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
