@@ -425,7 +425,8 @@ func TestPerRequestTimeoutCarriesItsReason(t *testing.T) {
 	_, addr, _ := c.startAddr(t, "a")
 	// Every answer is held far past the one-second budget.
 	c.fake.Inject(pvefake.Fault{Delay: 20 * time.Second})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(auth.BearerToken("svc-token")))
 	if err != nil {
 		t.Fatal(err)
 	}
