@@ -275,4 +275,44 @@ func keyring(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+	}
+}
+
+// TestLeasesProxies runs `leases proxies` against the real lease binary,
+// which resyncs its pool from the real orchestrator.
+func TestLeasesProxies(t *testing.T) {
+	t.Parallel()
+	orch, ns := orchestrator(t)
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	orchToken := filepath.Join(dir, "orchestrator-token")
+	if err := os.WriteFile(tokens, []byte("crawler tok-crawler crawler\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(orchToken, []byte("tok-ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "empty", Fingerprint: "none",
+		Migrate: func(context.Context, string) error { return nil }})
+	_, addrs := servicetest.Start(t, "../../../../services/lease", []string{
+		"--auth-token-file=" + tokens, "--database-url=" + dsn, "--nats-url=" + ns.URL(),
+		"--orchestrator-addr=" + orch, "--orchestrator-token-file=" + orchToken,
+	})
+
+	code, out, errOut := run("--lease", addrs.GRPC, "--token", "tok-crawler", "leases", "proxies", "--provider", "local")
+	if code != 0 || !strings.HasPrefix(out, "PROXY") || strings.Count(out, "\n") != 1 {
+		t.Fatalf("leases proxies = %d %q %q, want the header of an empty table", code, out, errOut)
+	}
+	code, out, errOut = run("--lease", addrs.GRPC, "--token", "tok-crawler", "-o", "json", "leases", "proxies")
+	if code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("leases proxies -o json = %d %q %q, want [] (no proxy)", code, out, errOut)
+	}
+	code, _, errOut = run("--lease", addrs.GRPC, "--token", "wrong", "leases", "proxies")
+	if code != 1 || !strings.Contains(errOut, "invalid bearer token") {
+		t.Fatalf("leases proxies with a bad token = %d %q, want exit 1 invalid bearer token", code, errOut)
+	}
+	code, _, errOut = run("--lease", addrs.GRPC, "--token", "tok-crawler", "leases", "proxies", "-l", "nolabel")
+	if code == 0 || !strings.Contains(errOut, "--label") {
+		t.Fatalf("leases proxies -l nolabel = %d %q, want a --label error", code, errOut)
+	}
 }

@@ -24,7 +24,7 @@ import (
 
 func leasesCommand(o *options) *cobra.Command {
 	c := &cobra.Command{Use: "leases", Aliases: []string{"lease"}, Short: "Leases on the lease service"}
-	c.AddCommand(leasesAcquire(o), leasesRenew(o), leasesRelease(o), leasesReport(o))
+	c.AddCommand(leasesProxies(o), leasesAcquire(o), leasesRenew(o), leasesRelease(o), leasesReport(o))
 	return c
 }
 
@@ -58,6 +58,52 @@ func exactLease(_ *cobra.Command, args []string) error {
 		return usagef("want exactly one LEASE_ID, got %d arguments", len(args))
 	}
 	return nil
+}
+
+// leasesProxies lists the proxies the lease service would hand out now: it
+// shows the lease service's own view, which lags the orchestrator's by the
+// event stream.
+func leasesProxies(o *options) *cobra.Command {
+	var provider, region, zone string
+	var labels []string
+	c := &cobra.Command{
+		Use:     "proxies",
+		Short:   "List the proxies leasable now",
+		Example: "  egressctl leases proxies --provider pve-home -l pool=eu",
+		Args:    cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			lbls, err := parseLabels("label", labels)
+			if err != nil {
+				return err
+			}
+			return call(o, o.leaseClient, func(ctx context.Context, client leasev1.LeaseServiceClient) error {
+				resp, err := client.ListProxies(ctx, &leasev1.ListProxiesRequest{
+					Selector: &leasev1.ProxySelector{Provider: provider, Region: region, Zone: zone, Labels: lbls},
+				})
+				if err != nil {
+					return err
+				}
+				return o.printMessages(messages(resp.GetProxies()), false, func(tw *tabwriter.Writer) {
+					fmt.Fprintln(tw, "PROXY\tPROVIDER\tADDRESS\tLEASES\tFREE")
+					for _, p := range resp.GetProxies() {
+						a := p.GetAddress()
+						free := "unlimited"
+						if p.GetFreeCapacity() >= 0 {
+							free = strconv.Itoa(int(p.GetFreeCapacity()))
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s://%s\t%d\t%s\n", p.GetProxyName(), p.GetProvider(), a.GetScheme(),
+							net.JoinHostPort(a.GetHost(), strconv.Itoa(int(a.GetPort()))), p.GetActiveLeases(), free)
+					}
+				})
+			})
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&provider, "provider", "", "only proxies on this provider")
+	f.StringVar(&region, "region", "", "only proxies in this region")
+	f.StringVar(&zone, "zone", "", "only proxies in this zone")
+	f.StringArrayVarP(&labels, "label", "l", nil, "only proxies with label key=value (repeatable)")
+	return c
 }
 
 func leasesAcquire(o *options) *cobra.Command {

@@ -182,7 +182,8 @@ func messages[M proto.Message](ms []M) []proto.Message {
 func (o *options) printMessages(msgs []proto.Message, single bool, table func(*tabwriter.Writer)) error {
 	switch o.output {
 	case "json", "yaml":
-		var values []any
+		// An empty list prints as [] rather than null.
+		values := make([]any, 0, len(msgs))
 		for _, m := range msgs {
 			b, err := protojson.MarshalOptions{UseProtoNames: false, EmitUnpopulated: false}.Marshal(m)
 			if err != nil {

@@ -1,54 +1,116 @@
-{{- define "egress.fullname" -}}
-{{- printf "%s-%s" .Release.Name .component | trunc 63 | trimSuffix "-" -}}
-{{- end -}}
+{{/*
+Component context: every per-component template is called with
+(dict "root" $ "component" NAME "provider" PROVIDER-OR-EMPTY).
+*/}}
 
-{{- define "egress.labels" -}}
-app.kubernetes.io/name: {{ .component }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/part-of: egress-proxies
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- define "egress.fullname" -}}
+{{- printf "%s-%s" .root.Release.Name .component | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "egress.selector" -}}
-app.kubernetes.io/name: {{ .component }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: egress-proxies
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "egress.labels" -}}
+{{ include "egress.selector" . }}
+app.kubernetes.io/part-of: egress-proxies
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- if .provider }}
+egress-proxies.io/provider: {{ .provider }}
+{{- end }}
 {{- end -}}
 
 {{- define "egress.image" -}}
-{{ .Values.image.registry }}/{{ .component }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- printf "%s/%s:%s" .root.Values.image.repository .image (.root.Values.image.tag | default .root.Chart.AppVersion) -}}
 {{- end -}}
 
-{{/* The database URL as an env entry. */}}
+{{- define "egress.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (printf "%s-egress-proxies" .Release.Name | trunc 63 | trimSuffix "-") -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "egress.databaseEnv" -}}
 - name: EGRESS_DATABASE_URL
-  {{- if .Values.database.existingSecret }}
   valueFrom:
     secretKeyRef:
       name: {{ .Values.database.existingSecret }}
       key: {{ .Values.database.existingSecretKey }}
-  {{- else }}
-  value: {{ required "database.url or database.existingSecret is required" .Values.database.url | quote }}
-  {{- end }}
 {{- end -}}
 
-{{- define "egress.authEnv" -}}
-{{- if .Values.auth.disabled }}
-- name: EGRESS_AUTH_DISABLED
-  value: "true"
-{{- else }}
-- name: EGRESS_AUTH_TOKEN_FILE
-  value: /etc/egress/auth/tokens
-{{- end }}
+{{/* Deployment name suffix of a provisioner entry. */}}
+{{- define "egress.provisionerComponent" -}}
+{{- printf "provisioner-%s" .name -}}
 {{- end -}}
 
-{{/* provider=host:port for every enabled provisioner, for health's checks. */}}
+{{/* provider=host:port of every provisioner, for health's backend checks. */}}
 {{- define "egress.provisionerAddrs" -}}
 {{- $out := list }}
-{{- range $name, $c := .Values.components }}
-{{- if and $c.enabled (hasPrefix "provisioner-" $name) $c.provider }}
-{{- $out = append $out (printf "%s=%s-%s:%v" $c.provider $.Release.Name $name $c.grpcPort) }}
-{{- end }}
+{{- range .Values.provisioners }}
+{{- $out = append $out (printf "%s=%s-provisioner-%s:%v" .name $.Release.Name .name $.Values.provisionerPorts.grpc) }}
 {{- end }}
 {{- join "," $out }}
+{{- end -}}
+
+{{/* The pod-level settings every workload shares. */}}
+{{- define "egress.podCommon" -}}
+serviceAccountName: {{ include "egress.serviceAccountName" .root }}
+automountServiceAccountToken: false
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The settings every container shares. */}}
+{{- define "egress.containerCommon" -}}
+imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+securityContext:
+  {{- toYaml .root.Values.securityContext | nindent 2 }}
+{{- end -}}
+
+{{/* The /tmp volume every pod mounts. */}}
+{{- define "egress.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    {{- with .root.Values.tmpVolume.sizeLimit }}
+    sizeLimit: {{ . }}
+    {{- end }}
+{{- end -}}
+
+{{/* egressctl's settings for the helm test pod. */}}
+{{- define "egress.testEnv" -}}
+- name: EGRESS_ORCHESTRATOR_ADDR
+  value: "{{ .Release.Name }}-orchestrator:{{ .Values.orchestrator.grpcPort }}"
+- name: EGRESS_LEASE_ADDR
+  value: "{{ .Release.Name }}-lease:{{ .Values.lease.grpcPort }}"
+- name: EGRESS_HEALTH_ADDR
+  value: "{{ .Release.Name }}-health:{{ .Values.health.grpcPort }}"
+{{- if not .Values.auth.disabled }}
+- name: EGRESS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.serviceCredentials.existingSecret }}
+      key: {{ .Values.serviceCredentials.viewerTokenKey }}
+{{- end }}
 {{- end -}}

@@ -1,0 +1,36 @@
+{{/*
+egress.validate: the rules a JSON schema cannot state, each failing with the
+value's path. Included once, from the providers ConfigMap.
+*/}}
+{{- define "egress.validate" -}}
+{{- $types := dict -}}
+{{- range $i, $p := .Values.providers -}}
+{{- if hasKey $types $p.name -}}
+{{- fail (printf "providers[%d].name: %q is used twice" $i $p.name) -}}
+{{- end -}}
+{{- $_ := set $types $p.name $p.type -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $i, $e := .Values.provisioners -}}
+{{- if hasKey $seen $e.name -}}
+{{- fail (printf "provisioners[%d].name: %q already has provisioners (one entry per provider)" $i $e.name) -}}
+{{- end -}}
+{{- $_ := set $seen $e.name true -}}
+{{- if not (hasKey $types $e.name) -}}
+{{- fail (printf "provisioners[%d].name: %q is not a provider in providers (it has %s)" $i $e.name (keys $types | sortAlpha | join ", " | default "none")) -}}
+{{- end -}}
+{{- if ne (get $types $e.name) $e.type -}}
+{{- fail (printf "provisioners[%d].type: %q, but provider %q is of type %q" $i $e.type $e.name (get $types $e.name)) -}}
+{{- end -}}
+{{- with $e.autoscaling -}}
+{{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) -}}
+{{- fail (printf "provisioners[%d].autoscaling: minReplicas %v is above maxReplicas %v" $i .minReplicas .maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.lease.autoscaling -}}
+{{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) -}}
+{{- fail (printf "lease.autoscaling: minReplicas %v is above maxReplicas %v" .minReplicas .maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

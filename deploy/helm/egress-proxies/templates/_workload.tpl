@@ -1,0 +1,43 @@
+{{/*
+egress.workloads: the list of every long-running component as dicts the
+Deployment, Service, PDB, HPA, NetworkPolicy and ServiceMonitor templates
+range over. Each has: component, provider (provisioners only), type, image,
+grpcPort, httpPort, replicas, autoscaling, resources, env, envBlock (extra
+env entries as YAML), secret (provisioners only), providers (mounts the
+providers config).
+*/}}
+{{- define "egress.workloads" -}}
+{{- $v := .Values -}}
+{{- $authEnv := "" -}}
+{{- if $v.auth.disabled -}}
+{{- $authEnv = "- name: EGRESS_AUTH_DISABLED\n  value: \"true\"\n" -}}
+{{- else -}}
+{{- $authEnv = "- name: EGRESS_AUTH_TOKEN_FILE\n  value: /etc/egress/auth/tokens\n" -}}
+{{- end -}}
+{{- $db := include "egress.databaseEnv" . -}}
+{{- $out := list -}}
+{{- $orchEnv := printf "%s\n%s- name: EGRESS_AUTO_MIGRATE\n  value: \"false\"\n- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n" $db $authEnv -}}
+{{- if $v.cloudInit.keysSecret -}}
+{{- $orchEnv = printf "%s- name: EGRESS_CLOUD_INIT_KEY_FILE\n  value: /etc/egress/cloud-init/keys.yaml\n" $orchEnv -}}
+{{- end -}}
+{{- $out = append $out (dict "component" "orchestrator" "image" "orchestrator" "grpcPort" $v.orchestrator.grpcPort "httpPort" $v.orchestrator.httpPort "replicas" $v.orchestrator.replicas "autoscaling" dict "resources" $v.orchestrator.resources "env" $v.orchestrator.env "envBlock" $orchEnv "providers" true "auth" (not $v.auth.disabled) "cloudInitKeys" ($v.cloudInit.keysSecret | default "")) -}}
+{{- $leaseEnv := printf "%s\n%s- name: EGRESS_MIGRATE\n  value: \"false\"\n- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $db $authEnv .Release.Name $v.orchestrator.grpcPort -}}
+{{- if not $v.auth.disabled -}}
+{{- $leaseEnv = printf "%s- name: EGRESS_ORCHESTRATOR_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $leaseEnv -}}
+{{- end -}}
+{{- $out = append $out (dict "component" "lease" "image" "lease" "grpcPort" $v.lease.grpcPort "httpPort" $v.lease.httpPort "replicas" $v.lease.replicas "autoscaling" $v.lease.autoscaling "resources" $v.lease.resources "env" $v.lease.env "envBlock" $leaseEnv "providers" false "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled)) -}}
+{{- $healthEnv := printf "%s\n%s- name: EGRESS_MIGRATE\n  value: \"false\"\n- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n- name: EGRESS_PROBE_TARGET\n  value: %s\n- name: EGRESS_PROVISIONER\n  value: %s\n" $db $authEnv ($v.health.probeTarget | quote) (include "egress.provisionerAddrs" . | quote) -}}
+{{- $healthEnv = printf "%s- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $healthEnv .Release.Name $v.orchestrator.grpcPort -}}
+{{- if not $v.auth.disabled -}}
+{{- $healthEnv = printf "%s- name: EGRESS_ORCHESTRATOR_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n- name: EGRESS_PROVISIONER_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $healthEnv -}}
+{{- end -}}
+{{- $out = append $out (dict "component" "health" "image" "health" "grpcPort" $v.health.grpcPort "httpPort" $v.health.httpPort "replicas" $v.health.replicas "autoscaling" dict "resources" $v.health.resources "env" $v.health.env "envBlock" $healthEnv "providers" true "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled)) -}}
+{{- range $v.provisioners -}}
+{{- $env := printf "%s- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n- name: EGRESS_PROVIDER\n  value: %s\n" $authEnv (.name | quote) -}}
+{{- if and (eq .type "gcp") .existingSecret -}}
+{{- $env = printf "%s- name: GOOGLE_APPLICATION_CREDENTIALS\n  value: /etc/egress/secrets/%s/credentials.json\n" $env .name -}}
+{{- end -}}
+{{- $out = append $out (dict "component" (include "egress.provisionerComponent" .) "provider" .name "type" .type "image" (printf "provisioner-%s" .type) "grpcPort" $v.provisionerPorts.grpc "httpPort" $v.provisionerPorts.http "replicas" (.replicas | default 1) "autoscaling" (.autoscaling | default dict) "resources" (.resources | default dict) "env" (.env | default dict) "envBlock" $env "providers" true "auth" (not $v.auth.disabled) "secret" (.existingSecret | default "")) -}}
+{{- end -}}
+{{- toJson (dict "items" $out) -}}
+{{- end -}}
