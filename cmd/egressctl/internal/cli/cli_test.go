@@ -275,7 +275,6 @@ func keyring(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
-	}
 }
 
 // TestLeasesProxies runs `leases proxies` against the real lease binary,
