@@ -396,11 +396,12 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 	b.log.Info("local proxy started", "name", s.Name, "providerID", providerID(s.UID), "address", addr, "proxy", s.Kind, "pid", s.PID)
 	err = b.waitListening(ctx, s, addr)
 	if err != nil && !errors.Is(err, context.Canceled) {
-		// Its exit, if it has exited, is part of the reason.
+		// Its exit, if it has exited, is part of the reason; the process
+		// may be gone a moment before its waiter has reaped it.
 		select {
 		case <-exited:
 			err = errclass.New(errclass.Transient, "%v (%s)", err, exitDescription(exitErr))
-		default:
+		case <-time.After(2 * time.Second):
 		}
 	}
 	return err
