@@ -139,11 +139,29 @@ func (n Names) StreamConfigs() []jetstream.StreamConfig {
 	}
 }
 
+// MaxStreamReplicas is the largest replica count JetStream accepts.
+const MaxStreamReplicas = 5
+
+// StreamOption adjusts the canonical stream configurations to an
+// installation.
+type StreamOption func(*jetstream.StreamConfig)
+
+// Replicas stores every stream on n servers of a JetStream cluster, so the
+// streams survive the loss of a minority of them. Every service of an
+// installation must be given the same count: each one updates the streams
+// to its own configuration when it connects.
+func Replicas(n int) StreamOption {
+	return func(c *jetstream.StreamConfig) { c.Replicas = n }
+}
+
 // EnsureStreams creates the streams, or updates them to the canonical
 // configuration; it is idempotent. Services call it through Connect, at
 // start or as soon as NATS answers.
-func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names) error {
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, opts ...StreamOption) error {
 	for _, cfg := range n.StreamConfigs() {
+		for _, o := range opts {
+			o(&cfg)
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("stream %s: %w", cfg.Name, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,5 +140,59 @@ func TestEventStreamsKeepLatestPerProxy(t *testing.T) {
 	}
 	if latest["u0"] != 6 || latest["u1"] != 5 {
 		t.Errorf("latest revisions = %v, want u0:6 u1:5", latest)
+	}
+}
+
+// With three replicas on a cluster of three, every stream is stored on each
+// server and keeps taking messages with one of them down; a single server
+// refuses the count, so a misconfiguration is loud.
+func TestStreamsReplicatedOnACluster(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cluster := natstest.NewCluster(t, 3)
+	n := bus.Names{Prefix: "replicated"}
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: cluster.URL(), Name: t.Name(), Names: n, StreamReplicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, cfg := range n.StreamConfigs() {
+		s, err := js.Stream(ctx, cfg.Name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", cfg.Name, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Config.Replicas != 3 {
+			t.Errorf("stream %s has %d replicas, want 3", cfg.Name, info.Config.Replicas)
+		}
+		if info.Cluster == nil || len(info.Cluster.Replicas)+1 != 3 {
+			t.Errorf("stream %s is placed on %+v, want a leader and two replicas", cfg.Name, info.Cluster)
+		}
+	}
+
+	// Stop a server that is not the commands stream's leader's only copy:
+	// any one of three leaves a quorum.
+	cluster.Servers[2].Stop()
+	cmd := &busv1.Command{CommandId: "c-1", ProxyUid: "u-1", Provider: "pve", Operation: busv1.Operation_OPERATION_GET}
+	for {
+		_, err := bus.Publish(ctx, js, n.CommandSubject("pve"), cmd, jetstream.WithMsgID(cmd.GetCommandId()))
+		if err == nil {
+			break
+		}
+		// A stream whose leader was on the stopped server elects another.
+		if ctx.Err() != nil {
+			t.Fatalf("publishing with one server of three down: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	single := natstest.New(t).JetStream(t)
+	err = bus.EnsureStreams(ctx, single, n, bus.Replicas(3))
+	if err == nil || !strings.Contains(err.Error(), "replicas") {
+		t.Errorf("a single server took three replicas: err = %v", err)
 	}
 }

@@ -17,7 +17,10 @@ type ConnectOptions struct {
 	// Name identifies the connection on the server (monitoring, logs).
 	Name  string
 	Names Names
-	Log   *slog.Logger
+	// StreamReplicas is how many JetStream servers store each stream: 1
+	// (the default when 0) on a single server, 3 on a cluster of three.
+	StreamReplicas int
+	Log            *slog.Logger
 	// Metrics, when set, receives egress_nats_connected (1 while connected)
 	// and egress_nats_reconnects_total.
 	Metrics prometheus.Registerer
@@ -28,12 +31,19 @@ type ConnectOptions struct {
 // the background (forever, as after any later disconnect), the streams
 // are ensured once it is up, and meanwhile the service serves what needs
 // no NATS, its consumers waiting under KeepConsuming. Only what no retry
-// can mend is an error: a malformed URL. The connection lives until the
-// caller closes it; the background work until ctx ends.
+// can mend is an error: a malformed URL or replica count. The connection
+// lives until the caller closes it; the background work until ctx ends.
 func Connect(ctx context.Context, o ConnectOptions) (*nats.Conn, jetstream.JetStream, error) {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	replicas := o.StreamReplicas
+	if replicas == 0 {
+		replicas = 1
+	}
+	if replicas < 1 || replicas > MaxStreamReplicas {
+		return nil, nil, fmt.Errorf("NATS stream replicas must be between 1 and %d, got %d", MaxStreamReplicas, o.StreamReplicas)
 	}
 	nc, err := nats.Connect(o.URL, nats.Name(o.Name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -60,7 +70,7 @@ func Connect(ctx context.Context, o ConnectOptions) (*nats.Conn, jetstream.JetSt
 	ensure := func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return EnsureStreams(ctx, js, o.Names)
+		return EnsureStreams(ctx, js, o.Names, Replicas(replicas))
 	}
 	err = nats.ErrNoServers
 	if nc.IsConnected() {

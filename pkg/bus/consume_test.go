@@ -156,10 +156,21 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-// A malformed URL is the one thing Connect fails on.
+// A malformed URL or replica count is all Connect fails on.
 func TestConnectRejectsAMalformedURL(t *testing.T) {
 	t.Parallel()
 	if _, _, err := bus.Connect(t.Context(), bus.ConnectOptions{URL: "nats://127.0.0.1:notaport", Name: "test", Log: slog.New(slog.DiscardHandler)}); err == nil {
 		t.Error("Connect accepted a malformed URL")
+	}
+}
+
+func TestConnectRejectsAReplicaCountJetStreamCannotHave(t *testing.T) {
+	t.Parallel()
+	url := natstest.New(t).URL()
+	for _, n := range []int{-1, bus.MaxStreamReplicas + 1} {
+		_, _, err := bus.Connect(t.Context(), bus.ConnectOptions{URL: url, Name: "test", StreamReplicas: n, Log: slog.New(slog.DiscardHandler)})
+		if err == nil || !strings.Contains(err.Error(), "stream replicas") {
+			t.Errorf("StreamReplicas %d: err = %v, want one naming the stream replicas", n, err)
+		}
 	}
 }

@@ -5,7 +5,11 @@
 package natstest
 
 import (
+	"context"
+	"fmt"
 	"net"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +108,100 @@ func DownURL(t testing.TB) string {
 	url := s.URL()
 	s.Stop()
 	return url
+}
+
+// Cluster is a JetStream cluster of real nats-servers, embedded in the test
+// process and routed to each other on loopback.
+type Cluster struct {
+	Servers []*Server
+}
+
+// NewCluster starts size servers clustered together and waits until
+// JetStream has elected its meta leader; they shut down when the test ends.
+func NewCluster(t testing.TB, size int) *Cluster {
+	t.Helper()
+	// JetStream clustering needs every server to know its routes when it
+	// starts, so the route ports are chosen first.
+	routes := make([]*url.URL, size)
+	ports := make([]int, size)
+	for i := range size {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("natstest: %v", err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		routes[i] = &url.URL{Scheme: "nats", Host: l.Addr().String()}
+		l.Close()
+	}
+	c := &Cluster{}
+	for i := range size {
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("natstest-%d", i),
+			Host:       "127.0.0.1",
+			Port:       server.RANDOM_PORT,
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoLog:      true,
+			NoSigs:     true,
+			Cluster:    server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
+			Routes:     routes,
+		}
+		srv, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatalf("natstest: %v", err)
+		}
+		// A clustered server is ready only once JetStream has a quorum, so
+		// the servers start together and are waited for afterwards.
+		go srv.Start()
+		s := &Server{srv: srv, opts: opts}
+		t.Cleanup(s.Stop)
+		c.Servers = append(c.Servers, s)
+	}
+	for _, s := range c.Servers {
+		if !s.srv.ReadyForConnections(30 * time.Second) {
+			t.Fatal("natstest: a cluster server did not become ready in 30s")
+		}
+		// Restarts keep the port the first start was given.
+		s.opts.Port = s.srv.Addr().(*net.TCPAddr).Port
+	}
+	nc, err := nats.Connect(c.URL())
+	if err != nil {
+		t.Fatalf("natstest: connect to the cluster: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("natstest: jetstream: %v", err)
+	}
+	waitFor(t, "the JetStream cluster to form", func() *jetstream.AccountInfo {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		info, _ := js.AccountInfo(ctx)
+		return info
+	})
+	return c
+}
+
+// waitFor polls get until it returns non-nil, for up to 30 seconds.
+func waitFor[T any](t testing.TB, what string, get func() *T) *T {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if v := get(); v != nil {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: gave up waiting for %s after 30s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// URL lists every server of the cluster, as a client's seed list.
+func (c *Cluster) URL() string {
+	urls := make([]string, len(c.Servers))
+	for i, s := range c.Servers {
+		urls[i] = s.URL()
+	}
+	return strings.Join(urls, ",")
 }

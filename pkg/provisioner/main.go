@@ -35,14 +35,15 @@ type Spec struct {
 
 // Flags are the runtime's flags (each also EGRESS_<NAME>).
 type Flags struct {
-	ProvidersConfig string
-	Provider        string
-	NATSURL         string
-	NATSPrefix      string
-	ReplicaID       string
-	MaxConcurrent   int
-	AckWait         time.Duration
-	DrainTimeout    time.Duration
+	ProvidersConfig    string
+	Provider           string
+	NATSURL            string
+	NATSPrefix         string
+	NATSStreamReplicas int
+	ReplicaID          string
+	MaxConcurrent      int
+	AckWait            time.Duration
+	DrainTimeout       time.Duration
 }
 
 // Register adds the flags to fs.
@@ -52,6 +53,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Provider, "provider", "", "name of the provider block this process serves (required)")
 	fs.StringVar(&f.NATSURL, "nats-url", nats.DefaultURL, "NATS server URL")
 	fs.StringVar(&f.NATSPrefix, "nats-prefix", bus.DefaultPrefix, "prefix of every NATS subject and stream")
+	fs.IntVar(&f.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
 	fs.StringVar(&f.ReplicaID, "replica-id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's name in command results")
 	fs.IntVar(&f.MaxConcurrent, "max-concurrent", 8, "commands executed at once by this replica")
 	fs.DurationVar(&f.AckWait, "ack-wait", 30*time.Second, "the command consumer's ack wait: how long a replica that died mid-command holds it before redelivery (running commands are heartbeated)")
@@ -107,7 +109,7 @@ func Setup(ctx context.Context, s *service.Service, spec Spec, f Flags) error {
 	provisionerv1.RegisterProvisionerServiceServer(s.GRPC, &Server{RT: rt})
 
 	names := bus.Names{Prefix: f.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.NATSURL, Name: spec.Name + "/" + f.ReplicaID, Names: names, Log: s.Log, Metrics: s.Metrics})
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.NATSURL, Name: spec.Name + "/" + f.ReplicaID, Names: names, StreamReplicas: f.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		return err
 	}

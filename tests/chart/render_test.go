@@ -637,3 +637,21 @@ func TestMonitoring(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamReplicasOnEveryService: every service ensures the streams with
+// its own replica count, so all of them must be given the same one.
+func TestStreamReplicasOnEveryService(t *testing.T) {
+	t.Parallel()
+	r := render(t, []string{"all-kinds.yaml"}, map[string]any{"nats": map[string]any{"streamReplicas": 3}})
+	deployments := typed[*appsv1.Deployment](r.Objects)
+	if len(deployments) < 4 {
+		t.Fatalf("only %d Deployments", len(deployments))
+	}
+	for name, d := range deployments {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if v, ok := envValue(c, "EGRESS_NATS_STREAM_REPLICAS"); v != "3" {
+				t.Errorf("%s/%s: EGRESS_NATS_STREAM_REPLICAS = %q (set %v), want 3", name, c.Name, v, ok)
+			}
+		}
+	}
+}

@@ -46,6 +46,8 @@ func TestBadValuesRefused(t *testing.T) {
 		{"provider listed twice", map[string]any{"provisioners": []any{pve, pve}}, `provisioners[1].name: "pve-home" already has provisioners`},
 		{"port out of range", map[string]any{"lease": map[string]any{"grpcPort": 70000}}, "/lease/grpcPort"},
 		{"nats URL", map[string]any{"nats": map[string]any{"url": "http://nats:4222"}}, "/nats/url"},
+		{"no stream replicas", map[string]any{"nats": map[string]any{"streamReplicas": 0}}, "/nats/streamReplicas"},
+		{"more stream replicas than JetStream allows", map[string]any{"nats": map[string]any{"streamReplicas": 7}}, "/nats/streamReplicas"},
 		{"log level", map[string]any{"log": map[string]any{"level": "verbose"}}, "/log/level"},
 		{"network peer", map[string]any{"networkPolicy": map[string]any{"crawlers": []any{map[string]any{"pods": "all"}}}}, "pods"},
 		{"env name", map[string]any{"orchestrator": map[string]any{"env": map[string]any{"bad name": "x"}}}, "'bad name'"},

@@ -42,10 +42,11 @@ import (
 
 // Config is the service's own configuration.
 type Config struct {
-	DatabaseURL     string
-	NATSURL         string
-	NATSPrefix      string
-	ProvidersConfig string
+	DatabaseURL        string
+	NATSURL            string
+	NATSPrefix         string
+	NATSStreamReplicas int
+	ProvidersConfig    string
 
 	ProbeTarget   string
 	ProbeCAFile   string
@@ -108,6 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DatabaseURL, "database-url", "", "PostgreSQL URL (schema health); required")
 	fs.StringVar(&c.NATSURL, "nats-url", nats.DefaultURL, "NATS server URL")
 	fs.StringVar(&c.NATSPrefix, "nats-prefix", bus.DefaultPrefix, "prefix of the NATS subjects and streams")
+	fs.IntVar(&c.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
 	fs.StringVar(&c.ProvidersConfig, "providers-config", "", "providers YAML file (names and types); empty: no providers")
 	fs.StringVar(&c.ProbeTarget, "probe-target", "", "URL fetched through every proxy: https:// for a CONNECT tunnel with TLS, http:// for a plain forward. Required: a URL the operator runs, never a third-party site")
 	fs.StringVar(&c.ProbeCAFile, "probe-ca-file", "", "PEM file of CAs that verify the probe target (default: system roots)")
@@ -224,7 +226,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "health " + c.ReplicaID, Names: names, Log: s.Log, Metrics: s.Metrics})
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "health " + c.ReplicaID, Names: names, StreamReplicas: c.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		pool.Close()
 		return err

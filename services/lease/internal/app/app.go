@@ -29,11 +29,12 @@ import (
 // Config is everything the lease service is configured with beyond the
 // common service options.
 type Config struct {
-	DatabaseURL      string
-	DatabaseMaxConns int
-	MigrateOnStart   bool
-	NATSURL          string
-	NATSPrefix       string
+	DatabaseURL        string
+	DatabaseMaxConns   int
+	MigrateOnStart     bool
+	NATSURL            string
+	NATSPrefix         string
+	NATSStreamReplicas int
 	// Orchestrator is where full resyncs list the pool; an empty Addr
 	// means events only.
 	Orchestrator   service.Client
@@ -77,6 +78,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.MigrateOnStart, "migrate", c.MigrateOnStart, "apply the database migrations at start (else run `lease migrate` first)")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL for the proxy and health event streams. Required")
 	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of the NATS subjects and streams")
+	fs.IntVar(&c.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
 	fs.StringVar(&c.Orchestrator.Addr, "orchestrator-addr", c.Orchestrator.Addr,
 		"gRPC address of the orchestrator, for full resyncs of the pool (host:port); empty: events only")
 	c.Orchestrator.RegisterFlags(fs, "orchestrator", "the orchestrator")
@@ -209,7 +211,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	met = metrics.New(s.Metrics, st, s.Log)
 
 	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "lease", Names: names, Log: s.Log, Metrics: s.Metrics})
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "lease", Names: names, StreamReplicas: c.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		db.Close()
 		return nil, err

@@ -28,16 +28,17 @@ import (
 
 // Config is the orchestrator's own configuration.
 type Config struct {
-	DatabaseURL     string
-	NATSURL         string
-	NATSPrefix      string
-	ProvidersConfig string
-	AutoMigrate     bool
-	WatchRetention  time.Duration
-	ClaimBatch      int
-	Timing          reconcile.Timing
-	GCInterval      time.Duration
-	GCGrace         time.Duration
+	DatabaseURL        string
+	NATSURL            string
+	NATSPrefix         string
+	NATSStreamReplicas int
+	ProvidersConfig    string
+	AutoMigrate        bool
+	WatchRetention     time.Duration
+	ClaimBatch         int
+	Timing             reconcile.Timing
+	GCInterval         time.Duration
+	GCGrace            time.Duration
 	// CloudInitKeyFile is the keyring that encrypts cloud-init at rest;
 	// without it proxies with cloud-init are refused.
 	CloudInitKeyFile string
@@ -63,6 +64,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "PostgreSQL URL")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL (JetStream enabled)")
 	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of every NATS subject and stream")
+	fs.IntVar(&c.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
 	fs.StringVar(&c.ProvidersConfig, "providers-config", c.ProvidersConfig, "providers YAML file (required)")
 	fs.BoolVar(&c.AutoMigrate, "auto-migrate", c.AutoMigrate, "apply database migrations at start (otherwise run `orchestrator migrate`)")
 	fs.DurationVar(&c.WatchRetention, "watch-retention", c.WatchRetention, "how long the change log keeps changes: WatchProxies resumes from any revision this recent")
@@ -136,7 +138,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "orchestrator", Names: names, Log: s.Log, Metrics: s.Metrics})
+	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "orchestrator", Names: names, StreamReplicas: c.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
 	if err != nil {
 		pool.Close()
 		return err
