@@ -16,8 +16,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,7 +34,8 @@ const User = "egress-kvm-test"
 const Socket = "/var/run/libvirt/libvirt-sock"
 
 const installHint = "install and start libvirt: run scripts/ensure-libvirt.sh as root " +
-	"(apt-get install libvirt-daemon-system qemu-system-x86 qemu-utils openssh-server ovmf; virtlogd -d; libvirtd -d -f <config with auth_unix_rw = \"none\">)"
+	"(apt-get install libvirt-daemon-system qemu-system-x86 qemu-utils openssh-server ovmf, and for the bootable guest " +
+	"linux-image-cloud-amd64 busybox-static syslinux mtools cpio kmod dnsmasq-base; virtlogd -d; libvirtd -d -f <config with auth_unix_rw = \"none\">)"
 
 // Env is one test's libvirt host.
 type Env struct {
@@ -60,6 +59,7 @@ type Env struct {
 
 	mu        sync.Mutex
 	imageHits int
+	leaseFile string
 	t         testing.TB
 }
 
@@ -158,11 +158,13 @@ var userOnce sync.Mutex
 func (e *Env) ensureUser() {
 	userOnce.Lock()
 	defer userOnce.Unlock()
+	// The account needs a shell: the backend reads the host's neighbour
+	// table with a command over SSH.
 	if exec.Command("id", "-u", User).Run() != nil {
-		run(e.t, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--groups", "libvirt", User)
+		run(e.t, "useradd", "--system", "--no-create-home", "--shell", "/bin/sh", "--groups", "libvirt", User)
 	}
 	// A "!" password is a locked account to sshd without PAM; "*" is not.
-	run(e.t, "usermod", "-p", "*", "-a", "-G", "libvirt", User)
+	run(e.t, "usermod", "-p", "*", "-s", "/bin/sh", "-a", "-G", "libvirt", User)
 }
 
 func (e *Env) keygen(name string) string {
@@ -195,7 +197,9 @@ func (e *Env) startSSHD() {
 	e.KeyFile = e.keygen("id_ed25519")
 	e.OtherKeyFile = e.keygen("id_other")
 	auth := filepath.Join(e.Dir, "authorized_keys")
-	writeFile(t, auth, readFile(t, e.KeyFile+".pub")+"\n", 0o644)
+	// The provisioner needs port forwarding (the libvirt socket) and one
+	// command (the neighbour table), nothing else.
+	writeFile(t, auth, `restrict,port-forwarding,command="ip -j -4 neigh show" `+readFile(t, e.KeyFile+".pub")+"\n", 0o644)
 	for attempt := 0; ; attempt++ {
 		port := freePort(t)
 		e.SSHAddress = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
@@ -219,31 +223,13 @@ func (e *Env) startSSHD() {
 			"PermitTTY no",
 			"LogLevel VERBOSE",
 		}, "\n")+"\n", 0o644)
-		log, err := os.Create(filepath.Join(e.Dir, "sshd.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", cfg)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("starting sshd: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-exited
-			_ = log.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(log.Name())
-				t.Logf("sshd log:\n%s", b)
-			}
-		})
+		logFile := filepath.Join(e.Dir, "sshd.log")
+		exited := e.startDaemon("sshd", logFile, "/usr/sbin/sshd", "-D", "-e", "-f", cfg)
 		if waitListening(e.SSHAddress, exited, 10*time.Second) {
 			break
 		}
 		if attempt == 3 {
-			t.Fatalf("sshd does not listen on %s: %s", e.SSHAddress, readFile(t, log.Name()))
+			t.Fatalf("sshd does not listen on %s: %s", e.SSHAddress, readFile(t, logFile))
 		}
 	}
 	host := "[127.0.0.1]:" + strings.TrimPrefix(e.SSHAddress, "127.0.0.1:")
@@ -253,6 +239,35 @@ func (e *Env) startSSHD() {
 	other := strings.Fields(readFile(t, otherHostKey+".pub"))
 	e.WrongKnownHostsFile = filepath.Join(e.Dir, "known_hosts_wrong")
 	writeFile(t, e.WrongKnownHostsFile, host+" "+other[0]+" "+other[1]+"\n", 0o644)
+}
+
+// startDaemon runs a daemon in the foreground with its output in
+// logFile, kills it when the test ends (showing the log if the test
+// failed) and returns a channel closed when it exits.
+func (e *Env) startDaemon(what, logFile, name string, args ...string) <-chan struct{} {
+	t := e.t
+	t.Helper()
+	log, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", what, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = log.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile)
+			t.Logf("%s log:\n%s", what, b)
+		}
+	})
+	return exited
 }
 
 func freePort(t testing.TB) int {
@@ -344,15 +359,7 @@ func (e *Env) serveImage() {
 	}
 	sum := sha256.Sum256(body)
 	e.ImageSHA256 = hex.EncodeToString(sum[:])
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.mu.Lock()
-		e.imageHits++
-		e.mu.Unlock()
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		_, _ = w.Write(body)
-	}))
-	e.t.Cleanup(srv.Close)
-	e.ImageURL = srv.URL + "/tiny.qcow2"
+	e.ImageURL = e.serve("tiny.qcow2", body)
 }
 
 // ImageHits is how often the image was downloaded.
