@@ -224,9 +224,7 @@ func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name
 				WithMetadata("host", p.host.Name, "domain", name)
 		}
 		if m.ownedBy(be.name) == legacy {
-			if m, err = be.claim(ctx, api, p.host, dom, m); err != nil {
-				return nil, err
-			}
+			m = be.claim(ctx, api, p.host, dom, m)
 		}
 		return be.startAndDescribe(api, dom, p.host, id, m)
 	case !hasCode(err, libvirt.ErrNoDomain):
@@ -384,10 +382,11 @@ func readMark(api libvirtAPI, dom libvirt.Domain) (mark, error) {
 
 // claim rewrites a legacy mark as this provider's, keeping its UID and
 // creation time, in the live domain (when running) and its persistent
-// definition.
-func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvirt.Domain, m mark) (mark, error) {
-	m.Provider = be.name
-	x := markElement(m.Provider, m.UID, m.createdAt())
+// definition, and returns the mark as it now is. It is best effort: the
+// domain is the proxy's either way, so a failure is a WARNING, the
+// operation goes on, and the next Get tries again.
+func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvirt.Domain, m mark) mark {
+	x := markElement(be.name, m.UID, m.createdAt())
 	flags := libvirt.DomainAffectLive | libvirt.DomainAffectConfig
 	err := api.DomainSetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{x},
 		libvirt.OptString{metadataPrefix}, libvirt.OptString{metadataURI}, flags)
@@ -397,10 +396,13 @@ func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvir
 			libvirt.OptString{metadataPrefix}, libvirt.OptString{metadataURI}, libvirt.DomainAffectConfig)
 	}
 	if err != nil {
-		return m, err
+		be.log.WarnContext(ctx, "WARNING: claiming a domain with a mark without provider failed; it stays out of List until a later Get claims it",
+			"host", h.Name, "domain", dom.Name, "proxyUID", m.UID, "error", err.Error())
+		return m
 	}
 	be.log.InfoContext(ctx, "domain with a mark without provider claimed for this provider", "host", h.Name, "domain", dom.Name, "proxyUID", m.UID)
-	return m, nil
+	m.Provider = be.name
+	return m
 }
 
 // warnLegacy logs, once per domain, a legacy-marked domain List leaves
@@ -451,9 +453,7 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 			return errclass.New(errclass.NotFound, "domain %s on host %s is not this proxy's on provider %s (it carries %s)", name, h.Name, be.name, m.describe())
 		}
 		if m.ownedBy(be.name) == legacy && req.GetProxyUid() != "" {
-			if m, err = be.claim(ctx, api, h, dom, m); err != nil {
-				return err
-			}
+			m = be.claim(ctx, api, h, dom, m)
 		}
 		st, _, err := api.DomainGetState(dom, 0)
 		if err != nil {

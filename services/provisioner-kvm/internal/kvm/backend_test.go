@@ -435,6 +435,16 @@ func TestProviderMarkOverTheFake(t *testing.T) {
 	if n := strings.Count(logs.String(), "WARNING: domain carries a mark without provider"); n != 2 {
 		t.Errorf("%d WARNINGs for two legacy domains over two Lists, want 2:\n%s", n, logs.String())
 	}
+	// A claim that fails does not fail Get: the domain is the proxy's by
+	// its UID either way; the next Get tries again.
+	api.fail["DomainSetMetadata"] = lvErr(libvirt.ErrAccessDenied, "access denied: 'set metadata' not allowed")
+	if got, err := a.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: "hosts/h1/domains/proxy-old1", ProxyUid: "old1"}); err != nil || got.GetProxyUid() != "old1" {
+		t.Fatalf("Get of a legacy domain whose claim fails = %v, %v", got, err)
+	}
+	if m, _ := parseMark(api.domains["proxy-old1"].meta); m.Provider != "" || !strings.Contains(logs.String(), "WARNING: claiming a domain with a mark without provider failed") {
+		t.Errorf("after a failed claim: mark %+v, logs:\n%s", m, logs.String())
+	}
+	delete(api.fail, "DomainSetMetadata")
 	// Get claims a running one (live and definition), Create a stopped one
 	// (its definition; libvirt refuses the live change).
 	if got, err := a.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: "hosts/h1/domains/proxy-old1", ProxyUid: "old1"}); err != nil || got.GetProxyUid() != "old1" {
