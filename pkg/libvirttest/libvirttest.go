@@ -4,7 +4,10 @@
 // port, for a non-root user in the libvirt group with its own key and
 // known_hosts. Each Env has its own storage pool in a temporary directory,
 // its own bridge, a console log directory and a tiny qcow2 image served
-// over HTTP. Nothing is shared between tests but the daemon.
+// over HTTP. On request it also serves a bootable guest
+// (scripts/kvm-guest-image.sh) and runs a DHCP server on the bridge
+// (guest.go). Nothing is shared between tests but the daemon and the
+// cached guest image.
 //
 // The tests need root (to run sshd, create the user and the bridge). When
 // something is missing they fail, saying what to install; they never skip.
@@ -27,7 +30,8 @@ import (
 )
 
 // User is the non-root account the tests' sshd lets in; it is created
-// (in the libvirt group, with no password and no login shell) when missing.
+// (in the libvirt group, with no password and /bin/sh: the backend runs
+// one command over SSH, and authorized_keys allows only that) when missing.
 const User = "egress-kvm-test"
 
 // Socket is libvirtd's read-write socket.
