@@ -2,7 +2,10 @@
 # Makes sure the KVM backend's integration and end-to-end tests have a real
 # libvirtd to talk to: installs Debian's libvirt daemon, QEMU (software
 # emulation is enough), qemu-img, OVMF and OpenSSH's server when missing,
-# then starts virtlogd and libvirtd. This machine has no D-Bus, so the
+# and what scripts/kvm-guest-image.sh makes the end-to-end test's bootable
+# guest from (Debian's cloud kernel, busybox-static, SYSLINUX, mtools, cpio,
+# kmod) plus dnsmasq, the DHCP server the tests run on their bridges; then
+# starts virtlogd and libvirtd. This machine has no D-Bus, so the
 # default polkit socket authentication cannot work: libvirtd gets its own
 # config with the read-write socket open to the libvirt group and no
 # authentication on it (group membership is the access control). The tests
@@ -19,6 +22,15 @@ command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 command -v qemu-img >/dev/null || need+=(qemu-utils)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 [ -e /usr/share/OVMF/OVMF_CODE.fd ] || [ -e /usr/share/OVMF/OVMF_CODE_4M.fd ] || need+=(ovmf)
+# The bootable guest and its network.
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
+installed linux-image-cloud-amd64 || need+=(linux-image-cloud-amd64)
+installed busybox-static || need+=(busybox-static) # the initramfs has no libc
+command -v syslinux >/dev/null || need+=(syslinux syslinux-common)
+command -v mcopy >/dev/null || need+=(mtools)
+command -v cpio >/dev/null || need+=(cpio)
+command -v modprobe >/dev/null || [ -x /sbin/modprobe ] || need+=(kmod)
+command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || need+=(dnsmasq-base)
 if [ ${#need[@]} -gt 0 ]; then
 	echo "ensure-libvirt: installing ${need[*]}"
 	apt-get update -qq

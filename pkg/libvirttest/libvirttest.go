@@ -4,7 +4,10 @@
 // port, for a non-root user in the libvirt group with its own key and
 // known_hosts. Each Env has its own storage pool in a temporary directory,
 // its own bridge, a console log directory and a tiny qcow2 image served
-// over HTTP. Nothing is shared between tests but the daemon.
+// over HTTP. On request it also serves a bootable guest
+// (scripts/kvm-guest-image.sh) and runs a DHCP server on the bridge
+// (guest.go). Nothing is shared between tests but the daemon and the
+// cached guest image.
 //
 // The tests need root (to run sshd, create the user and the bridge). When
 // something is missing they fail, saying what to install; they never skip.
@@ -16,8 +19,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,14 +30,16 @@ import (
 )
 
 // User is the non-root account the tests' sshd lets in; it is created
-// (in the libvirt group, with no password and no login shell) when missing.
+// (in the libvirt group, with no password and /bin/sh: the backend runs
+// one command over SSH, and authorized_keys allows only that) when missing.
 const User = "egress-kvm-test"
 
 // Socket is libvirtd's read-write socket.
 const Socket = "/var/run/libvirt/libvirt-sock"
 
 const installHint = "install and start libvirt: run scripts/ensure-libvirt.sh as root " +
-	"(apt-get install libvirt-daemon-system qemu-system-x86 qemu-utils openssh-server ovmf; virtlogd -d; libvirtd -d -f <config with auth_unix_rw = \"none\">)"
+	"(apt-get install libvirt-daemon-system qemu-system-x86 qemu-utils openssh-server ovmf, and for the bootable guest " +
+	"linux-image-cloud-amd64 busybox-static syslinux mtools cpio kmod dnsmasq-base; virtlogd -d; libvirtd -d -f <config with auth_unix_rw = \"none\">)"
 
 // Env is one test's libvirt host.
 type Env struct {
@@ -60,6 +63,7 @@ type Env struct {
 
 	mu        sync.Mutex
 	imageHits int
+	leaseFile string
 	t         testing.TB
 }
 
@@ -158,11 +162,13 @@ var userOnce sync.Mutex
 func (e *Env) ensureUser() {
 	userOnce.Lock()
 	defer userOnce.Unlock()
+	// The account needs a shell: the backend reads the host's neighbour
+	// table with a command over SSH.
 	if exec.Command("id", "-u", User).Run() != nil {
-		run(e.t, "useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--groups", "libvirt", User)
+		run(e.t, "useradd", "--system", "--no-create-home", "--shell", "/bin/sh", "--groups", "libvirt", User)
 	}
 	// A "!" password is a locked account to sshd without PAM; "*" is not.
-	run(e.t, "usermod", "-p", "*", "-a", "-G", "libvirt", User)
+	run(e.t, "usermod", "-p", "*", "-s", "/bin/sh", "-a", "-G", "libvirt", User)
 }
 
 func (e *Env) keygen(name string) string {
@@ -195,7 +201,9 @@ func (e *Env) startSSHD() {
 	e.KeyFile = e.keygen("id_ed25519")
 	e.OtherKeyFile = e.keygen("id_other")
 	auth := filepath.Join(e.Dir, "authorized_keys")
-	writeFile(t, auth, readFile(t, e.KeyFile+".pub")+"\n", 0o644)
+	// The provisioner needs port forwarding (the libvirt socket) and one
+	// command (the neighbour table), nothing else.
+	writeFile(t, auth, `restrict,port-forwarding,command="ip -j -4 neigh show" `+readFile(t, e.KeyFile+".pub")+"\n", 0o644)
 	for attempt := 0; ; attempt++ {
 		port := freePort(t)
 		e.SSHAddress = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
@@ -219,31 +227,13 @@ func (e *Env) startSSHD() {
 			"PermitTTY no",
 			"LogLevel VERBOSE",
 		}, "\n")+"\n", 0o644)
-		log, err := os.Create(filepath.Join(e.Dir, "sshd.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", cfg)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("starting sshd: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-exited
-			_ = log.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(log.Name())
-				t.Logf("sshd log:\n%s", b)
-			}
-		})
+		logFile := filepath.Join(e.Dir, "sshd.log")
+		exited := e.startDaemon("sshd", logFile, "/usr/sbin/sshd", "-D", "-e", "-f", cfg)
 		if waitListening(e.SSHAddress, exited, 10*time.Second) {
 			break
 		}
 		if attempt == 3 {
-			t.Fatalf("sshd does not listen on %s: %s", e.SSHAddress, readFile(t, log.Name()))
+			t.Fatalf("sshd does not listen on %s: %s", e.SSHAddress, readFile(t, logFile))
 		}
 	}
 	host := "[127.0.0.1]:" + strings.TrimPrefix(e.SSHAddress, "127.0.0.1:")
@@ -253,6 +243,35 @@ func (e *Env) startSSHD() {
 	other := strings.Fields(readFile(t, otherHostKey+".pub"))
 	e.WrongKnownHostsFile = filepath.Join(e.Dir, "known_hosts_wrong")
 	writeFile(t, e.WrongKnownHostsFile, host+" "+other[0]+" "+other[1]+"\n", 0o644)
+}
+
+// startDaemon runs a daemon in the foreground with its output in
+// logFile, kills it when the test ends (showing the log if the test
+// failed) and returns a channel closed when it exits.
+func (e *Env) startDaemon(what, logFile, name string, args ...string) <-chan struct{} {
+	t := e.t
+	t.Helper()
+	log, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", what, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = log.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile)
+			t.Logf("%s log:\n%s", what, b)
+		}
+	})
+	return exited
 }
 
 func freePort(t testing.TB) int {
@@ -344,15 +363,7 @@ func (e *Env) serveImage() {
 	}
 	sum := sha256.Sum256(body)
 	e.ImageSHA256 = hex.EncodeToString(sum[:])
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.mu.Lock()
-		e.imageHits++
-		e.mu.Unlock()
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		_, _ = w.Write(body)
-	}))
-	e.t.Cleanup(srv.Close)
-	e.ImageURL = srv.URL + "/tiny.qcow2"
+	e.ImageURL = e.serve("tiny.qcow2", body)
 }
 
 // ImageHits is how often the image was downloaded.

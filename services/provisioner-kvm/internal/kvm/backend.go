@@ -32,6 +32,12 @@ type Backend struct {
 	images       *imageCache
 	now          func() time.Time
 	checkTimeout time.Duration
+	// neighbourWarned holds the hosts whose neighbour table failed
+	// permanently and was logged as a WARNING.
+	neighbourWarned sync.Map
+	// legacyWarned holds the host/domain pairs whose legacy mark List
+	// reported.
+	legacyWarned sync.Map
 }
 
 // Options adjust a Backend; the zero value is production.
@@ -212,9 +218,13 @@ func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name
 		if err != nil {
 			return nil, err
 		}
-		if !m.managed() || m.UID != uid {
-			return nil, errclass.New(errclass.Permanent, "domain %s on host %s exists and is not this proxy's (mark uid %q); it was left untouched", name, p.host.Name, m.UID).
+		if !m.isFor(be.name, uid) {
+			return nil, errclass.New(errclass.Permanent, "domain %s on host %s exists and is not this proxy's on provider %s (it carries %s); it was left untouched",
+				name, p.host.Name, be.name, m.describe()).
 				WithMetadata("host", p.host.Name, "domain", name)
+		}
+		if m.ownedBy(be.name) == legacy {
+			m = be.claim(ctx, api, p.host, dom, m)
 		}
 		return be.startAndDescribe(api, dom, p.host, id, m)
 	case !hasCode(err, libvirt.ErrNoDomain):
@@ -270,7 +280,7 @@ func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name
 	x, err := domainXML(domainSpec{
 		Name: name, Type: be.cfg.DomainType, VCPUs: p.machine.VCPUs, MemoryMiB: p.machine.MemoryMiB,
 		Firmware: p.image.Firmware, OverlayPath: overlayPath, SeedPath: seedPath, Bridge: p.host.Bridge,
-		ConsoleLog: consoleLogPath(p.host, name), Mark: markXML(uid, created),
+		ConsoleLog: consoleLogPath(p.host, name), Mark: markXML(be.name, uid, created),
 	})
 	if err != nil {
 		return nil, err
@@ -279,7 +289,7 @@ func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name
 	if err != nil {
 		return nil, err
 	}
-	return be.startAndDescribe(api, dom, p.host, id, mark{Managed: "true", UID: uid, CreatedAt: created.Format(time.RFC3339)})
+	return be.startAndDescribe(api, dom, p.host, id, mark{Managed: "true", Provider: be.name, UID: uid, CreatedAt: created.Format(time.RFC3339)})
 }
 
 // startAndDescribe starts dom unless it runs already and describes it.
@@ -370,6 +380,41 @@ func readMark(api libvirtAPI, dom libvirt.Domain) (mark, error) {
 	return m, nil
 }
 
+// claim rewrites a legacy mark as this provider's, keeping its UID and
+// creation time, in the live domain (when running) and its persistent
+// definition, and returns the mark as it now is. It is best effort: the
+// domain is the proxy's either way, so a failure is a WARNING, the
+// operation goes on, and the next Get tries again.
+func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvirt.Domain, m mark) mark {
+	x := markElement(be.name, m.UID, m.createdAt())
+	flags := libvirt.DomainAffectLive | libvirt.DomainAffectConfig
+	err := api.DomainSetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{x},
+		libvirt.OptString{metadataPrefix}, libvirt.OptString{metadataURI}, flags)
+	if hasCode(err, libvirt.ErrOperationInvalid) {
+		// Not running: only the definition exists.
+		err = api.DomainSetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{x},
+			libvirt.OptString{metadataPrefix}, libvirt.OptString{metadataURI}, libvirt.DomainAffectConfig)
+	}
+	if err != nil {
+		be.log.WarnContext(ctx, "WARNING: claiming a domain with a mark without provider failed; it stays out of List until a later Get claims it",
+			"host", h.Name, "domain", dom.Name, "proxyUID", m.UID, "error", err.Error())
+		return m
+	}
+	be.log.InfoContext(ctx, "domain with a mark without provider claimed for this provider", "host", h.Name, "domain", dom.Name, "proxyUID", m.UID)
+	m.Provider = be.name
+	return m
+}
+
+// warnLegacy logs, once per domain, a legacy-marked domain List leaves
+// out.
+func (be *Backend) warnLegacy(ctx context.Context, h Host, domain string, m mark) {
+	if _, warned := be.legacyWarned.LoadOrStore(h.Name+"/"+domain, true); warned {
+		return
+	}
+	be.log.WarnContext(ctx, "WARNING: domain carries a mark without provider; List leaves it out (orphan GC never deletes it) until its proxy's Get or Create claims it",
+		"host", h.Name, "domain", domain, "proxyUID", m.UID)
+}
+
 // locate resolves a providerID to its host; a host no longer configured
 // is reported as ok=false.
 func (be *Backend) locate(id string) (Host, string, bool, error) {
@@ -395,7 +440,7 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		return nil, errclass.New(errclass.Permanent, "providerID %q names host %q, which is not configured on provider %s", req.GetProviderId(), hostOf(req.GetProviderId()), be.name)
 	}
 	var out *provisionerv1.Instance
-	err = be.hosts.call(ctx, h, func(api libvirtAPI) error {
+	err = be.hosts.callHost(ctx, h, func(api libvirtAPI, run commandRunner) error {
 		dom, err := api.DomainLookupByName(name)
 		if err != nil {
 			return err
@@ -404,18 +449,24 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		if err != nil {
 			return err
 		}
-		if !m.managed() || (req.GetProxyUid() != "" && m.UID != req.GetProxyUid()) {
-			return errclass.New(errclass.NotFound, "domain %s on host %s is not this proxy's", name, h.Name)
+		if !m.isFor(be.name, req.GetProxyUid()) {
+			return errclass.New(errclass.NotFound, "domain %s on host %s is not this proxy's on provider %s (it carries %s)", name, h.Name, be.name, m.describe())
+		}
+		if m.ownedBy(be.name) == legacy && req.GetProxyUid() != "" {
+			m = be.claim(ctx, api, h, dom, m)
 		}
 		st, _, err := api.DomainGetState(dom, 0)
 		if err != nil {
 			return err
 		}
-		ip := ""
+		ip, source := "", ""
 		if s := libvirt.DomainState(st); s == libvirt.DomainRunning || s == libvirt.DomainBlocked {
-			ip = be.address(ctx, api, dom)
+			ip, source = be.address(ctx, api, run, h, dom)
 		}
 		out = be.instance(h, name, req.GetProviderId(), m, libvirt.DomainState(st), ip)
+		if source != "" {
+			out.Details["addressSource"] = source
+		}
 		return nil
 	})
 	if err != nil {
@@ -429,28 +480,70 @@ func hostOf(id string) string {
 	return h
 }
 
-// address asks the guest agent, then the host's ARP table. Neither
-// answering is not an error: the domain is still booting.
-func (be *Backend) address(ctx context.Context, api libvirtAPI, dom libvirt.Domain) string {
+// Where an address came from (the instance's addressSource detail).
+const (
+	sourceAgent      = "guest-agent"
+	sourceARP        = "libvirt-arp"
+	sourceNeighbours = "host-neighbours"
+)
+
+// address asks the guest agent, then libvirt's ARP source, then the
+// host's neighbour table read over the SSH link, for the NIC's MAC. None
+// answering is not an error: the domain is still booting. A neighbour
+// table that cannot be read is a WARNING once per host (until it can be
+// read again), since it leaves guests without an agent Provisioning.
+func (be *Backend) address(ctx context.Context, api libvirtAPI, run commandRunner, h Host, dom libvirt.Domain) (ip, source string) {
 	ifaces, err := api.DomainInterfaceAddresses(dom, uint32(libvirt.DomainInterfaceAddressesSrcAgent), 0)
 	if err == nil {
 		if ip := firstIPv4(ifaces, nil); ip != "" {
-			return ip
+			return ip, sourceAgent
 		}
 	} else {
 		be.log.DebugContext(ctx, "guest agent has no address", "domain", dom.Name, "error", err.Error())
 	}
 	x, err := api.DomainGetXMLDesc(dom, 0)
 	if err != nil {
-		return ""
+		return "", ""
 	}
 	macs := domainMACs(x)
-	ifaces, err = api.DomainInterfaceAddresses(dom, uint32(libvirt.DomainInterfaceAddressesSrcArp), 0)
-	if err != nil {
-		be.log.DebugContext(ctx, "ARP table has no address", "domain", dom.Name, "error", err.Error())
-		return ""
+	if len(macs) == 0 {
+		return "", ""
 	}
-	return firstIPv4(ifaces, macs)
+	ifaces, err = api.DomainInterfaceAddresses(dom, uint32(libvirt.DomainInterfaceAddressesSrcArp), 0)
+	if err == nil {
+		if ip := firstIPv4(ifaces, macs); ip != "" {
+			return ip, sourceARP
+		}
+	} else {
+		be.log.DebugContext(ctx, "libvirt's ARP source has no address", "domain", dom.Name, "error", err.Error())
+	}
+	start := time.Now()
+	ns, err := hostNeighbours(ctx, h.Name, run)
+	if err != nil {
+		be.neighbourFailed(ctx, h, dom.Name, err)
+		return "", ""
+	}
+	be.neighbourWarned.Delete(h.Name)
+	ip = neighbourAddress(ns, macs)
+	be.log.DebugContext(ctx, "host neighbour table read", "domain", dom.Name, "entries", len(ns), "ip", ip, "duration", time.Since(start))
+	if ip == "" {
+		return "", ""
+	}
+	return ip, sourceNeighbours
+}
+
+// neighbourFailed logs a neighbour table that could not be read: a
+// WARNING the first time a host fails permanently, debug otherwise.
+func (be *Backend) neighbourFailed(ctx context.Context, h Host, domain string, err error) {
+	if errclass.Is(err, errclass.Permanent) {
+		if _, warned := be.neighbourWarned.LoadOrStore(h.Name, true); !warned {
+			be.log.WarnContext(ctx, "WARNING: the kvm host's neighbour table cannot be read over SSH; guests without a guest agent stay Provisioning",
+				"host", h.Name, "error", err.Error())
+			return
+		}
+	}
+	be.log.DebugContext(ctx, "host neighbour table not read", "host", h.Name, "domain", domain,
+		"class", errclass.Of(err).String(), "error", err.Error())
 }
 
 // firstIPv4 is the first global IPv4 address, of an interface with one of
@@ -513,8 +606,9 @@ func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstance
 			if err != nil {
 				return err
 			}
-			if !m.managed() || (req.GetProxyUid() != "" && m.UID != req.GetProxyUid()) {
-				be.log.WarnContext(ctx, "domain with the proxy's name is not this proxy's; left untouched", "host", h.Name, "domain", name, "markUID", m.UID)
+			if !m.isFor(be.name, req.GetProxyUid()) {
+				be.log.WarnContext(ctx, "domain with the proxy's name is not this proxy's; left untouched", "host", h.Name, "domain", name,
+					"markProvider", m.Provider, "markUID", m.UID)
 				return nil
 			}
 			if err := api.DomainDestroy(dom); err != nil && !hasCode(err, libvirt.ErrOperationInvalid) && !hasCode(err, libvirt.ErrNoDomain) {
@@ -606,7 +700,12 @@ func (be *Backend) listHost(ctx context.Context, h Host) ([]*provisionerv1.Insta
 			if err != nil {
 				return err
 			}
-			if !m.managed() {
+			switch m.ownedBy(be.name) {
+			case owned:
+			case legacy:
+				be.warnLegacy(ctx, h, d.Name, m)
+				continue
+			default:
 				continue
 			}
 			out = append(out, be.instance(h, d.Name, providerID(h.Name, d.Name), m, statsState(r), ""))

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -22,6 +23,7 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 )
 
 var testImage = []byte("a qcow2 image, as far as this test is concerned")
@@ -372,5 +374,95 @@ func TestCheckReason(t *testing.T) {
 		if got := checkReason(tc.err); got != tc.want {
 			t.Errorf("checkReason(%v) = %s, want %s", tc.err, got, tc.want)
 		}
+	}
+}
+
+// Two providers on one host: each sees only the domains it marked. A
+// legacy mark (no provider) is left out of List until its proxy's Get or
+// Create claims it; a stopped domain is claimed in its definition only.
+func TestProviderMarkOverTheFake(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI("default")
+	srv := newImageServer(t)
+	a, _ := fakeBackend(t, api, srv, nil)
+	var logs logtest.Buffer
+	a.log = slog.New(slog.NewJSONHandler(&logs, nil))
+	b, _ := fakeBackend(t, api, srv, nil)
+	b.name = "kvm-other"
+	ctx := context.Background()
+	in, err := a.Create(ctx, req("u1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(api.domains["proxy-u1"].meta, "<egress:provider>kvm-test</egress:provider>") {
+		t.Fatalf("mark = %s", api.domains["proxy-u1"].meta)
+	}
+	names := func(be *Backend) []string {
+		list, err := be.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, i := range list {
+			out = append(out, i.GetName())
+		}
+		return out
+	}
+	if got := names(b); len(got) != 0 {
+		t.Errorf("the other provider lists %v", got)
+	}
+	getReq := &provisionerv1.GetInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: "u1"}
+	if _, err := b.Get(ctx, getReq); !errclass.Is(err, errclass.NotFound) {
+		t.Errorf("the other provider's Get = %v, want NotFound", err)
+	}
+	if _, err := b.Create(ctx, req("u1")); !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), `provider "kvm-test"'s mark`) {
+		t.Errorf("the other provider's Create = %v, want Permanent naming the owner", err)
+	}
+	if deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: "u1"}); err != nil || deleted || api.domains["proxy-u1"] == nil {
+		t.Errorf("the other provider's Delete = %v, %v; want the domain left alone", deleted, err)
+	}
+
+	legacyMark := func(uid string) string {
+		return `<instance><managed>true</managed><uid>` + uid + `</uid><createdAt>2026-01-02T03:04:05Z</createdAt></instance>`
+	}
+	api.domains["proxy-old1"] = &fakeDomain{state: libvirt.DomainRunning, meta: legacyMark("old1")}
+	api.domains["proxy-old2"] = &fakeDomain{state: libvirt.DomainShutoff, meta: legacyMark("old2")}
+	for range 2 {
+		if got := names(a); !slices.Equal(got, []string{"proxy-u1"}) {
+			t.Fatalf("List with legacy domains = %v, want only proxy-u1", got)
+		}
+	}
+	if n := strings.Count(logs.String(), "WARNING: domain carries a mark without provider"); n != 2 {
+		t.Errorf("%d WARNINGs for two legacy domains over two Lists, want 2:\n%s", n, logs.String())
+	}
+	// A claim that fails does not fail Get: the domain is the proxy's by
+	// its UID either way; the next Get tries again.
+	api.fail["DomainSetMetadata"] = lvErr(libvirt.ErrAccessDenied, "access denied: 'set metadata' not allowed")
+	if got, err := a.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: "hosts/h1/domains/proxy-old1", ProxyUid: "old1"}); err != nil || got.GetProxyUid() != "old1" {
+		t.Fatalf("Get of a legacy domain whose claim fails = %v, %v", got, err)
+	}
+	if m, _ := parseMark(api.domains["proxy-old1"].meta); m.Provider != "" || !strings.Contains(logs.String(), "WARNING: claiming a domain with a mark without provider failed") {
+		t.Errorf("after a failed claim: mark %+v, logs:\n%s", m, logs.String())
+	}
+	delete(api.fail, "DomainSetMetadata")
+	// Get claims a running one (live and definition), Create a stopped one
+	// (its definition; libvirt refuses the live change).
+	if got, err := a.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: "hosts/h1/domains/proxy-old1", ProxyUid: "old1"}); err != nil || got.GetProxyUid() != "old1" {
+		t.Fatalf("Get of a legacy domain = %v, %v", got, err)
+	}
+	if got, err := a.Create(ctx, req("old2")); err != nil || got.GetCreateTime().AsTime() != time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) {
+		t.Fatalf("Create over a stopped legacy domain = %v, %v", got, err)
+	}
+	for _, n := range []string{"proxy-old1", "proxy-old2"} {
+		m, err := parseMark(api.domains[n].meta)
+		if err != nil || m.Provider != "kvm-test" || m.CreatedAt != "2026-01-02T03:04:05Z" {
+			t.Errorf("%s's mark after the claim = %+v, %v", n, m, err)
+		}
+	}
+	if got := names(a); !slices.Equal(got, []string{"proxy-old1", "proxy-old2", "proxy-u1"}) {
+		t.Errorf("List after the claims = %v", got)
+	}
+	if api.domains["proxy-old2"].state != libvirt.DomainRunning {
+		t.Error("the adopted legacy domain was not started")
 	}
 }

@@ -32,6 +32,7 @@ type libvirtAPI interface {
 	DomainCreate(dom libvirt.Domain) error
 	DomainGetState(dom libvirt.Domain, flags uint32) (int32, int32, error)
 	DomainGetMetadata(dom libvirt.Domain, typ int32, uri libvirt.OptString, flags libvirt.DomainModificationImpact) (string, error)
+	DomainSetMetadata(dom libvirt.Domain, typ int32, metadata, key, uri libvirt.OptString, flags libvirt.DomainModificationImpact) error
 	DomainGetXMLDesc(dom libvirt.Domain, flags libvirt.DomainXMLFlags) (string, error)
 	DomainInterfaceAddresses(dom libvirt.Domain, source uint32, flags uint32) ([]libvirt.DomainInterface, error)
 	DomainDestroy(dom libvirt.Domain) error
@@ -48,7 +49,10 @@ type libvirtAPI interface {
 
 // hostClient is one live connection to a host.
 type hostClient struct {
-	api   libvirtAPI
+	api libvirtAPI
+	// run runs a command on the host over the same SSH link (nil when the
+	// connection cannot).
+	run   commandRunner
 	done  <-chan struct{} // closed when the connection is gone
 	close func()
 }
@@ -192,6 +196,12 @@ func (p *hostPool) drop(host string, c *hostClient) {
 // fn, and ctx's error is returned. A transport error also drops the
 // connection, so the next call redials.
 func (p *hostPool) call(ctx context.Context, host Host, fn func(api libvirtAPI) error) error {
+	return p.callHost(ctx, host, func(api libvirtAPI, _ commandRunner) error { return fn(api) })
+}
+
+// callHost is call for operations that also run commands on the host over
+// the connection's SSH link.
+func (p *hostPool) callHost(ctx context.Context, host Host, fn func(api libvirtAPI, run commandRunner) error) error {
 	e := p.entry(host.Name)
 	if err := acquire(ctx, e.ops); err != nil {
 		return fmt.Errorf("waiting for a free operation slot on host %s: %w", host.Name, err)
@@ -201,7 +211,7 @@ func (p *hostPool) call(ctx context.Context, host Host, fn func(api libvirtAPI) 
 	if err != nil {
 		return err
 	}
-	err = awaitOrCancel(ctx, func() error { return fn(p.traced(ctx, host, c)) }, func() {
+	err = awaitOrCancel(ctx, func() error { return fn(p.traced(ctx, host, c), c.run) }, func() {
 		p.log.DebugContext(ctx, "libvirt connection dropped", "host", host.Name, "reason", "context ended", "error", ctx.Err().Error())
 		p.drop(host.Name, c)
 	})
@@ -396,8 +406,13 @@ func (d *sshDialer) dial(ctx context.Context, h Host) (*hostClient, error) {
 	closeAll := func() {
 		once.Do(func() {
 			close(done)
-			_ = lv.Disconnect()
+			// The link goes first and the libvirt goodbye runs on its own:
+			// go-libvirt can wedge a connection for good (a stream packet
+			// arriving after its caller returned blocks its router while it
+			// holds the lock every call and Disconnect need), and a close
+			// must never hang the host's slot with it.
 			_ = client.Close()
+			go func() { _ = lv.Disconnect() }()
 		})
 	}
 	go func() {
@@ -414,7 +429,7 @@ func (d *sshDialer) dial(ctx context.Context, h Host) (*hostClient, error) {
 		}
 	}()
 	go d.keepAlive(h, client, done, closeAll)
-	return &hostClient{api: lv, done: done, close: closeAll}, nil
+	return &hostClient{api: lv, run: sshRunner(client), done: done, close: closeAll}, nil
 }
 
 // keepAlive sends an SSH keepalive every interval and closes the

@@ -55,12 +55,63 @@ func parseProviderID(id string) (host, name string, err error) {
 
 // mark is what the metadata element records.
 type mark struct {
-	Managed   string `xml:"managed"`
+	Managed string `xml:"managed"`
+	// Provider is the name of the provider that made the domain; marks
+	// written before it was recorded have none (legacy marks).
+	Provider  string `xml:"provider"`
 	UID       string `xml:"uid"`
 	CreatedAt string `xml:"createdAt"`
 }
 
 func (m mark) managed() bool { return m.Managed == "true" }
+
+// ownership is whose a domain is, by its mark, to one provider.
+type ownership int
+
+const (
+	// foreignUnmarked: no mark, or one that does not parse.
+	foreignUnmarked ownership = iota
+	// foreignProvider: marked by another provider (on a host they share).
+	foreignProvider
+	// legacy: marked before marks named their provider; the UID decides.
+	legacy
+	// owned: marked by this provider.
+	owned
+)
+
+func (m mark) ownedBy(provider string) ownership {
+	switch {
+	case !m.managed():
+		return foreignUnmarked
+	case m.Provider == "":
+		return legacy
+	case m.Provider == provider:
+		return owned
+	default:
+		return foreignProvider
+	}
+}
+
+// isFor reports whether the mark is provider's and, when uid is set, that
+// proxy's. A legacy mark counts as provider's: the UID it carries is
+// unique across providers, and the proxy asking for it is the one that
+// owns it.
+func (m mark) isFor(provider, uid string) bool {
+	o := m.ownedBy(provider)
+	return (o == owned || o == legacy) && (uid == "" || m.UID == uid)
+}
+
+// describe says whose the mark is, for messages.
+func (m mark) describe() string {
+	switch {
+	case !m.managed():
+		return "no mark"
+	case m.Provider == "":
+		return fmt.Sprintf("a mark without provider, uid %q", m.UID)
+	default:
+		return fmt.Sprintf("provider %q's mark, uid %q", m.Provider, m.UID)
+	}
+}
 
 func (m mark) createdAt() time.Time {
 	t, _ := time.Parse(time.RFC3339, m.CreatedAt)
@@ -69,19 +120,30 @@ func (m mark) createdAt() time.Time {
 
 // markXML is the element stored in the domain's <metadata>, in the
 // system's namespace under its own prefix.
-func markXML(uid string, created time.Time) string {
+func markXML(provider, uid string, created time.Time) string {
+	return buildMark(metadataPrefix+":", fmt.Sprintf(" xmlns:%s=%q", metadataPrefix, metadataURI), provider, uid, created)
+}
+
+// markElement is the mark without namespace, as virDomainSetMetadata
+// takes it: libvirt puts it (and its children) in the namespace it is
+// given, and refuses an element that declares that namespace itself.
+func markElement(provider, uid string, created time.Time) string {
+	return buildMark("", "", provider, uid, created)
+}
+
+func buildMark(p, decl, provider, uid string, created time.Time) string {
 	var b bytes.Buffer
 	esc := func(s string) string {
 		var e bytes.Buffer
 		_ = xml.EscapeText(&e, []byte(s))
 		return e.String()
 	}
-	p := metadataPrefix
-	fmt.Fprintf(&b, `<%s:instance xmlns:%s=%q>`, p, p, metadataURI)
-	fmt.Fprintf(&b, `<%s:managed>true</%s:managed>`, p, p)
-	fmt.Fprintf(&b, `<%s:uid>%s</%s:uid>`, p, esc(uid), p)
-	fmt.Fprintf(&b, `<%s:createdAt>%s</%s:createdAt>`, p, created.UTC().Format(time.RFC3339), p)
-	fmt.Fprintf(&b, `</%s:instance>`, p)
+	fmt.Fprintf(&b, `<%sinstance%s>`, p, decl)
+	fmt.Fprintf(&b, `<%smanaged>true</%smanaged>`, p, p)
+	fmt.Fprintf(&b, `<%sprovider>%s</%sprovider>`, p, esc(provider), p)
+	fmt.Fprintf(&b, `<%suid>%s</%suid>`, p, esc(uid), p)
+	fmt.Fprintf(&b, `<%screatedAt>%s</%screatedAt>`, p, created.UTC().Format(time.RFC3339), p)
+	fmt.Fprintf(&b, `</%sinstance>`, p)
 	return b.String()
 }
 

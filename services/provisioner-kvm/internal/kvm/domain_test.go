@@ -47,23 +47,26 @@ func TestMark(t *testing.T) {
 	t.Parallel()
 	created := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	tests := []struct {
-		name, in string
-		wantUID  string
-		managed  bool
-		wantErr  bool
+		name, in     string
+		wantUID      string
+		wantProvider string
+		managed      bool
+		wantErr      bool
 	}{
-		{"as written", markXML("uid-<1>", created), "uid-<1>", true, false},
-		{"libvirt bare form", `<instance><managed>true</managed><uid>u2</uid><createdAt>2026-12-03T10:00:00Z</createdAt></instance>`, "u2", true, false},
-		{"other prefix", `<x:instance xmlns:x="` + metadataURI + `"><x:managed>true</x:managed><x:uid>u3</x:uid><x:createdAt>2026-12-03T10:00:00Z</x:createdAt></x:instance>`, "u3", true, false},
-		{"not managed", `<instance><managed>false</managed><uid>u</uid></instance>`, "u", false, false},
-		{"foreign element", `<foo><managed>true</managed></foo>`, "", false, true},
-		{"garbage", `<<`, "", false, true},
+		{"as written", markXML("kvm-<a>", "uid-<1>", created), "uid-<1>", "kvm-<a>", true, false},
+		{"as claimed", markElement("kvm-<a>", "uid-<1>", created), "uid-<1>", "kvm-<a>", true, false},
+		{"libvirt bare form", `<instance><managed>true</managed><provider>p</provider><uid>u2</uid><createdAt>2026-12-03T10:00:00Z</createdAt></instance>`, "u2", "p", true, false},
+		{"other prefix", `<x:instance xmlns:x="` + metadataURI + `"><x:managed>true</x:managed><x:provider>p</x:provider><x:uid>u3</x:uid><x:createdAt>2026-12-03T10:00:00Z</x:createdAt></x:instance>`, "u3", "p", true, false},
+		{"legacy, no provider", `<egress:instance xmlns:egress="` + metadataURI + `"><egress:managed>true</egress:managed><egress:uid>u4</egress:uid><egress:createdAt>2026-12-03T10:00:00Z</egress:createdAt></egress:instance>`, "u4", "", true, false},
+		{"not managed", `<instance><managed>false</managed><uid>u</uid></instance>`, "u", "", false, false},
+		{"foreign element", `<foo><managed>true</managed></foo>`, "", "", false, true},
+		{"garbage", `<<`, "", "", false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			m, err := parseMark(tc.in)
-			if (err != nil) != tc.wantErr || m.UID != tc.wantUID || m.managed() != tc.managed {
+			if (err != nil) != tc.wantErr || m.UID != tc.wantUID || m.Provider != tc.wantProvider || m.managed() != tc.managed {
 				t.Fatalf("parseMark = %+v, %v", m, err)
 			}
 			if tc.managed && !m.createdAt().Equal(created) {
@@ -73,8 +76,35 @@ func TestMark(t *testing.T) {
 	}
 }
 
+// Whose a domain is, to provider "a", by its mark.
+func TestMarkOwnership(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		m     mark
+		own   ownership
+		isFor map[string]bool // uid asked → the domain is the proxy's
+	}{
+		{"this provider's", mark{Managed: "true", Provider: "a", UID: "u"}, owned, map[string]bool{"": true, "u": true, "v": false}},
+		{"another provider's", mark{Managed: "true", Provider: "b", UID: "u"}, foreignProvider, map[string]bool{"": false, "u": false}},
+		{"legacy", mark{Managed: "true", UID: "u"}, legacy, map[string]bool{"": true, "u": true, "v": false}},
+		{"unmarked", mark{}, foreignUnmarked, map[string]bool{"": false, "u": false}},
+		{"not managed", mark{Managed: "false", Provider: "a", UID: "u"}, foreignUnmarked, map[string]bool{"u": false}},
+	}
+	for _, tc := range tests {
+		if got := tc.m.ownedBy("a"); got != tc.own {
+			t.Errorf("%s: ownedBy = %v, want %v", tc.name, got, tc.own)
+		}
+		for uid, want := range tc.isFor {
+			if got := tc.m.isFor("a", uid); got != want {
+				t.Errorf("%s: isFor(a, %q) = %v, want %v", tc.name, uid, got, want)
+			}
+		}
+	}
+}
+
 func FuzzParseMark(f *testing.F) {
-	f.Add(markXML("u", time.Unix(0, 0)))
+	f.Add(markXML("p", "u", time.Unix(0, 0)))
 	f.Add(`<instance><uid>x</uid></instance>`)
 	f.Fuzz(func(t *testing.T, s string) { _, _ = parseMark(s) })
 }
@@ -82,7 +112,7 @@ func FuzzParseMark(f *testing.F) {
 func TestDomainXML(t *testing.T) {
 	t.Parallel()
 	spec := domainSpec{Name: "proxy-a", Type: DomainKVM, VCPUs: 2, MemoryMiB: 2048, Firmware: FirmwareUEFI,
-		OverlayPath: "/p/proxy-a.qcow2", SeedPath: "/p/proxy-a-seed.iso", Bridge: "br0", ConsoleLog: "/log/proxy-a.log", Mark: markXML("a", time.Unix(0, 0))}
+		OverlayPath: "/p/proxy-a.qcow2", SeedPath: "/p/proxy-a-seed.iso", Bridge: "br0", ConsoleLog: "/log/proxy-a.log", Mark: markXML("kvm-test", "a", time.Unix(0, 0))}
 	for _, tc := range []struct {
 		name    string
 		mod     func(*domainSpec)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 
 	libvirt "github.com/digitalocean/go-libvirt"
@@ -205,6 +206,30 @@ func (f *fakeAPI) DomainGetMetadata(dom libvirt.Domain, _ int32, _ libvirt.OptSt
 	return d.meta, nil
 }
 
+// DomainSetMetadata replaces the mark; like libvirt, changing the live
+// domain of one that is not running is "operation invalid".
+func (f *fakeAPI) DomainSetMetadata(dom libvirt.Domain, _ int32, metadata, _, _ libvirt.OptString, flags libvirt.DomainModificationImpact) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("DomainSetMetadata"); err != nil {
+		return err
+	}
+	d, err := f.dom(dom.Name)
+	if err != nil {
+		return err
+	}
+	if flags&libvirt.DomainAffectLive != 0 && d.state != libvirt.DomainRunning {
+		return lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: domain is not running")
+	}
+	if len(metadata) > 0 {
+		if strings.Contains(metadata[0], "xmlns:") {
+			return lvErr(libvirt.ErrInternalError, "internal error: failed to create a new XML namespace")
+		}
+		d.meta = metadata[0]
+	}
+	return nil
+}
+
 func (f *fakeAPI) DomainGetXMLDesc(dom libvirt.Domain, _ libvirt.DomainXMLFlags) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -395,6 +420,8 @@ type fakeDialer struct {
 	dials int
 	err   error
 	conns []*fakeConn
+	// run answers the host commands (the neighbour table).
+	run commandRunner
 }
 
 type fakeConn struct {
@@ -412,7 +439,7 @@ func (d *fakeDialer) dial(context.Context, Host) (*hostClient, error) {
 	}
 	c := &fakeConn{done: make(chan struct{})}
 	d.conns = append(d.conns, c)
-	return &hostClient{api: d.api, done: c.done, close: func() {
+	return &hostClient{api: d.api, run: d.run, done: c.done, close: func() {
 		d.mu.Lock()
 		c.closed = true
 		d.mu.Unlock()

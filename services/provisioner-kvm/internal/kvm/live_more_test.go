@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
@@ -282,5 +283,89 @@ func TestLiveCheck(t *testing.T) {
 		if _, err := be.Create(ctx, req); !errclass.Is(err, class) {
 			t.Errorf("Create on %s = %v (%v), want %v", hh.Name, err, errclass.Of(err), class)
 		}
+	}
+}
+
+// TestLiveProvidersSharingAHost: two providers on one host see only their
+// own domains; a domain marked before marks named their provider is left
+// out of List (with one WARNING) until its proxy's Get claims it, in the
+// live domain and its definition.
+func TestLiveProvidersSharingAHost(t *testing.T) {
+	t.Parallel()
+	env := libvirttest.New(t)
+	ctx := liveCtx(t)
+	var logs logtest.Buffer
+	a := newLiveAs(t, "kvm-a", liveConfig(env), slog.New(slog.NewJSONHandler(&logs, nil)))
+	b := newLiveAs(t, "kvm-b", liveConfig(env), nil)
+	listed := func(be *Backend, name string) bool {
+		t.Helper()
+		list, err := be.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(list, func(i *provisionerv1.Instance) bool { return i.GetName() == name })
+	}
+
+	u := uid(t) + "shared"
+	name, _ := instanceName(u)
+	t.Cleanup(func() { env.RemoveDomain(name) })
+	in, err := a.Create(ctx, createReq(u, "tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := env.DomainXML(name); !strings.Contains(x, "<egress:provider>kvm-a</egress:provider>") {
+		t.Fatalf("the mark does not name the provider:\n%s", x)
+	}
+	if !listed(a, name) || listed(b, name) {
+		t.Errorf("listed by kvm-a %v, by kvm-b %v; want only kvm-a", listed(a, name), listed(b, name))
+	}
+	getReq := &provisionerv1.GetInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: u}
+	if _, err := b.Get(ctx, getReq); !errclass.Is(err, errclass.NotFound) {
+		t.Errorf("kvm-b's Get = %v, want NotFound", err)
+	}
+	if _, err := b.Create(ctx, createReq(u, "tiny")); !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), `provider "kvm-a"`) {
+		t.Errorf("kvm-b's Create = %v, want Permanent naming kvm-a", err)
+	}
+	if deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: u}); err != nil || deleted {
+		t.Errorf("kvm-b's Delete = %v, %v; want false, nil", deleted, err)
+	}
+	if st := env.DomainState(name); st != "running" || !slices.Contains(env.Volumes(), overlayName(name)) {
+		t.Errorf("kvm-a's domain is %q (volumes %v) after kvm-b's calls, want it untouched", st, env.Volumes())
+	}
+	if deleted, err := a.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: u}); err != nil || !deleted {
+		t.Fatalf("kvm-a's Delete = %v, %v", deleted, err)
+	}
+
+	// A domain with a legacy mark (no provider), running.
+	lu := uid(t) + "legacy"
+	lname, _ := instanceName(lu)
+	t.Cleanup(func() { env.RemoveDomain(lname) })
+	legacyMark := `<egress:instance xmlns:egress="` + metadataURI + `"><egress:managed>true</egress:managed><egress:uid>` + lu +
+		`</egress:uid><egress:createdAt>2026-01-02T03:04:05Z</egress:createdAt></egress:instance>`
+	path := env.Dir + "/legacy.xml"
+	writeTestFile(t, path, fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>64</memory><os><type arch='x86_64'>hvm</type></os><metadata>%s</metadata></domain>`, lname, legacyMark))
+	env.Virsh("define", path)
+	env.Virsh("start", lname)
+	if listed(a, lname) || listed(a, lname) || listed(b, lname) {
+		t.Error("a legacy-marked domain is listed before it is claimed")
+	}
+	if n := strings.Count(logs.String(), "WARNING: domain carries a mark without provider"); n != 1 || !strings.Contains(logs.String(), lname) {
+		t.Errorf("%d WARNINGs for the legacy domain over two Lists, want 1:\n%s", n, logs.String())
+	}
+	lid := providerID("h1", lname)
+	got, err := a.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: lid, ProxyUid: lu})
+	if err != nil || got.GetProxyUid() != lu || !got.GetCreateTime().AsTime().Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) {
+		t.Fatalf("kvm-a's Get of its legacy domain = %v, %v", got, err)
+	}
+	for _, x := range []string{env.DomainXML(lname), env.Virsh("dumpxml", "--inactive", lname)} {
+		if !strings.Contains(x, "<egress:provider>kvm-a</egress:provider>") || !strings.Contains(x, "<egress:createdAt>2026-01-02T03:04:05Z</egress:createdAt>") {
+			t.Errorf("the claimed mark lacks the provider or lost the creation time:\n%s", x)
+		}
+	}
+	if !listed(a, lname) || listed(b, lname) {
+		t.Error("the claimed domain is not listed by kvm-a only")
+	}
+	if _, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: lid, ProxyUid: lu}); !errclass.Is(err, errclass.NotFound) {
+		t.Errorf("kvm-b's Get of the claimed domain = %v, want NotFound", err)
 	}
 }

@@ -47,7 +47,13 @@ func liveConfig(env *libvirttest.Env, hosts ...Host) Config {
 
 func newLive(t *testing.T, cfg Config, log *slog.Logger) *Backend {
 	t.Helper()
-	be, err := New("kvm-test", cfg, log, Options{})
+	return newLiveAs(t, "kvm-test", cfg, log)
+}
+
+// newLiveAs is newLive for the provider named provider.
+func newLiveAs(t *testing.T, provider string, cfg Config, log *slog.Logger) *Backend {
+	t.Helper()
+	be, err := New(provider, cfg, log, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,10 +6,12 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -34,8 +36,18 @@ type sshServer struct {
 	rejectForward atomic.Bool
 	muteKeepalive atomic.Bool
 	keepalives    atomic.Int32
+	// exec answers the commands of session channels; nil runs them with
+	// sh -c on this machine, as sshd would.
+	exec atomic.Pointer[execHandler]
+	// sessionReject, when not 0, refuses session channels with it.
+	sessionReject atomic.Uint32
 	wg            sync.WaitGroup
 }
+
+// execHandler writes a command's output to stdout and stderr and returns
+// its exit status; exit false ends the channel without one (a session
+// killed mid-command).
+type execHandler func(cmd string, stdout, stderr io.Writer) (status uint32, exit bool)
 
 func newSigner(t *testing.T) (ssh.Signer, []byte) {
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
@@ -106,6 +118,18 @@ func (s *sshServer) serve(nc net.Conn, cfg *ssh.ServerConfig, target string) {
 		}
 	})
 	for ch := range chans {
+		if ch.ChannelType() == "session" {
+			if r := s.sessionReject.Load(); r != 0 {
+				_ = ch.Reject(ssh.RejectionReason(r), "session refused")
+				continue
+			}
+			c, creqs, err := ch.Accept()
+			if err != nil {
+				continue
+			}
+			s.wg.Go(func() { s.session(c, creqs) })
+			continue
+		}
 		if ch.ChannelType() != "direct-streamlocal@openssh.com" || s.rejectForward.Load() {
 			_ = ch.Reject(ssh.ConnectionFailed, "open failed")
 			continue
@@ -138,6 +162,52 @@ func (s *sshServer) serve(nc net.Conn, cfg *ssh.ServerConfig, target string) {
 			_ = uc.Close()
 			_ = c.Close()
 		})
+	}
+}
+
+// session serves one session channel: an exec request runs the command
+// through the exec handler and reports its exit status, as sshd does.
+func (s *sshServer) session(c ssh.Channel, reqs <-chan *ssh.Request) {
+	defer func() { _ = c.Close() }()
+	for r := range reqs {
+		if r.Type != "exec" {
+			_ = r.Reply(false, nil)
+			continue
+		}
+		var msg struct{ Command string }
+		if err := ssh.Unmarshal(r.Payload, &msg); err != nil {
+			_ = r.Reply(false, nil)
+			return
+		}
+		_ = r.Reply(true, nil)
+		go ssh.DiscardRequests(reqs)
+		h := runLocally
+		if p := s.exec.Load(); p != nil {
+			h = *p
+		}
+		status, exit := h(msg.Command, c, c.Stderr())
+		if exit {
+			_ = c.CloseWrite()
+			_, _ = c.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{status}))
+		}
+		return
+	}
+}
+
+// runLocally runs cmd with sh -c on this machine.
+func runLocally(cmd string, stdout, stderr io.Writer) (uint32, bool) {
+	c := exec.Command("sh", "-c", cmd)
+	c.Stdout, c.Stderr = stdout, stderr
+	err := c.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.As(err, &ee):
+		return uint32(ee.ExitCode()), true //nolint:gosec // exit codes are 0-255
+	default:
+		_, _ = fmt.Fprintln(stderr, err)
+		return 127, true
 	}
 }
 
@@ -175,15 +245,22 @@ func (f *sshFixture) host() Host {
 	return Host{Name: "h1", Address: f.srv.addr, User: "virt", KeyFile: f.key, KnownHostsFile: f.knownHosts, Socket: "/var/run/libvirt/libvirt-sock"}
 }
 
-func TestSSHDialReachesLibvirt(t *testing.T) {
-	t.Parallel()
-	f := newSSHFixture(t)
+// dial connects to the fixture's server with the production dialer; the
+// connection is closed when the test ends.
+func (f *sshFixture) dial(t *testing.T) *hostClient {
+	t.Helper()
 	d := newSSHDialer(false, time.Minute, slog.New(slog.DiscardHandler))
 	c, err := d.dial(context.Background(), f.host())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.close()
+	t.Cleanup(c.close)
+	return c
+}
+
+func TestSSHDialReachesLibvirt(t *testing.T) {
+	t.Parallel()
+	c := newSSHFixture(t).dial(t)
 	if v, err := c.api.ConnectGetLibVersion(); err != nil || v < 1_000_000 {
 		t.Fatalf("libvirt version over the forward = %d, %v", v, err)
 	}

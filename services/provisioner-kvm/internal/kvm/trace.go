@@ -89,6 +89,13 @@ func (t *tracingAPI) DomainGetMetadata(dom libvirt.Domain, typ int32, uri libvir
 	return m, err
 }
 
+func (t *tracingAPI) DomainSetMetadata(dom libvirt.Domain, typ int32, metadata, key, uri libvirt.OptString, flags libvirt.DomainModificationImpact) error {
+	s := time.Now()
+	err := t.inner.DomainSetMetadata(dom, typ, metadata, key, uri, flags)
+	t.done("DomainSetMetadata", s, err, "domain", dom.Name, "flags", uint32(flags))
+	return err
+}
+
 func (t *tracingAPI) DomainGetXMLDesc(dom libvirt.Domain, flags libvirt.DomainXMLFlags) (string, error) {
 	s := time.Now()
 	x, err := t.inner.DomainGetXMLDesc(dom, flags)
