@@ -65,10 +65,15 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("gRPC over TLS: %v", err)
 	}
 
-	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: clientTLS}}
+	// A client that would speak HTTP/2 gets HTTP/1.1: the listener offers
+	// no ALPN, and the body limits rely on HTTP/1.x (closeUnread).
+	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: clientTLS, ForceAttemptHTTP2: true}}
 	resp, err := https.Get("https://" + s.HTTPAddr() + "/v1/providers")
 	if err != nil {
 		t.Fatalf("REST over TLS: %v", err)
+	}
+	if resp.ProtoMajor != 1 {
+		t.Errorf("REST over TLS spoke %s, want HTTP/1.1", resp.Proto)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
