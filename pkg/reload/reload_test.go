@@ -7,27 +7,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // parseNumber accepts a decimal number; its error never quotes the
 // content, as a parser of secrets must not.
@@ -54,7 +38,7 @@ func TestFileReloadsAndKeepsTheLastGoodValue(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "value")
 	write(t, path, "1\n")
-	var logs syncBuffer
+	var logs logtest.Buffer
 	f, err := Open(path, "the test file", parseNumber, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
