@@ -35,14 +35,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
-	"sync"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/egress-proxies/egress-proxies/pkg/reload"
 )
 
 // Anonymous is the client id of every call when authentication is disabled.
@@ -76,17 +75,9 @@ func (id Identity) Has(role Role) bool { return slices.Contains(id.Roles, role) 
 
 // Authenticator checks bearer tokens against the token file.
 type Authenticator struct {
-	path     string
 	disabled bool
-	now      func() time.Time
 	log      *slog.Logger
-
-	mu       sync.Mutex
-	checked  time.Time
-	modTime  time.Time
-	size     int64
-	byHash   map[[sha256.Size]byte]Identity
-	badSince time.Time // the file on disk does not parse; zero when it does
+	tokens   *reload.File[map[[sha256.Size]byte]Identity]
 
 	limits *limiters // nil: no rate limits
 }
@@ -104,11 +95,11 @@ func New(c Config, log *slog.Logger) (*Authenticator, error) {
 	case c.TokenFile == "":
 		return nil, errors.New("--auth-token-file is required (or --auth-disabled for local use)")
 	}
-	a := &Authenticator{path: c.TokenFile, now: time.Now, log: log}
-	if err := a.reload(true); err != nil {
+	tokens, err := reload.Open(c.TokenFile, "the token file", parseTokens, log)
+	if err != nil {
 		return nil, err
 	}
-	return a, nil
+	return &Authenticator{tokens: tokens, log: log}, nil
 }
 
 // Disabled reports whether every call is accepted without a token.
@@ -125,66 +116,12 @@ func (a *Authenticator) Authenticate(header string) (Identity, error) {
 	if !ok || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
 		return Identity{}, status.Error(codes.Unauthenticated, "missing bearer token: send `Authorization: Bearer <token>`")
 	}
-	if err := a.reload(false); err != nil {
-		return Identity{}, status.Error(codes.Unavailable, "the token file cannot be read; see the service log")
-	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	a.mu.Lock()
-	id, found := a.byHash[sum]
-	a.mu.Unlock()
+	id, found := a.tokens.Current()[sum]
 	if !found {
 		return Identity{}, status.Error(codes.Unauthenticated, "invalid bearer token")
 	}
 	return id, nil
-}
-
-// reload re-reads the token file when its size or modification time
-// changed, at most once a second unless forced. A file that becomes
-// unreadable or unparsable keeps the last good tokens.
-func (a *Authenticator) reload(force bool) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	now := a.now()
-	if !force && now.Sub(a.checked) < time.Second {
-		return nil
-	}
-	a.checked = now
-	fi, err := os.Stat(a.path)
-	if err != nil {
-		return a.keep(fmt.Errorf("token file: %w", err))
-	}
-	if !force && fi.ModTime().Equal(a.modTime) && fi.Size() == a.size {
-		return nil
-	}
-	data, err := os.ReadFile(a.path)
-	if err != nil {
-		return a.keep(fmt.Errorf("token file: %w", err))
-	}
-	tokens, err := parseTokens(data)
-	if err != nil {
-		// Not retried until the file changes again.
-		a.modTime, a.size = fi.ModTime(), fi.Size()
-		return a.keep(fmt.Errorf("token file %s: %w", a.path, err))
-	}
-	a.byHash, a.modTime, a.size = tokens, fi.ModTime(), fi.Size()
-	if !a.badSince.IsZero() {
-		a.log.Info("the token file parses again; its tokens are in use", "path", a.path)
-	}
-	a.badSince = time.Time{}
-	return nil
-}
-
-// keep keeps the last good tokens, if any, after err. The error names a
-// line number or the file, never a token.
-func (a *Authenticator) keep(err error) error {
-	if a.byHash == nil {
-		return err
-	}
-	if a.badSince.IsZero() {
-		a.badSince = a.now()
-		a.log.Warn("WARNING: the token file cannot be used; the tokens read before stay in effect until it is fixed", "error", err)
-	}
-	return nil
 }
 
 func parseTokens(data []byte) (map[[sha256.Size]byte]Identity, error) {

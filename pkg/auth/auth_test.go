@@ -76,7 +76,7 @@ func TestTokenFileRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	a.now = func() time.Time { return now }
+	a.tokens.Now = func() time.Time { return now }
 
 	writeTokens(t, path, "crawler new-token-longer crawler\n")
 	// Within the one-second recheck window the old token still works.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 )
 
@@ -15,7 +16,9 @@ import (
 type Metrics struct {
 	// Requests counts operations by provider, op, result (ok or error) and
 	// class (the error class, "none" on success, "canceled" when the caller
-	// or a shutdown gave up).
+	// or a shutdown gave up: a context error the backend did not classify).
+	// A classified error keeps its class even when it wraps a context error
+	// (a backend's own timeout it calls Transient), as its gRPC status does.
 	Requests *prometheus.CounterVec
 	// Duration times operations by provider, op and result.
 	Duration *prometheus.HistogramVec
@@ -55,11 +58,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 func resultOf(err error) (result, class string) {
-	switch {
-	case err == nil:
+	if err == nil {
 		return "ok", "none"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return "error", "canceled"
+	}
+	var classified *errclass.Error
+	if !errors.As(err, &classified) || classified.Class == provisionerv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return "error", "canceled"
+		}
 	}
 	return "error", errclass.Of(err).String()
 }

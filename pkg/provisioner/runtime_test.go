@@ -2,6 +2,7 @@ package provisioner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -400,6 +401,42 @@ func TestMetricsAndLogs(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %s:\n%s", want, out)
 		}
+	}
+}
+
+// TestMetricsClassOfContextErrors: a context error the backend classified
+// (its own request timed out, and it says Transient) is counted under its
+// class, as its gRPC status reports it; only an unclassified one (the
+// caller or a shutdown gave up) is "canceled".
+func TestMetricsClassOfContextErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		err   error
+		class string
+	}{
+		{"classified deadline", errclass.Wrap(errclass.Transient, fmt.Errorf("GET /api2/json/nodes: %w", context.DeadlineExceeded)), "ERROR_REASON_TRANSIENT"},
+		{"classified cancel", errclass.Wrap(errclass.QuotaExceeded, context.Canceled), "ERROR_REASON_QUOTA_EXCEEDED"},
+		{"unclassified deadline", fmt.Errorf("waiting for the clone: %w", context.DeadlineExceeded), "canceled"},
+		{"unclassified cancel", context.Canceled, "canceled"},
+		{"unclassified other", errors.New("connection reset"), "ERROR_REASON_TRANSIENT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			m := NewMetrics(prometheus.NewRegistry())
+			b := newMem()
+			b.err["get"] = tc.err
+			rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: b, Metrics: m})
+			if _, err := rt.Get(context.Background(), &provisionerv1.GetInstanceRequest{ProviderId: "vms/9/none", ProxyUid: "u1"}); err == nil {
+				t.Fatal("Get succeeded")
+			}
+			if got := testutil.ToFloat64(m.Requests.WithLabelValues("pve", "get", "error", tc.class)); got != 1 {
+				t.Errorf("requests{get,error,%s} = %v, want 1", tc.class, got)
+			}
+			if n := testutil.CollectAndCount(m.Requests); n != 1 {
+				t.Errorf("%d request series, want 1", n)
+			}
+		})
 	}
 }
 

@@ -52,24 +52,45 @@ func (c *Client) RegisterFlags(fs *flag.FlagSet, prefix, what string) {
 // TLSEnabled reports whether the client dials over TLS.
 func (c *Client) TLSEnabled() bool { return c.TLS || c.CAFile != "" }
 
+// TLSConfig is the client's TLS configuration: nil when it dials in
+// plaintext. The CA file is read now.
+func (c *Client) TLSConfig() (*tls.Config, error) {
+	if !c.TLSEnabled() {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
+	if c.CAFile != "" {
+		roots, err := readCAFile(c.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = roots
+	}
+	return cfg, nil
+}
+
+func readCAFile(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("CA file: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA file %s: no PEM certificates", path)
+	}
+	return roots, nil
+}
+
 // DialOptions are the gRPC options of the client: transport credentials,
 // the bearer token and tracing. Files are read now, so a missing CA or
 // token file fails at start rather than at the first call.
 func (c *Client) DialOptions() ([]grpc.DialOption, error) {
+	cfg, err := c.TLSConfig()
+	if err != nil {
+		return nil, err
+	}
 	transport := insecure.NewCredentials()
-	if c.TLSEnabled() {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
-		if c.CAFile != "" {
-			pem, err := os.ReadFile(c.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("CA file: %w", err)
-			}
-			roots := x509.NewCertPool()
-			if !roots.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("CA file %s: no PEM certificates", c.CAFile)
-			}
-			cfg.RootCAs = roots
-		}
+	if cfg != nil {
 		transport = credentials.NewTLS(cfg)
 	}
 	opts := append(telemetry.DialOptions(), grpc.WithTransportCredentials(transport))

@@ -20,7 +20,7 @@ import (
 // rotated.
 func TestClientTLSAndTokenFile(t *testing.T) {
 	t.Parallel()
-	certFile, keyFile, _ := selfSigned(t)
+	ca, certFile, keyFile := serverCert(t)
 	dir := t.TempDir()
 	tokens, tokenFile := filepath.Join(dir, "tokens"), filepath.Join(dir, "token")
 	write := func(p, content string) {
@@ -57,7 +57,7 @@ func TestClientTLSAndTokenFile(t *testing.T) {
 		_, err = proxyv1.NewProxyServiceClient(conn).ListProviders(cctx, &proxyv1.ListProvidersRequest{})
 		return err
 	}
-	good := Client{Addr: s.GRPCAddr(), CAFile: certFile, ServerName: "egress.test", TokenFile: tokenFile}
+	good := Client{Addr: s.GRPCAddr(), CAFile: ca.File, ServerName: "egress.test", TokenFile: tokenFile}
 	if err := call(good); err != nil {
 		t.Fatalf("TLS with the CA, the server name and the token: %v", err)
 	}
@@ -66,12 +66,12 @@ func TestClientTLSAndTokenFile(t *testing.T) {
 		want codes.Code
 	}{
 		"plaintext to a TLS port": {Client{Addr: s.GRPCAddr(), TokenFile: tokenFile}, codes.Unavailable},
-		"another server name":     {Client{Addr: s.GRPCAddr(), CAFile: certFile, ServerName: "other.test", TokenFile: tokenFile}, codes.Unavailable},
-		"the address as the name": {Client{Addr: s.GRPCAddr(), CAFile: certFile, TokenFile: tokenFile}, codes.Unavailable},
+		"another server name":     {Client{Addr: s.GRPCAddr(), CAFile: ca.File, ServerName: "other.test", TokenFile: tokenFile}, codes.Unavailable},
+		"the address as the name": {Client{Addr: s.GRPCAddr(), CAFile: ca.File, TokenFile: tokenFile}, codes.Unavailable},
 		"system roots only":       {Client{Addr: s.GRPCAddr(), TLS: true, ServerName: "egress.test", TokenFile: tokenFile}, codes.Unavailable},
-		"no token":                {Client{Addr: s.GRPCAddr(), CAFile: certFile, ServerName: "egress.test"}, codes.Unauthenticated},
-		"a token given directly":  {Client{Addr: s.GRPCAddr(), CAFile: certFile, ServerName: "egress.test", Token: "tok-2"}, codes.OK},
-		"a token file wins":       {Client{Addr: s.GRPCAddr(), CAFile: certFile, ServerName: "egress.test", TokenFile: tokenFile, Token: "nope"}, codes.OK},
+		"no token":                {Client{Addr: s.GRPCAddr(), CAFile: ca.File, ServerName: "egress.test"}, codes.Unauthenticated},
+		"a token given directly":  {Client{Addr: s.GRPCAddr(), CAFile: ca.File, ServerName: "egress.test", Token: "tok-2"}, codes.OK},
+		"a token file wins":       {Client{Addr: s.GRPCAddr(), CAFile: ca.File, ServerName: "egress.test", TokenFile: tokenFile, Token: "nope"}, codes.OK},
 	}
 	for name, tc := range cases {
 		if err := call(tc.c); status.Code(err) != tc.want {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
@@ -19,7 +20,8 @@ import (
 // is checked before anything of the body is read (an anonymous caller
 // cannot make the service read one), and the body is cut off at
 // MaxRequestBytes while it is read, answering 413. The gateway therefore
-// never buffers more than the limit. Roles are checked by the gRPC
+// never buffers more than the limit, and after a 401 or a 413 the rest of
+// the body is not read at all (closeUnread). Roles are checked by the gRPC
 // interceptors behind the gateway, for both transports alike.
 func (s *Service) guardREST(mux *runtime.ServeMux) http.Handler {
 	limit := int64(s.opts.MaxRequestBytes)
@@ -33,11 +35,15 @@ func (s *Service) guardREST(mux *runtime.ServeMux) http.Handler {
 					w.Header().Set("Connection", "close")
 				}
 				runtime.HTTPError(r.Context(), mux, gateway.Marshaler(), w, r, err)
+				if hasBody {
+					closeUnread(w)
+				}
 				return
 			}
 		}
 		if r.ContentLength > limit {
 			writeTooLarge(w, limit)
+			closeUnread(w)
 			return
 		}
 		if !hasBody {
@@ -47,7 +53,45 @@ func (s *Service) guardREST(mux *runtime.ServeMux) http.Handler {
 		body := &limitedBody{ReadCloser: http.MaxBytesReader(w, r.Body, limit)}
 		r.Body = body
 		mux.ServeHTTP(&tooLargeWriter{ResponseWriter: w, body: body, limit: limit}, r)
+		if body.exceeded.Load() {
+			closeUnread(w)
+		}
 	})
+}
+
+// rstAvoidance is how long a connection closeUnread took over stays open,
+// its write side shut, before it is closed: as long as net/http waits in
+// the same situation, time for the client to read the answer before the
+// close resets the connection (unread data in the server's receive buffer
+// makes the kernel reset it, which may discard the answer on the client's
+// side).
+const rstAvoidance = 500 * time.Millisecond
+
+// closeUnread ends the connection after the answer without reading what is
+// left of the request body. Left alone, net/http reads (into io.Discard)
+// up to 256 KiB of an unread chunked body, or of a declared length up to
+// that, after the handler returns, hoping to reuse the connection; and
+// http.MaxBytesReader cannot tell net/http that the limit was hit, since w
+// is the tracing middleware's wrapper, not net/http's own writer. So the
+// answer is flushed, the HTTP/1.x connection taken over (its buffered
+// reader holds at most 4 KiB read ahead), its write side shut, and it is
+// closed after rstAvoidance, without a read. Under HTTP/2 (not served
+// today: the listener offers no ALPN) Hijack fails and nothing is done:
+// the stream is reset when the handler returns, and flow control bounds
+// what the server buffers.
+func closeUnread(w http.ResponseWriter) {
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	conn, _, err := rc.Hijack()
+	if err != nil {
+		return
+	}
+	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	time.AfterFunc(rstAvoidance, func() { _ = conn.Close() })
 }
 
 // writeTooLarge answers 413 with the gateway's error body.

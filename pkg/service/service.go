@@ -9,7 +9,6 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -74,6 +73,12 @@ type Options struct {
 	// TLS with that certificate (PEM; the chain in the cert file).
 	TLSCertFile string
 	TLSKeyFile  string
+	// GatewayCAFile and GatewayServerName verify this service's own gRPC
+	// port when the REST gateway dials it over TLS, as every client of the
+	// suite verifies a server. Empty: the certificate of TLSCertFile is the
+	// only trusted one, and the first name it carries is the server name.
+	GatewayCAFile     string
+	GatewayServerName string
 	// MaxRequestBytes bounds one request: a REST body (checked while it is
 	// read, before the gateway decodes it) and a received gRPC message.
 	MaxRequestBytes int
@@ -100,6 +105,10 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		"how long in-flight work may take to finish after SIGTERM")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve gRPC and HTTP over TLS with this PEM certificate (chain); needs --tls-key-file")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the PEM private key of --tls-cert-file")
+	fs.StringVar(&o.GatewayCAFile, "gateway-ca-file", o.GatewayCAFile,
+		"PEM CA file that verifies this service's gRPC certificate when its REST gateway dials it (default: trust exactly the certificate of --tls-cert-file)")
+	fs.StringVar(&o.GatewayServerName, "gateway-server-name", o.GatewayServerName,
+		"name this service's gRPC certificate must carry for its REST gateway (default: the first DNS name, else IP address, of --tls-cert-file's certificate)")
 	fs.IntVar(&o.MaxRequestBytes, "max-request-bytes", orDefault(o.MaxRequestBytes, DefaultMaxRequestBytes),
 		"largest request accepted: a REST body (413 beyond it, never read further) and a gRPC message (RESOURCE_EXHAUSTED)")
 	fs.BoolVar(&o.Reflection, "grpc-reflection", o.Reflection, "serve gRPC server reflection (exempt from authentication; lists every method)")
@@ -151,6 +160,7 @@ type Service struct {
 	grpcOpts []grpc.ServerOption
 	grpcMet  *grpcprom.ServerMetrics
 	cert     *tls.Certificate
+	selfTLS  *tls.Config // how the gateway dials the gRPC port; nil: plaintext
 	authn    *auth.Authenticator
 }
 
@@ -214,8 +224,13 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(&tls.Config{
 			Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
 		})))
+		if s.selfTLS, err = gatewayTLS(cert, opts.GatewayCAFile, opts.GatewayServerName); err != nil {
+			return nil, err
+		}
 	case opts.TLSCertFile != "" || opts.TLSKeyFile != "":
 		return nil, errors.New("--tls-cert-file and --tls-key-file go together")
+	case opts.GatewayCAFile != "" || opts.GatewayServerName != "":
+		return nil, errors.New("--gateway-ca-file and --gateway-server-name verify the service's own TLS certificate: they need --tls-cert-file and --tls-key-file")
 	}
 	if opts.Auth != nil {
 		authn, err := auth.New(*opts.Auth, log)
@@ -308,8 +323,11 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	// The gateway sends what it decoded from a body of at most
 	// MaxRequestBytes; its JSON is larger than the message.
-	conn, err := grpc.NewClient(s.GRPCAddr(),
-		append(telemetry.DialOptions(), grpc.WithTransportCredentials(s.selfCredentials()))...)
+	self := insecure.NewCredentials()
+	if s.selfTLS != nil {
+		self = credentials.NewTLS(s.selfTLS)
+	}
+	conn, err := grpc.NewClient(s.GRPCAddr(), append(telemetry.DialOptions(), grpc.WithTransportCredentials(self))...)
 	if err != nil {
 		return fmt.Errorf("gateway connection: %w", err)
 	}
@@ -352,14 +370,22 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 
 	s.grpcMet.InitializeMetrics(s.GRPC)
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.ready.Store(true)
-	s.Log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
-
-	select {
-	case <-ctx.Done():
-		s.Log.Info("shutting down", "reason", context.Cause(ctx))
-	case <-gctx.Done():
+	// A gateway that cannot reach the gRPC port (a CA or server name that
+	// does not verify the certificate) would answer every REST call 503:
+	// refuse to run instead, saying why.
+	var startErr error
+	if len(s.gateways) > 0 {
+		startErr = s.checkGateway(gctx, conn)
+	}
+	if startErr == nil {
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		s.ready.Store(true)
+		s.Log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
+		select {
+		case <-ctx.Done():
+			s.Log.Info("shutting down", "reason", context.Cause(ctx))
+		case <-gctx.Done():
+		}
 	}
 	s.ready.Store(false)
 	s.health.Shutdown()
@@ -381,7 +407,7 @@ func (s *Service) Run(ctx context.Context) error {
 		s.GRPC.Stop()
 	}
 	stopWork()
-	err = g.Wait()
+	err = errors.Join(startErr, g.Wait())
 	if err != nil {
 		s.Log.Error("stopped with an error", "error", err)
 		return err
@@ -390,25 +416,57 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
-// selfCredentials are what the gateway dials this service's own gRPC port
-// with: plaintext, or TLS accepting exactly this service's certificate (the
-// peer is this process on a loopback or local address, whatever names the
-// certificate carries).
-func (s *Service) selfCredentials() credentials.TransportCredentials {
-	if s.cert == nil {
-		return insecure.NewCredentials()
+// gatewayTLS is how the REST gateway dials this service's own TLS gRPC
+// port: verified like every client of the suite, with a CA file and a
+// server name. By default it trusts exactly the service's own certificate
+// and expects the first name that certificate carries (the gateway dials
+// the bound address, which the certificate need not name).
+func gatewayTLS(cert tls.Certificate, caFile, serverName string) (*tls.Config, error) {
+	leaf := cert.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("--tls-cert-file: %w", err)
+		}
 	}
-	own := s.cert.Certificate[0]
-	return credentials.NewTLS(&tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		InsecureSkipVerify: true, // replaced by the pin below
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if len(raw) > 0 && bytes.Equal(raw[0], own) {
-				return nil
-			}
-			return errors.New("the gRPC port presented a certificate other than this service's")
-		},
-	})
+	if serverName == "" {
+		switch {
+		case len(leaf.DNSNames) > 0:
+			serverName = leaf.DNSNames[0]
+		case len(leaf.IPAddresses) > 0:
+			serverName = leaf.IPAddresses[0].String()
+		default:
+			return nil, errors.New("--tls-cert-file: the certificate carries no DNS name or IP address for the REST gateway to verify; set --gateway-server-name")
+		}
+	}
+	c := Client{CAFile: caFile, ServerName: serverName, TLS: true}
+	cfg, err := c.TLSConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--gateway-ca-file: %w", err)
+	}
+	if caFile == "" {
+		cfg.RootCAs = x509.NewCertPool()
+		cfg.RootCAs.AddCert(leaf)
+	}
+	return cfg, nil
+}
+
+// checkGateway makes one call through the gateway's connection (gRPC
+// health, exempt from authentication): it fails at once when TLS does not
+// verify.
+func (s *Service) checkGateway(ctx context.Context, conn *grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		err = fmt.Errorf("the REST gateway cannot reach this service's gRPC port %s: %s", s.GRPCAddr(), status.Convert(err).Message())
+		if s.selfTLS != nil {
+			err = fmt.Errorf("%w (it verifies the certificate with --gateway-ca-file %q, default the service's own certificate, and --gateway-server-name %q)",
+				err, s.opts.GatewayCAFile, s.selfTLS.ServerName)
+		}
+		s.Log.Error("refusing to serve", "error", err)
+		return err
+	}
+	return nil
 }
 
 func notProbeOrScrape(r *http.Request) bool {

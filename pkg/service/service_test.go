@@ -2,18 +2,10 @@ package service
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
+	"fmt"
 	"io"
-	"math/big"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,42 +15,17 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/tlstest"
 )
 
-// selfSigned writes a certificate for the name egress.test only — not for
-// the loopback address the service is dialled at — and its key.
-func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+// serverCert writes a certificate for the name egress.test only — not for
+// the loopback address the service is dialled at — and its key, issued by
+// a CA of the test's own.
+func serverCert(t *testing.T) (ca *tlstest.CA, certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "egress.test"}, DNSNames: []string{"egress.test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
+	ca = tlstest.NewCA(t, "egress service test CA")
+	certFile, keyFile = ca.Issue(t, "egress.test")
+	return ca, certFile, keyFile
 }
 
 type providersOnly struct {
@@ -73,7 +40,7 @@ func (providersOnly) ListProviders(context.Context, *proxyv1.ListProvidersReques
 // service's own TLS port) are served over TLS.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	certFile, keyFile, pool := selfSigned(t)
+	ca, certFile, keyFile := serverCert(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s, err := New(ctx, Options{Name: "tls-test", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0",
@@ -86,7 +53,7 @@ func TestTLS(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 
-	clientTLS := &tls.Config{RootCAs: pool, ServerName: "egress.test"}
+	clientTLS := &tls.Config{RootCAs: ca.Pool, ServerName: "egress.test"}
 	conn, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(clientTLS)))
 	if err != nil {
 		t.Fatal(err)
@@ -98,10 +65,15 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("gRPC over TLS: %v", err)
 	}
 
-	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: clientTLS}}
+	// A client that would speak HTTP/2 gets HTTP/1.1: the listener offers
+	// no ALPN, and the body limits rely on HTTP/1.x (closeUnread).
+	https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: clientTLS, ForceAttemptHTTP2: true}}
 	resp, err := https.Get("https://" + s.HTTPAddr() + "/v1/providers")
 	if err != nil {
 		t.Fatalf("REST over TLS: %v", err)
+	}
+	if resp.ProtoMajor != 1 {
+		t.Errorf("REST over TLS spoke %s, want HTTP/1.1", resp.Proto)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -122,9 +94,111 @@ func TestTLS(t *testing.T) {
 
 func TestTLSFlagsGoTogether(t *testing.T) {
 	t.Parallel()
-	certFile, _, _ := selfSigned(t)
+	_, certFile, _ := serverCert(t)
 	_, err := New(context.Background(), Options{Name: "x", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", TLSCertFile: certFile})
 	if err == nil || !strings.Contains(err.Error(), "go together") {
 		t.Errorf("cert without key: %v", err)
+	}
+}
+
+// The REST gateway dials the service's own gRPC port like every client of
+// the suite: it verifies the certificate with a CA file and a server name
+// (by default the service's own certificate and the first name it
+// carries). The certificates here name hosts, never the loopback address
+// the gateway dials; a CA or a name that does not verify stops the
+// service at start, saying why.
+func TestGatewaySelfDialVerifiesTLS(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t, "egress gateway test CA")
+	other := tlstest.NewCA(t, "some other CA")
+	orchCert, orchKey := ca.Issue(t, "orchestrator.egress.test", "orchestrator")
+	ipCert, ipKey := ca.Issue(t, "192.0.2.7")
+	cases := []struct {
+		name           string
+		cert, key      string
+		caFile, server string
+		refused        string // in Run's error; empty: REST works
+	}{
+		{name: "defaults: its own certificate and first name", cert: orchCert, key: orchKey},
+		{name: "defaults: an IP address the certificate names", cert: ipCert, key: ipKey},
+		{name: "the CA and the first name", cert: orchCert, key: orchKey, caFile: ca.File, server: "orchestrator.egress.test"},
+		{name: "the CA and another name of the certificate", cert: orchCert, key: orchKey, caFile: ca.File, server: "orchestrator"},
+		{name: "the CA alone", cert: orchCert, key: orchKey, caFile: ca.File},
+		{name: "a wrong CA", cert: orchCert, key: orchKey, caFile: other.File, server: "orchestrator.egress.test", refused: "certificate signed by unknown authority"},
+		{name: "a name the certificate lacks", cert: orchCert, key: orchKey, caFile: ca.File, server: "lease.egress.test", refused: "lease.egress.test"},
+		{name: "a name the certificate lacks, own certificate", cert: orchCert, key: orchKey, server: "127.0.0.1", refused: "127.0.0.1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s, err := New(ctx, Options{Name: "gateway-tls-test", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", LogLevel: "error",
+				TLSCertFile: tc.cert, TLSKeyFile: tc.key, GatewayCAFile: tc.caFile, GatewayServerName: tc.server, ShutdownTimeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxyv1.RegisterProxyServiceServer(s.GRPC, providersOnly{})
+			s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+			if tc.refused != "" {
+				select {
+				case err := <-done:
+					if err == nil || !strings.Contains(err.Error(), "REST gateway") || !strings.Contains(err.Error(), tc.refused) {
+						t.Errorf("Run: %v; want a refusal naming the REST gateway and %q", err, tc.refused)
+					}
+				case <-time.After(20 * time.Second):
+					t.Fatal("the service serves with a gateway that cannot verify its gRPC port")
+				}
+				return
+			}
+			name := tc.server
+			if name == "" {
+				name = "orchestrator.egress.test"
+				if tc.cert == ipCert {
+					name = "192.0.2.7"
+				}
+			}
+			https := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, ServerName: name}}}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				resp, err := https.Get("https://" + s.HTTPAddr() + "/v1/providers")
+				if err == nil {
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == 200 && strings.Contains(string(body), `"name":"local"`) {
+						break
+					}
+					err = fmt.Errorf("%d %s", resp.StatusCode, body)
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("REST through the gateway: %v", err)
+				}
+				time.Sleep(50 * time.Millisecond) // Run marks the gateway ready after its check
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+}
+
+// The gateway's TLS flags need TLS, and a CA file that cannot be used
+// stops the start.
+func TestGatewayTLSFlagsNeedTLS(t *testing.T) {
+	t.Parallel()
+	ca, certFile, keyFile := serverCert(t)
+	for name, o := range map[string]Options{
+		"CA without TLS":   {GatewayCAFile: ca.File},
+		"name without TLS": {GatewayServerName: "egress.test"},
+		"missing CA file":  {TLSCertFile: certFile, TLSKeyFile: keyFile, GatewayCAFile: ca.File + ".absent"},
+		"CA file not PEM":  {TLSCertFile: certFile, TLSKeyFile: keyFile, GatewayCAFile: keyFile},
+	} {
+		o.Name, o.GRPCListen, o.HTTPListen = "x", "127.0.0.1:0", "127.0.0.1:0"
+		if _, err := New(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--gateway-") {
+			t.Errorf("%s: %v; want an error naming the gateway flag", name, err)
+		}
 	}
 }

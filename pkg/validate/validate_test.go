@@ -3,6 +3,7 @@ package validate_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -205,6 +206,30 @@ func TestInterceptors(t *testing.T) {
 		func(context.Context, any) (any, error) { called = true; return nil, nil })
 	if !called || err != nil {
 		t.Errorf("unary valid: handler called %v, err %v", called, err)
+	}
+}
+
+// The multiline_text rule refuses exactly the characters the regular
+// expression it replaced refused ([\x00-\x08\x0B\x0C\x0E-\x1F\x7F\x{80}-\x{9F}]),
+// checked for every code point up to U+07FF (all one- and two-byte UTF-8
+// sequences) and for the separators and format characters beyond, which
+// it allows (printable refuses those), alone, in the middle of a text and
+// at its ends.
+func TestMultilineTextRuleIsTheRegexpItReplaced(t *testing.T) {
+	t.Parallel()
+	v := newValidator(t)
+	old := regexp.MustCompile(`[\x00-\x08\x0B\x0C\x0E-\x1F\x7F\x{80}-\x{9F}]`)
+	runes := []rune{0x2028, 0x2029, 0x200B, 0x202E, 0xFEFF, 0xFFFD, 0x10FFFF}
+	for r := rune(0); r < 0x800; r++ {
+		runes = append(runes, r)
+	}
+	for _, r := range runes {
+		for _, text := range []string{string(r), "#cloud-config\n" + string(r) + "x", "x" + string(r)} {
+			err := v.Check(&provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u1", CloudInit: text, Port: 3128})
+			if refused, want := err != nil, old.MatchString(text); refused != want {
+				t.Errorf("U+%04X in %q: refused %v, the regular expression %v (%v)", r, text, refused, want, err)
+			}
+		}
 	}
 }
 

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"strings"
 	"testing"
 
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
-	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store/storetest"
 )
@@ -22,23 +20,9 @@ func TestRESTBadInput(t *testing.T) {
 		"--database-url=" + dsn, "--nats-url=" + natstest.New(t).URL(),
 		"--probe-target=https://127.0.0.1:9/", "--auth-disabled", "--provider-check-interval=0",
 	})
-	ctx := context.Background()
-	pool, err := postgres.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	written := func() string {
-		t.Helper()
-		var s string
-		if err := pool.QueryRow(ctx, `SELECT concat_ws('|',
-			(SELECT count(*) FROM health.transitions), (SELECT count(*) FROM health.proxy_health),
-			(SELECT count(*) FROM health.provider_health))`).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	before := written()
+	unchanged := servicetest.Unchanged(t, dsn, "the health tables", `SELECT concat_ws('|',
+		(SELECT count(*) FROM health.transitions), (SELECT count(*) FROM health.proxy_health),
+		(SELECT count(*) FROM health.provider_health))`)
 	cases := []servicetest.BadInput{
 		{Name: "get: NUL in the name", Method: "GET", Path: "/v1/health/proxies/p%00", Status: 400, Field: "proxy_name"},
 		{Name: "get: newline in the name", Method: "GET", Path: "/v1/health/proxies/p%0Aq", Status: 400, Field: "proxy_name"},
@@ -55,8 +39,6 @@ func TestRESTBadInput(t *testing.T) {
 		{Name: "providers: wrong method", Method: "POST", Path: "/v1/health/providers", Body: `{}`, Status: 405},
 	}
 	servicetest.CheckBadInput(t, "http://"+addrs.HTTP, "", cases)
-	if after := written(); after != before {
-		t.Errorf("bad input changed the health tables: %s -> %s", before, after)
-	}
+	unchanged()
 	servicetest.NoErrorLogs(t, proc)
 }

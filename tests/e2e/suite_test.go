@@ -34,6 +34,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/tlstest"
 )
 
 const (
@@ -146,9 +147,15 @@ func (s *suite) serving() []string {
 	args := []string{"--auth-token-file=" + s.tokens}
 	if s.tls {
 		if s.caFile == "" {
-			s.caFile, s.certFile, s.keyFile = issueCertificates(s.t, s.dir, serverName)
+			// Only the name: clients must set it, the loopback address
+			// the services are dialled at will not do.
+			ca := tlstest.NewCA(s.t, "egress e2e CA")
+			s.caFile = ca.File
+			s.certFile, s.keyFile = ca.Issue(s.t, serverName)
 		}
-		args = append(args, "--tls-cert-file="+s.certFile, "--tls-key-file="+s.keyFile)
+		// The REST gateway verifies its own gRPC port like every client.
+		args = append(args, "--tls-cert-file="+s.certFile, "--tls-key-file="+s.keyFile,
+			"--gateway-ca-file="+s.caFile, "--gateway-server-name="+serverName)
 	}
 	return args
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 )
 
@@ -193,6 +194,34 @@ func NoErrorLogs(t *testing.T, p *proctest.Process) {
 	for _, l := range p.Logs() {
 		if l["level"] == "ERROR" {
 			t.Errorf("logged an ERROR: %v", l)
+		}
+	}
+}
+
+// Unchanged reads query (one row, one text column summing up what clients
+// can write) from the database at dsn now, and returns the check to run
+// after the bad input: it fails, naming what, when the answer changed.
+func Unchanged(t *testing.T, dsn, what, query string) (check func()) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := postgres.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	read := func() string {
+		t.Helper()
+		var s string
+		if err := pool.QueryRow(ctx, query).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := read()
+	return func() {
+		t.Helper()
+		if after := read(); after != before {
+			t.Errorf("bad input changed %s:\n before %s\n after  %s", what, before, after)
 		}
 	}
 }

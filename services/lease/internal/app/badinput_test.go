@@ -1,12 +1,10 @@
 package app_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
-	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
 )
@@ -19,27 +17,14 @@ func TestRESTBadInput(t *testing.T) {
 	t.Parallel()
 	env := lt.Start(t, lt.Options{})
 	env.Apply(t, lt.Proxy(uidA, "proxy-a"), 1)
-	ctx := context.Background()
 	acq, r := env.Client("grpc", "crawler-a").Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{TargetHost: "shop.example"})
 	if r.Code() != 0 {
 		t.Fatalf("acquire: %v", r.Status)
 	}
 	id := acq.GetLease().GetLeaseId()
-	pool, err := postgres.Connect(ctx, env.Config.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	written := func() string {
-		t.Helper()
-		var s string
-		if err := pool.QueryRow(ctx, `SELECT (SELECT string_agg(l::text, ';' ORDER BY l::text) FROM lease.leases l) || '|' ||
-			coalesce((SELECT string_agg(c::text, ';') FROM lease.cooldowns c), '')`).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	before := written()
+	unchanged := servicetest.Unchanged(t, env.Config.DatabaseURL, "the leases or cooldowns", `SELECT
+		(SELECT string_agg(l::text, ';' ORDER BY l::text) FROM lease.leases l) || '|' ||
+		coalesce((SELECT string_agg(c::text, ';') FROM lease.cooldowns c), '')`)
 
 	huge := strings.Repeat("a", 2<<20)
 	lease := "/v1/leases/" + id
@@ -81,7 +66,5 @@ func TestRESTBadInput(t *testing.T) {
 		{Name: "report: wrong method", Method: "GET", Path: lease + ":report", Status: 405},
 	}
 	servicetest.CheckBadInput(t, "http://"+env.HTTPAddr, lt.Tokens["crawler-a"], cases)
-	if after := written(); after != before {
-		t.Errorf("bad input changed the leases or cooldowns:\n before %s\n after  %s", before, after)
-	}
+	unchanged()
 }

@@ -252,6 +252,57 @@ func TestResyncFromOrchestrator(t *testing.T) {
 	}
 }
 
+// TestResyncAfterOrchestratorDatabaseReset: after the orchestrator's
+// database is reset its revisions start again from one, so proxies the
+// pool learnt at higher revisions never look older than the listing. The
+// resync purges what the listing does not hold all the same, keeps the
+// purged proxies' revisions (a replayed old event does not bring them
+// back), and an empty listing empties the pool.
+func TestResyncAfterOrchestratorDatabaseReset(t *testing.T) {
+	t.Parallel()
+	db := lt.Database(t)
+	pre := lt.Start(t, lt.Options{DatabaseURL: db})
+	pre.Apply(t, lt.Proxy(uidA, "proxy-a"), 500)
+	pre.Apply(t, lt.Proxy(uidB, "proxy-b"), 480)
+
+	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 2, pageSize: 10, proxies: []*proxyv1.Proxy{
+		lt.Proxy(uidC, "proxy-c"),
+	}}
+	env := lt.Start(t, lt.Options{DatabaseURL: db, Config: func(c *app.Config) {
+		serveOrchestrator(t, fake)(c)
+		c.ResyncInterval = 0
+	}})
+	c := env.Client("grpc", "crawler-a")
+	if got := listed(t, c); len(got) != 1 || !got["proxy-c"] {
+		t.Fatalf("after the resync from the reset orchestrator the leasable proxies are %v, want only proxy-c", got)
+	}
+	var deleted bool
+	var revision int64
+	if err := env.Parts.Store.Pool().QueryRow(lt.Ctx(t), `SELECT deleted, revision FROM lease.proxies WHERE uid = $1`, uidA).Scan(&deleted, &revision); err != nil {
+		t.Fatal(err)
+	}
+	if !deleted || revision != 500 {
+		t.Errorf("proxy-a deleted=%v revision=%d, want a tombstone at revision 500", deleted, revision)
+	}
+	// An event of proxy-a from before the reset, replayed, stays ignored.
+	env.Apply(t, lt.Proxy(uidA, "proxy-a"), 499)
+	if got := listed(t, c); got["proxy-a"] {
+		t.Errorf("a replayed old event brought proxy-a back: %v", got)
+	}
+
+	// Reset again, to nothing: an empty listing (revision 0) empties the
+	// pool.
+	fake.mu.Lock()
+	fake.revision, fake.proxies = 0, nil
+	fake.mu.Unlock()
+	before := env.Parts.Syncer.Resyncs()
+	env.Parts.Syncer.RequestResync("test")
+	lt.Eventually(t, 10*time.Second, "a resync from the empty orchestrator", func() bool { return env.Parts.Syncer.Resyncs() > before })
+	if got := listed(t, c); len(got) != 0 {
+		t.Errorf("after an empty listing the leasable proxies are %v, want none", got)
+	}
+}
+
 // serveOrchestrator serves fake as the orchestrator's ProxyService and
 // writes its token to a file; it returns the configuration that points the
 // lease service at it.

@@ -229,7 +229,9 @@ func (s *Syncer) handleHealth(ctx context.Context, m jetstream.Msg) {
 
 // Resync lists every proxy from the orchestrator and applies the listing:
 // each page's proxies at that page's revision, then every stored proxy
-// missing from the listing and older than its first page is marked deleted.
+// missing from the listing whose snapshot was applied before the listing
+// began is marked deleted (by the listing, not by revisions, so a reset of
+// the orchestrator's database purges what it no longer holds).
 func (s *Syncer) Resync(ctx context.Context) error {
 	if s.cfg.Lister == nil {
 		return errors.New("no orchestrator configured")
@@ -241,6 +243,11 @@ func (s *Syncer) resync(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ResyncTimeout)
 	defer cancel()
 	start := time.Now()
+	mark, err := s.st.ResyncMark(ctx)
+	if err != nil {
+		s.met.Resyncs.WithLabelValues("error").Inc()
+		return err
+	}
 	seen := []string{}
 	applied := 0
 	firstRevision, err := proxysync.List(ctx, s.cfg.Lister, func(proxies []*proxyv1.Proxy, revision int64) error {
@@ -272,13 +279,10 @@ func (s *Syncer) resync(ctx context.Context) error {
 		s.met.Resyncs.WithLabelValues("error").Inc()
 		return err
 	}
-	deleted := 0
-	if firstRevision > 0 {
-		deleted, err = s.st.DeleteMissing(ctx, seen, firstRevision)
-		if err != nil {
-			s.met.Resyncs.WithLabelValues("error").Inc()
-			return err
-		}
+	deleted, err := s.st.DeleteMissing(ctx, seen, mark, firstRevision)
+	if err != nil {
+		s.met.Resyncs.WithLabelValues("error").Inc()
+		return err
 	}
 	s.met.Resyncs.WithLabelValues("ok").Inc()
 	s.log.Info("pool resynced from the orchestrator", "proxies", len(seen), "changed", applied, "deleted", deleted,

@@ -447,8 +447,12 @@ func TestSweepRemovesOldTombstones(t *testing.T) {
 	st, _ := startStore(t, testDatabase(t), Config{Now: clock})
 	uids := seedPool(t, st, 2)
 	ctx := context.Background()
+	mark, err := st.ResyncMark(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// uids[0] is deleted; uids[1] stays.
-	if n, err := st.DeleteMissing(ctx, uids[1:], 2); err != nil || n != 1 {
+	if n, err := st.DeleteMissing(ctx, uids[1:], mark, 2); err != nil || n != 1 {
 		t.Fatalf("DeleteMissing: %d, %v", n, err)
 	}
 	count := func() (n int) {
@@ -472,6 +476,61 @@ func TestSweepRemovesOldTombstones(t *testing.T) {
 	p := ProxyState{UID: uids[0], Name: "back", Host: "10.9.9.9", Port: 3128, ProviderID: "test/" + uids[0], Ready: true, Healthy: true}
 	if applied, err := st.ApplyProxy(ctx, p, 3); err != nil || !applied {
 		t.Fatalf("applying a newer event: %v, %v", applied, err)
+	}
+}
+
+// A proxy applied after the resync's mark (its event arrived while the
+// listing was read, or another replica applied it) is newer than the
+// listing and stays, whatever its revision; one applied before the mark
+// and missing from the listing goes, whatever its revision.
+func TestDeleteMissingKeepsWhatWasAppliedDuringTheListing(t *testing.T) {
+	t.Parallel()
+	st, _ := startStore(t, testDatabase(t), Config{})
+	ctx := context.Background()
+	uids := seedPool(t, st, 1)
+	old := ProxyState{UID: "0c0c0000-0000-4000-8000-100000000000", Name: "old", Host: "10.9.1.1", Port: 3128, ProviderID: "test/old", Ready: true, Healthy: true}
+	if _, err := st.ApplyProxy(ctx, old, 900); err != nil {
+		t.Fatal(err)
+	}
+	mark, err := st.ResyncMark(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := ProxyState{UID: "0c0c0000-0000-4000-8000-200000000000", Name: "late", Host: "10.9.2.2", Port: 3128, ProviderID: "test/late", Ready: true, Healthy: true}
+	if _, err := st.ApplyProxy(ctx, late, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.DeleteMissing(ctx, uids, mark, 5); err != nil || n != 1 {
+		t.Fatalf("DeleteMissing: %d, %v; want only the old proxy deleted", n, err)
+	}
+	rows, err := st.Pool().Query(ctx, `SELECT name, deleted, revision FROM lease.proxies ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		deleted  bool
+		revision int64
+	}
+	got := map[string]row{}
+	for rows.Next() {
+		var name string
+		var r row
+		if err := rows.Scan(&name, &r.deleted, &r.revision); err != nil {
+			t.Fatal(err)
+		}
+		got[name] = r
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]row{"late": {false, 1}, "old": {true, 900}, "p-000": {false, 1}}
+	if len(got) != len(want) {
+		t.Fatalf("rows %v, want %v", got, want)
+	}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("%s: %+v, want %+v", name, got[name], w)
+		}
 	}
 }
 

@@ -61,6 +61,7 @@ ON CONFLICT (uid) DO UPDATE SET
 	labels = EXCLUDED.labels, host = EXCLUDED.host, port = EXCLUDED.port, provider_id = EXCLUDED.provider_id,
 	ready = EXCLUDED.ready, deleted = EXCLUDED.deleted, max_leases = EXCLUDED.max_leases,
 	revision = EXCLUDED.revision, update_time = EXCLUDED.update_time,
+	applied = nextval('lease.proxy_applied'),
 	healthy = CASE WHEN o.provider_id <> EXCLUDED.provider_id OR o.health_time IS NULL
 	                    OR EXCLUDED.health_time >= o.health_time
 	               THEN EXCLUDED.healthy ELSE o.healthy END,
@@ -135,7 +136,8 @@ func (s *Store) ApplyHealth(ctx context.Context, t HealthTransition) (applied bo
 func (s *Store) Withdraw(ctx context.Context, uid string, revision int64, deleted bool) error {
 	err := retry(ctx, func() error {
 		_, err := s.pool.Exec(ctx, `
-			UPDATE lease.proxies SET ready = false, deleted = deleted OR $3, revision = $2, update_time = $4
+			UPDATE lease.proxies SET ready = false, deleted = deleted OR $3, revision = $2, update_time = $4,
+				applied = nextval('lease.proxy_applied')
 			WHERE uid = $1 AND revision < $2`,
 			uid, revision, deleted, s.cfg.Now().UTC())
 		return err
@@ -205,15 +207,33 @@ func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revision i
 	return applied, nil
 }
 
-// DeleteMissing marks deleted every live proxy not in seen whose stored
-// revision is older than revision: it was deleted while its events were
-// missed.
-func (s *Store) DeleteMissing(ctx context.Context, seen []string, revision int64) (deleted int, err error) {
+// ResyncMark is taken before a resync lists the orchestrator's proxies:
+// every snapshot applied after it (by this replica or another) is newer
+// than the listing's start. See DeleteMissing.
+func (s *Store) ResyncMark(ctx context.Context) (mark int64, err error) {
+	err = retry(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT nextval('lease.proxy_applied')`).Scan(&mark)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("taking a resync mark: %w", err)
+	}
+	return mark, nil
+}
+
+// DeleteMissing marks deleted every live proxy not in seen (the complete
+// listing) whose snapshot was applied before mark (ResyncMark, taken
+// before the listing began): it was deleted while its events were missed.
+// Which proxies are gone is decided by the listing, not by revisions, so
+// after a reset of the orchestrator's database (revisions start again
+// from one) the proxies it no longer holds go too. A tombstone keeps the
+// higher of its revision and the listing's (revision), so that a replayed
+// older event cannot bring it back.
+func (s *Store) DeleteMissing(ctx context.Context, seen []string, mark, revision int64) (deleted int, err error) {
 	err = retry(ctx, func() error {
 		tag, err := s.pool.Exec(ctx, `
-			UPDATE lease.proxies SET deleted = true, revision = $2, update_time = $3
-			WHERE NOT deleted AND revision < $2 AND NOT (uid = ANY($1))`,
-			seen, revision, s.cfg.Now().UTC())
+			UPDATE lease.proxies SET deleted = true, revision = GREATEST(revision, $2), update_time = $3
+			WHERE NOT deleted AND applied < $4 AND NOT (uid = ANY($1))`,
+			seen, revision, s.cfg.Now().UTC(), mark)
 		deleted = int(tag.RowsAffected())
 		return err
 	})

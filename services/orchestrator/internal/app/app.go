@@ -17,6 +17,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/reload"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
@@ -85,33 +86,36 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // openStore wraps pool with the cloud-init keyring, refuses to go on when
 // stored cloud-init cannot be read with it, and seals with the active key
 // whatever is not sealed with it yet (plaintext from before encryption at
-// rest, values sealed with a retired key).
-func (c *Config) openStore(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*store.Store, error) {
+// rest, values sealed with a retired key). The keyring file, when there is
+// one, is returned to be watched (watchKeyring).
+func (c *Config) openStore(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*store.Store, *reload.File[*atrest.Keyring], error) {
 	var opts []store.Option
+	var keys *reload.File[*atrest.Keyring]
 	if c.CloudInitKeyFile != "" {
-		keys, err := atrest.Load(c.CloudInitKeyFile)
+		var err error
+		keys, err = reload.Open(c.CloudInitKeyFile, "the cloud-init keyring", atrest.Parse, log)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		opts = append(opts, store.WithKeyring(keys))
-		log.Info("cloud-init is encrypted at rest", "activeKey", keys.Active(), "keys", keys.IDs())
+		opts = append(opts, store.WithKeyringFrom(keys.Value))
+		log.Info("cloud-init is encrypted at rest", "activeKey", keys.Value().Active(), "keys", keys.Value().IDs())
 	} else {
 		log.Warn("WARNING: no --cloud-init-key-file: proxies with cloud-init are refused (FAILED_PRECONDITION)")
 	}
 	st := store.New(pool, opts...)
 	if err := st.CheckCloudInitKeys(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if c.CloudInitKeyFile != "" {
-		n, err := st.ReencryptCloudInit(ctx, 100)
+	if keys != nil {
+		n, err := st.ReencryptCloudInit(ctx, reencryptBatch)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if n > 0 {
 			log.Info("re-encrypted stored cloud-init with the active key", "proxies", n)
 		}
 	}
-	return st, nil
+	return st, keys, nil
 }
 
 // Migrate applies the migrations (the `migrate` subcommand).
@@ -144,7 +148,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 
-	st, err := c.openStore(ctx, pool, s.Log)
+	st, keys, err := c.openStore(ctx, pool, s.Log)
 	if err != nil {
 		nc.Close()
 		pool.Close()
@@ -180,6 +184,9 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunOutbox)
 	s.Go(d.GC.Run)
 	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
+	if keys != nil {
+		s.Go(func(ctx context.Context) error { return watchKeyring(ctx, keys, st, s.Log) })
+	}
 	s.Go(func(ctx context.Context) error {
 		<-ctx.Done()
 		nc.Close()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 )
 
 // CloudInitKeysInUse lists the ids of the keys that sealed stored
@@ -28,20 +30,11 @@ func (s *Store) CheckCloudInitKeys(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reading cloud-init key ids: %w", err)
 	}
-	var missing []string
-	for _, id := range ids {
-		if s.keys == nil || !s.keys.Has(id) {
-			missing = append(missing, id)
-		}
+	keys := s.keyring()
+	if err := KeysCover(keys, ids); err != nil {
+		return fmt.Errorf("stored cloud-init is encrypted with %w: add them to --cloud-init-key-file", err)
 	}
-	if len(missing) > 0 {
-		held := []string{}
-		if s.keys != nil {
-			held = s.keys.IDs()
-		}
-		return fmt.Errorf("stored cloud-init is encrypted with keys %v that the keyring does not hold (it holds %v): add them to --cloud-init-key-file", missing, held)
-	}
-	if s.keys != nil {
+	if keys != nil {
 		return nil
 	}
 	n, err := s.legacyCloudInitRows(ctx)
@@ -52,6 +45,25 @@ func (s *Store) CheckCloudInitKeys(ctx context.Context) error {
 		return fmt.Errorf("%d proxies hold cloud-init stored in plaintext before encryption at rest: start with --cloud-init-key-file to encrypt them", n)
 	}
 	return nil
+}
+
+// KeysCover fails when keys (nil: no keyring) lacks any of the key ids
+// inUse, naming the missing ids and the ids held.
+func KeysCover(keys *atrest.Keyring, inUse []string) error {
+	var missing []string
+	for _, id := range inUse {
+		if keys == nil || !keys.Has(id) {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	held := []string{}
+	if keys != nil {
+		held = keys.IDs()
+	}
+	return fmt.Errorf("keys %v that the keyring does not hold (it holds %v)", missing, held)
 }
 
 // legacyCloudInitRows counts rows from before encryption at rest whose spec
@@ -81,26 +93,27 @@ func (s *Store) legacyCloudInitRows(ctx context.Context) (int, error) {
 // key when that transaction writes them), and returns how many rows it
 // rewrote. The rows' revisions do not change: their content did not.
 func (s *Store) ReencryptCloudInit(ctx context.Context, batchSize int) (int, error) {
-	if s.keys == nil {
-		return 0, ErrNoKeyring
-	}
 	total := 0
 	for {
+		keys := s.keyring()
+		if keys == nil {
+			return total, ErrNoKeyring
+		}
 		n := 0
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
 				WHERE cloud_init_key IS NULL OR (cloud_init_key <> '' AND cloud_init_key <> $1)
-				ORDER BY uid LIMIT $2 FOR UPDATE SKIP LOCKED`, s.keys.Active(), batchSize)
+				ORDER BY uid LIMIT $2 FOR UPDATE SKIP LOCKED`, keys.Active(), batchSize)
 			if err != nil {
 				return err
 			}
-			list, err := scanRows(s.keys, rows)
+			list, err := scanRows(keys, rows)
 			if err != nil {
 				return err
 			}
 			batch := &pgx.Batch{}
 			for _, r := range list {
-				spec, sealed, keyID, err := sealCloudInit(s.keys, r)
+				spec, sealed, keyID, err := sealCloudInit(keys, r)
 				if err != nil {
 					return err
 				}

@@ -6,6 +6,9 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,6 +18,7 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/pkg/reload"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
@@ -264,5 +268,47 @@ func TestNoKeyringRefusesCloudInit(t *testing.T) {
 	}
 	if err := st.CheckCloudInitKeys(ctx); err != nil {
 		t.Errorf("CheckCloudInitKeys without cloud-init: %v", err)
+	}
+}
+
+// A store reading its keyring from a reloaded file (WithKeyringFrom) uses
+// a new version at once: the next write seals with the new active key, and
+// what the old one sealed still decrypts, untouched until re-encrypted.
+func TestKeyringReloadedWhileRunning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := pool(t)
+	path := filepath.Join(t.TempDir(), "keys.yaml")
+	write := func(active string, keys map[string]byte) {
+		t.Helper()
+		var b strings.Builder
+		b.WriteString("active: " + active + "\nkeys:\n")
+		for id, k := range keys {
+			b.WriteString("  " + id + ": " + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{k}, atrest.KeySize)) + "\n")
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("k1", map[string]byte{"k1": 1})
+	file, err := reload.Open(path, "the cloud-init keyring", atrest.Parse, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(p, store.WithKeyringFrom(file.Value))
+	a := insert(t, st, "a")
+
+	write("k2", map[string]byte{"k1": 1, "k2": 2})
+	if !file.Refresh() {
+		t.Fatal("the rewritten keyring was not taken")
+	}
+	b := insert(t, st, "b")
+	for r, want := range map[*store.Row]string{a: "k1", b: "k2"} {
+		if _, _, keyID := stored(t, p, r.UID); keyID == nil || *keyID != want {
+			t.Errorf("%s sealed with %v, want %s", r.Name, keyID, want)
+		}
+		if got, err := st.Get(ctx, r.Name); err != nil || got.Spec.GetCloudInit() != secret {
+			t.Errorf("%s does not read back: %v", r.Name, err)
+		}
 	}
 }

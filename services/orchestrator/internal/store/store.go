@@ -63,7 +63,7 @@ var (
 type Store struct {
 	pool *pgxpool.Pool
 	now  func() time.Time
-	keys *atrest.Keyring
+	keys func() *atrest.Keyring // nil: no keyring
 }
 
 // Option configures a Store.
@@ -72,7 +72,23 @@ type Option func(*Store)
 // WithKeyring encrypts cloud-init at rest with keys; without it a proxy
 // with cloud-init can be neither written nor read (ErrNoKeyring).
 func WithKeyring(keys *atrest.Keyring) Option {
-	return func(s *Store) { s.keys = keys }
+	return func(s *Store) { s.keys = func() *atrest.Keyring { return keys } }
+}
+
+// WithKeyringFrom encrypts cloud-init at rest with the keyring current
+// returns, asked on every read and at the start of every write, so a
+// keyring reloaded while the service runs is in use at once (one write
+// uses one keyring throughout).
+func WithKeyringFrom(current func() *atrest.Keyring) Option {
+	return func(s *Store) { s.keys = current }
+}
+
+// keyring is the keyring in use now; nil without one.
+func (s *Store) keyring() *atrest.Keyring {
+	if s.keys == nil {
+		return nil
+	}
+	return s.keys()
 }
 
 // New wraps a pool.
@@ -294,12 +310,12 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
 
 // Get reads one proxy by name.
 func (s *Store) Get(ctx context.Context, name string) (*Row, error) {
-	return scanRow(s.keys, s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1", name))
+	return scanRow(s.keyring(), s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1", name))
 }
 
 // GetByUID reads one proxy by UID.
 func (s *Store) GetByUID(ctx context.Context, uid string) (*Row, error) {
-	return scanRow(s.keys, s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1", uid))
+	return scanRow(s.keyring(), s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1", uid))
 }
 
 // Filter narrows List.
@@ -345,7 +361,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Row, int64, error) {
 		if err != nil {
 			return err
 		}
-		rows, err = scanRows(s.keys, res)
+		rows, err = scanRows(s.keyring(), res)
 		return err
 	})
 	return rows, rev, err
@@ -414,7 +430,7 @@ func (s *Store) Published(ctx context.Context, afterUID string, upTo int64, limi
 	if err != nil {
 		return nil, err
 	}
-	return scanRows(s.keys, rows)
+	return scanRows(s.keyring(), rows)
 }
 
 // Revision is the latest committed revision.

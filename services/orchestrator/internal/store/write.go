@@ -73,7 +73,7 @@ func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			t := &Tx{tx: tx, keys: s.keys, now: s.now().UTC().Truncate(time.Microsecond)}
+			t := &Tx{tx: tx, keys: s.keyring(), now: s.now().UTC().Truncate(time.Microsecond)}
 			if err := fn(t); err != nil {
 				return err
 			}

@@ -63,10 +63,10 @@ const file_egress_validate_v1_validate_proto_rawDesc = "" +
 	"!egress/validate/v1/validate.proto\x12\x12egress.validate.v1\x1a\x1bbuf/validate/validate.proto:\xfc\x01\n" +
 	"\tprintable\x12\x19.buf.validate.StringRules\x18\xa1\xf2\x04 \x01(\bB\xc0\x01\xc2H\xbc\x01\n" +
 	"\xb9\x01\n" +
-	"\x10string.printable\x1a\xa4\x01!rule || !this.matches(r'[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}]') ? '' : 'must be printable text: no control characters (NUL, tab, newline, ...) or invisible format characters'R\tprintable:\xf5\x01\n" +
-	"\x0emultiline_text\x12\x19.buf.validate.StringRules\x18\xa2\xf2\x04 \x01(\bB\xb0\x01\xc2H\xac\x01\n" +
-	"\xa9\x01\n" +
-	"\x15string.multiline_text\x1a\x8f\x01!rule || !this.matches(r'[\\x00-\\x08\\x0B\\x0C\\x0E-\\x1F\\x7F\\x{80}-\\x{9F}]') ? '' : 'must be text: no control characters other than tab, LF and CR'R\rmultilineTextBPZNgithub.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1;validatev1"
+	"\x10string.printable\x1a\xa4\x01!rule || !this.matches(r'[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}]') ? '' : 'must be printable text: no control characters (NUL, tab, newline, ...) or invisible format characters'R\tprintable:\xd4\x05\n" +
+	"\x0emultiline_text\x12\x19.buf.validate.StringRules\x18\xa2\xf2\x04 \x01(\bB\x8f\x05\xc2H\x8b\x05\n" +
+	"\x88\x05\n" +
+	"\x15string.multiline_text\x1a\xee\x04!rule || this == '' || !['\\x00','\\x01','\\x02','\\x03','\\x04','\\x05','\\x06','\\x07','\\x08','\\x0b','\\x0c','\\x0e','\\x0f','\\x10','\\x11','\\x12','\\x13','\\x14','\\x15','\\x16','\\x17','\\x18','\\x19','\\x1a','\\x1b','\\x1c','\\x1d','\\x1e','\\x1f','\\x7f','\\u0080','\\u0081','\\u0082','\\u0083','\\u0084','\\u0085','\\u0086','\\u0087','\\u0088','\\u0089','\\u008a','\\u008b','\\u008c','\\u008d','\\u008e','\\u008f','\\u0090','\\u0091','\\u0092','\\u0093','\\u0094','\\u0095','\\u0096','\\u0097','\\u0098','\\u0099','\\u009a','\\u009b','\\u009c','\\u009d','\\u009e','\\u009f'].exists(c, this.contains(c)) ? '' : 'must be text: no control characters other than tab, LF and CR'R\rmultilineTextBPZNgithub.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1;validatev1"
 
 var file_egress_validate_v1_validate_proto_goTypes = []any{
 	(*validate.StringRules)(nil), // 0: buf.validate.StringRules
