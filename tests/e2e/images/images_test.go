@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -216,10 +217,17 @@ func TestProvisionerLocalReady(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("providers:\n  - name: local\n    type: local\n    local:\n      stateDir: /tmp/local\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Provisioners take calls only with a service token, as in the chart.
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("suite image-test-token service\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	grpcPort, httpPort := freePort(t), freePort(t)
 	name := fmt.Sprintf("egress-image-test-%d", time.Now().UnixNano())
-	args := append([]string{}, hardened...)
+	// Not --rm: the logs of a container that exits are what says why.
+	args := slices.DeleteFunc(slices.Clone(hardened), func(a string) bool { return a == "--rm" })
 	args = append(args, "-d", "--name", name, "--network=host", "-v", cfg+":/etc/egress/providers.yaml:ro",
+		"-v", tokens+":/etc/egress/tokens:ro", "-e", "EGRESS_AUTH_TOKEN_FILE=/etc/egress/tokens",
 		"-e", "EGRESS_PROVIDERS_CONFIG=/etc/egress/providers.yaml", "-e", "EGRESS_PROVIDER=local",
 		"-e", "EGRESS_NATS_URL="+ns.URL(), "-e", fmt.Sprintf("EGRESS_GRPC_LISTEN=127.0.0.1:%d", grpcPort),
 		"-e", fmt.Sprintf("EGRESS_HTTP_LISTEN=127.0.0.1:%d", httpPort), ref)
@@ -227,8 +235,8 @@ func TestProvisionerLocalReady(t *testing.T) {
 		t.Fatalf("run: %v %s", err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := podman(t, "stop", "-t", "10", name); err != nil {
-			t.Logf("stop: %v %s", err, out)
+		if out, err := podman(t, "rm", "-f", "-t", "10", name); err != nil {
+			t.Logf("rm: %v %s", err, out)
 		}
 	})
 	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", httpPort)
