@@ -200,27 +200,7 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 
 // newRow is a new proxy as stored.
 func newRow(req *proxyv1.CreateProxyRequest, want *proxyv1.ProxySpec, now time.Time) *store.Row {
-	r := &store.Row{
-		UID:         uuid.NewString(),
-		Name:        req.GetName(),
-		Labels:      req.GetLabels(),
-		Spec:        want,
-		SpecHash:    spec.Hash(want),
-		SkipCleanup: req.GetSkipCleanup(),
-		Generation:  1,
-		CreateTime:  now,
-	}
-	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, now)
-	if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
-		// Nothing to provision: the endpoint is the proxy.
-		r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
-		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, now)
-		r.Reason, r.ObservedGeneration = "External", 1
-	} else {
-		r.Port = want.GetPort()
-		r.NextAttemptTime = &now
-	}
-	return r
+	return store.NewRow(uuid.NewString(), req.GetName(), req.GetLabels(), want, spec.Hash(want), req.GetSkipCleanup(), now)
 }
 
 func equalLabels(a, b map[string]string) bool {
@@ -401,24 +381,8 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 		if err != nil {
 			return err
 		}
-		now := tx.Now()
-		if r.DeleteTime == nil {
-			r.DeleteTime = &now
-		}
-		r.SkipCleanup = r.SkipCleanup || req.GetSkipCleanup()
-		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
-		r.Reason, r.Message = "Deleting", ""
-		r.TraceParent = telemetry.TraceParent(ctx)
 		row = r
-		if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
-			// Nothing to clean up (or cleanup abandoned): release at once.
-			tx.Delete(r)
-		} else {
-			if r.CommandID == "" {
-				r.NextAttemptTime, r.Attempts = &now, 0
-			}
-			tx.Update(r)
-		}
+		tx.RequestDelete(r, req.GetSkipCleanup(), telemetry.TraceParent(ctx))
 		return nil
 	})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
+	poolctl "github.com/egress-proxies/egress-proxies/services/orchestrator/internal/pool"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -41,6 +42,9 @@ type Config struct {
 	// CloudInitKeyFile is the keyring that encrypts cloud-init at rest;
 	// without it proxies with cloud-init are refused.
 	CloudInitKeyFile string
+	// PoolResync is how often the pool controller looks at every pool
+	// without a change.
+	PoolResync time.Duration
 }
 
 // DefaultConfig has the production defaults.
@@ -55,6 +59,7 @@ func DefaultConfig() *Config {
 		Timing:         reconcile.DefaultTiming(),
 		GCInterval:     10 * time.Minute,
 		GCGrace:        15 * time.Minute,
+		PoolResync:     5 * time.Second,
 	}
 }
 
@@ -76,6 +81,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.GCGrace, "gc-grace", c.GCGrace, "orphan GC never deletes an instance younger than this")
 	fs.DurationVar(&c.Timing.StoppedGrace, "stopped-grace", c.Timing.StoppedGrace, "an instance stopped this long is replaced; 0 never replaces it")
 	fs.DurationVar(&c.Timing.DeletionPoll, "deletion-poll", c.Timing.DeletionPoll, "how often a deleted instance is read until it is gone")
+	fs.DurationVar(&c.PoolResync, "pool-resync", c.PoolResync, "how often the pool controller syncs every pool without a change")
 	fs.StringVar(&c.CloudInitKeyFile, "cloud-init-key-file", c.CloudInitKeyFile,
 		"keyring (YAML: active key id and base64 AES-256 keys) that encrypts cloud-init in PostgreSQL; without it proxies with cloud-init are refused")
 }
@@ -169,6 +175,12 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
 	s.Go(srv.Run)
 	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+	proxyv1.RegisterProxyPoolServiceServer(s.GRPC, &api.PoolServer{Server: srv})
+	s.MountGateway(proxyv1.RegisterProxyPoolServiceHandler)
+	ctrl := &poolctl.Controller{
+		Store: st, Changes: changes, Log: s.Log.With("component", "pools"), Metrics: poolctl.NewMetrics(s.Metrics),
+		Resync: c.PoolResync,
+	}
 	s.Metrics.MustRegister(newStateCollector(st))
 
 	s.Go(func(ctx context.Context) error { return store.Listen(ctx, pool, work, changes, s.Log) })
@@ -177,6 +189,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunHealth)
 	s.Go(d.RunOutbox)
 	s.Go(d.GC.Run)
+	s.Go(ctrl.Run)
 	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
 	s.Go(func(ctx context.Context) error {
 		<-ctx.Done()
@@ -197,6 +210,9 @@ func prune(ctx context.Context, st *store.Store, retention time.Duration, log *s
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			if _, err := st.PrunePoolChanges(ctx, retention); err != nil {
+				log.Warn("pruning the pools' change log failed", "error", err)
+			}
 			if n, err := st.PruneChanges(ctx, retention); err != nil {
 				log.Warn("pruning the change log failed", "error", err)
 			} else if n > 0 {

@@ -10,8 +10,9 @@ import (
 // CloudInitKeysInUse lists the ids of the keys that sealed stored
 // cloud-init.
 func (s *Store) CloudInitKeysInUse(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT DISTINCT cloud_init_key FROM orchestrator.proxies
-		WHERE cloud_init_key IS NOT NULL AND cloud_init_key <> '' ORDER BY 1`)
+	rows, err := s.pool.Query(ctx, `SELECT cloud_init_key FROM orchestrator.proxies
+		WHERE cloud_init_key IS NOT NULL AND cloud_init_key <> ''
+		UNION SELECT cloud_init_key FROM orchestrator.pools WHERE cloud_init_key <> '' ORDER BY 1`)
 	if err != nil {
 		return nil, err
 	}

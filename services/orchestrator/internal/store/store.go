@@ -129,7 +129,17 @@ type Row struct {
 	CommandSpecHash  string
 	CommandDeadline  *time.Time
 	CommandIssueTime *time.Time
+
+	// Pool is the name of the pool that owns the proxy; empty for none.
+	Pool string
+	// DrainTime is when draining began; nil while the proxy is not
+	// draining. DrainDeadline is when it is deleted regardless of leases.
+	DrainTime     *time.Time
+	DrainDeadline *time.Time
 }
+
+// Draining reports whether the proxy drains.
+func (r *Row) Draining() bool { return r.DrainTime != nil }
 
 // Step is what an in-flight command does for the reconciler; several steps
 // map to the same provisioner operation.
@@ -186,16 +196,20 @@ func (r *Row) Proto(withCloudInit bool) *proxyv1.Proxy {
 		spec.CloudInit = ""
 	}
 	p := &proxyv1.Proxy{
-		Uid:         r.UID,
-		Name:        r.Name,
-		Labels:      r.Labels,
-		CreateTime:  ts(&r.CreateTime),
-		UpdateTime:  ts(&r.UpdateTime),
-		DeleteTime:  ts(r.DeleteTime),
-		Generation:  r.Generation,
-		Etag:        Etag(r.Revision),
-		SkipCleanup: r.SkipCleanup,
-		Spec:        spec,
+		Uid:           r.UID,
+		Name:          r.Name,
+		Labels:        r.Labels,
+		CreateTime:    ts(&r.CreateTime),
+		UpdateTime:    ts(&r.UpdateTime),
+		DeleteTime:    ts(r.DeleteTime),
+		Generation:    r.Generation,
+		Etag:          Etag(r.Revision),
+		SkipCleanup:   r.SkipCleanup,
+		Spec:          spec,
+		Draining:      r.DrainTime != nil,
+		DrainTime:     ts(r.DrainTime),
+		DrainDeadline: ts(r.DrainDeadline),
+		Pool:          r.Pool,
 		Status: &proxyv1.ProxyStatus{
 			Phase:                r.Phase,
 			ProviderId:           r.ProviderID,
@@ -221,7 +235,8 @@ const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanu
 	create_time, update_time, delete_time, phase, provider_id, ip, port, healthy, reason, message,
 	instance_spec_hash, failed_spec_hash, observed_generation, phase_transition_time, health_transition_time,
 	probe_latency_us, health_sequence, next_attempt_time, attempts, command_id, command_step,
-	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent, cloud_init, cloud_init_key`
+	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent, cloud_init, cloud_init_key,
+	pool, drain_time, drain_deadline`
 
 // scanRows reads every row of rows (columns) and closes it.
 func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*Row, error) {
@@ -256,7 +271,8 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
 		&r.IP, &port, &r.Healthy, &r.Reason, &r.Message, &r.InstanceSpecHash, &r.FailedSpecHash,
 		&r.ObservedGeneration, &r.PhaseTransitionTime, &r.HealthTransitionTime, &latencyUS,
 		&r.HealthSequence, &r.NextAttemptTime, &r.Attempts, &cmdID, &step, &r.CommandSpecHash,
-		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent, &sealed, &keyID)
+		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent, &sealed, &keyID,
+		&r.Pool, &r.DrainTime, &r.DrainDeadline)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ErrNotFound
