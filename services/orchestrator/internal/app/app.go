@@ -177,9 +177,10 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
 	proxyv1.RegisterProxyPoolServiceServer(s.GRPC, &api.PoolServer{Server: srv})
 	s.MountGateway(proxyv1.RegisterProxyPoolServiceHandler)
+	book := poolctl.NewBook(24 * time.Hour)
 	ctrl := &poolctl.Controller{
 		Store: st, Changes: changes, Log: s.Log.With("component", "pools"), Metrics: poolctl.NewMetrics(s.Metrics),
-		Resync: c.PoolResync,
+		Resync: c.PoolResync, Demand: book.Get,
 	}
 	s.Metrics.MustRegister(newStateCollector(st))
 
@@ -190,6 +191,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunOutbox)
 	s.Go(d.GC.Run)
 	s.Go(ctrl.Run)
+	s.Go(func(ctx context.Context) error { return poolctl.ConsumeDemand(ctx, js, names, book, s.Log) })
 	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
 	s.Go(func(ctx context.Context) error {
 		<-ctx.Done()

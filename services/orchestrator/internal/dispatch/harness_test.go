@@ -139,14 +139,16 @@ func (h *harness) startReplica() (stop func()) {
 		Store: st, Changes: changes, Log: log, Metrics: poolctl.NewMetrics(nil),
 		Resync: 200 * time.Millisecond, MinInterval: 20 * time.Millisecond,
 	}
-	if h.demand != nil {
-		ctrl.Demand = h.demand.Get
-	}
-	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context) error{
+	loops := []func(context.Context) error{
 		func(ctx context.Context) error { return store.Listen(ctx, pool, work, changes, log) },
 		d.RunClaims, d.RunResults, d.RunHealth, d.RunOutbox, ctrl.Run,
-	} {
+	}
+	if h.demand != nil {
+		ctrl.Demand = h.demand.Get
+		loops = append(loops, func(ctx context.Context) error { return poolctl.ConsumeDemand(ctx, h.js, h.names, h.demand, log) })
+	}
+	var wg sync.WaitGroup
+	for _, loop := range loops {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = loop(ctx) }()
 	}

@@ -10,8 +10,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	poolctl "github.com/egress-proxies/egress-proxies/services/orchestrator/internal/pool"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -405,4 +408,139 @@ func TestPoolRollsOnTemplateChange(t *testing.T) {
 	if rows, _, _ := h.store.List(ctx, store.Filter{Labels: map[string]string{"pool": "web"}, Limit: 100}); len(rows) != 0 {
 		t.Fatalf("%d proxies left after the pool", len(rows))
 	}
+}
+
+// publishDemand publishes a demand report as the lease service does.
+func (h *harness) publishDemand(pool string, leases map[string]int32) {
+	h.t.Helper()
+	var active int64
+	for _, n := range leases {
+		active += int64(n)
+	}
+	ev := &busv1.PoolDemandEvent{Pool: pool, Demand: &proxyv1.PoolDemand{ActiveLeases: active, ObserveTime: timestamppb.Now()}, LeasesByProxy: leases}
+	if _, err := bus.Publish(context.Background(), h.js, h.names.DemandSubject(pool), ev); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// An admin drains a proxy of no pool: it stays while the lease service
+// reports a lease on it, and is deleted once a report shows none.
+func TestDrainedProxyGoesWhenItsLeasesEnd(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.demand = poolctl.NewBook(time.Minute)
+	cloud := newCloud()
+	h.startProvisioner("fake", cloud.answer)
+	h.startReplica()
+	p := h.create(managed("solo"))
+	h.waitFor("solo", "running", phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
+	if _, err := h.client.DrainProxy(context.Background(), &proxyv1.DrainProxyRequest{Name: "solo", DrainTimeout: durationpb.New(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	h.publishDemand("", map[string]int32{p.GetUid(): 1})
+	// The report with the lease arrived: the proxy stays.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if d := h.demand.Get(""); d != nil && d.LeasesByProxyID[p.GetUid()] == 1 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d := h.demand.Get(""); d == nil || d.LeasesByProxyID[p.GetUid()] != 1 {
+		t.Fatal("the demand report never reached the controller")
+	}
+	time.Sleep(500 * time.Millisecond) // two resyncs of the controller: it must keep the proxy
+	if r, err := h.store.Get(context.Background(), "solo"); err != nil || r.Deleting() {
+		t.Fatalf("a drained proxy with a lease was deleted: %v %v", r, err)
+	}
+	h.publishDemand("", map[string]int32{})
+	h.waitGone("solo")
+	if _, live := cloud.live(p.GetUid()); live {
+		t.Fatal("the instance was not cleaned up")
+	}
+}
+
+// A draining proxy of no pool goes at its deadline even with leases.
+func TestDrainedProxyGoesAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.demand = poolctl.NewBook(time.Minute)
+	cloud := newCloud()
+	h.startProvisioner("fake", cloud.answer)
+	h.startReplica()
+	p := h.create(managed("solo"))
+	h.waitFor("solo", "running", phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
+	h.publishDemand("", map[string]int32{p.GetUid(): 3})
+	start := time.Now()
+	if _, err := h.client.DrainProxy(context.Background(), &proxyv1.DrainProxyRequest{Name: "solo", DrainTimeout: durationpb.New(time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitGone("solo")
+	if time.Since(start) < time.Second {
+		t.Fatalf("deleted after %s, before its 1s drain timeout", time.Since(start))
+	}
+}
+
+// Autoscaling on the lease demand published on NATS: refused acquires
+// scale up at once within max_replicas; idle demand scales down to
+// min_replicas only after the stabilisation window.
+func TestPoolAutoscalesOnDemand(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.demand = poolctl.NewBook(time.Minute)
+	cloud := newCloud()
+	h.startProvisioner("fake", cloud.answer)
+	h.startProvisioner("other", cloud.answer)
+	h.startReplica()
+	h.autoHealth()
+	ctx := context.Background()
+	spec := poolSpec(1)
+	spec.Autoscaling = &proxyv1.Autoscaling{MinReplicas: 1, MaxReplicas: 4, TargetUtilizationPercent: 100,
+		ScaleDownStabilization: durationpb.New(2 * time.Second)}
+	if _, err := h.pools.CreateProxyPool(ctx, &proxyv1.CreateProxyPoolRequest{Name: "auto", Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	rows := h.waitPool("auto", "1 Ready", func(live, ready, _ []*store.Row) bool { return len(ready) == 1 })
+	busy := rows[0].UID
+	report := func(active, capacity, leasable, refused int64, leases map[string]int32) {
+		ev := &busv1.PoolDemandEvent{Pool: "auto", LeasesByProxy: leases, Demand: &proxyv1.PoolDemand{
+			ActiveLeases: active, Capacity: capacity, LeasableProxies: leasable, RefusedAcquires: refused, ObserveTime: timestamppb.Now()}}
+		if _, err := bus.Publish(ctx, h.js, h.names.DemandSubject("auto"), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One proxy of capacity 1, leased, and 9 acquires refused: 10 wanted,
+	// capped at 4.
+	report(1, 1, 1, 9, map[string]int32{busy: 1})
+	refusedAt := time.Now()
+	p := waitStatus(t, h, "auto", func(p *proxyv1.ProxyPool) bool { return p.GetStatus().GetDesiredReplicas() == 4 })
+	if d := p.GetStatus().GetLastScalingDecision(); d.GetReason() != "RefusedAcquires" || d.GetFromReplicas() != 1 || d.GetDemand().GetRefusedAcquires() != 9 ||
+		!strings.Contains(d.GetMessage(), "capped at max_replicas") {
+		t.Errorf("scale-up decision %v", d)
+	}
+	h.waitPool("auto", "4 Ready", func(live, ready, _ []*store.Row) bool { return len(ready) == 4 })
+	// Idle, but the leased proxy still holds its lease: down to 1 after
+	// the window, never giving up the leased one.
+	report(1, 4, 4, 0, map[string]int32{busy: 1})
+	// Reports keep coming, as the lease service sends them.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+				report(1, 4, 4, 0, map[string]int32{busy: 1})
+			}
+		}
+	}()
+	p = waitStatus(t, h, "auto", func(p *proxyv1.ProxyPool) bool { return p.GetStatus().GetDesiredReplicas() == 1 })
+	if d := p.GetStatus().GetLastScalingDecision(); d.GetReason() != "DemandDown" {
+		t.Errorf("scale-down decision %v", d)
+	}
+	if at := p.GetStatus().GetLastScalingDecision().GetTime().AsTime(); at.Sub(refusedAt) < 2*time.Second {
+		t.Errorf("scaled down %s after the refusals, within the 2s window", at.Sub(refusedAt))
+	}
+	h.waitPool("auto", "1 live", func(live, _, _ []*store.Row) bool { return len(live) == 1 && live[0].UID == busy })
 }

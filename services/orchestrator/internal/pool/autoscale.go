@@ -62,6 +62,9 @@ func (b *Book) Record(pool string, d *proxyv1.PoolDemand, leases map[string]int)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.nowFunc()
+	if t := d.GetObserveTime(); t != nil && t.AsTime().Before(now) {
+		now = t.AsTime()
+	}
 	cur := b.pools[pool]
 	if cur == nil {
 		cur = &Demand{Since: b.since}

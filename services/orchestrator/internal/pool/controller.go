@@ -127,6 +127,54 @@ func (c *Controller) SyncAll(ctx context.Context) {
 			c.Log.Warn("pool sync failed; retrying", "pool", name, "error", err)
 		}
 	}
+	if err := c.SweepDrained(ctx); err != nil && ctx.Err() == nil {
+		c.Log.Warn("deleting drained proxies failed; retrying", "error", err)
+	}
+}
+
+// SweepDrained deletes the draining proxies of no pool whose leases ended
+// (as the lease service last reported, after the proxy began to drain) or
+// whose drain deadline passed.
+func (c *Controller) SweepDrained(ctx context.Context) error {
+	rows, err := c.Store.DrainingAlone(ctx)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	var demand *Demand
+	if c.Demand != nil {
+		demand = c.Demand("")
+	}
+	now := c.clock()
+	var due []Action
+	for _, r := range rows {
+		switch {
+		case r.DrainDeadline != nil && !now.Before(*r.DrainDeadline):
+			due = append(due, Action{r.UID, r.Name, "DrainTimeout"})
+		case demand != nil && demand.Received.After(*r.DrainTime) && demand.LeasesByProxyID[r.UID] == 0:
+			due = append(due, Action{r.UID, r.Name, "DrainedNoLeases"})
+		}
+	}
+	if len(due) == 0 {
+		return nil
+	}
+	return c.Store.Write(ctx, func(tx *store.Tx) error {
+		for _, a := range due {
+			r, err := tx.LockIfFree(ctx, a.UID)
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if r.Deleting() || !r.Draining() {
+				continue
+			}
+			tx.RequestDelete(r, false, "")
+			c.Log.Info("drained proxy deleted", "proxy", r.Name, "reason", a.Reason)
+			c.Metrics.Actions.WithLabelValues("", "delete", a.Reason).Inc()
+		}
+		return nil
+	})
 }
 
 const suffixChars = "abcdefghijklmnopqrstuvwxyz0123456789"

@@ -317,3 +317,15 @@ func (t *Tx) WritePool(ctx context.Context, p *PoolRow, typ proxyv1.ChangeType) 
 	_, err = t.tx.Exec(ctx, "SELECT pg_notify($1, $2)", ChangesChannel, "p"+strconv.FormatInt(p.Revision, 10))
 	return err
 }
+
+// DrainingAlone lists the draining proxies that belong to no pool and are
+// not being deleted (an admin drained them; no pool controller looks after
+// them).
+func (s *Store) DrainingAlone(ctx context.Context) ([]*Row, error) {
+	rows, err := s.pool.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
+		WHERE pool = '' AND drain_time IS NOT NULL AND delete_time IS NULL ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(s.keys, rows)
+}

@@ -548,8 +548,7 @@ func (x *ProxyPoolSpec) GetAutoscaling() *Autoscaling {
 // PoolCondition is one aspect of a pool's state. Types: Available (at
 // least replicas - max_unavailable Ready), Progressing (creating,
 // replacing or draining proxies), ProviderDegraded (a provider of the
-// spread fails and its share moved elsewhere), ScalingLimited (demand asks
-// for more than max_replicas or less than min_replicas).
+// spread fails and its share moved elsewhere).
 type PoolCondition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The condition's type.
