@@ -2,6 +2,8 @@ package dispatch_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -215,7 +217,25 @@ func (h *harness) autoHealth() {
 // waitPool polls the pool's proxies until cond holds, failing after 30s.
 func (h *harness) waitPool(name, what string, cond func(live, ready, draining []*store.Row) bool) []*store.Row {
 	h.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	return h.waitPoolFor(name, what, 30*time.Second, 20*time.Millisecond, cond)
+}
+
+// waitPoolLong waits up to 10 minutes, polling gently (benchmarks).
+func (h *harness) waitPoolLong(name string, cond func(live, ready, draining []*store.Row) bool) {
+	h.t.Helper()
+	h.waitPoolFor(name, "as wanted", 10*time.Minute, 200*time.Millisecond, cond)
+}
+
+// controller is a pool controller on the harness's store, for calling Sync
+// directly.
+func (h *harness) controller() *poolctl.Controller {
+	return &poolctl.Controller{Store: h.store, Changes: store.NewSignal(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Metrics: poolctl.NewMetrics(nil)}
+}
+
+func (h *harness) waitPoolFor(name, what string, timeout, poll time.Duration, cond func(live, ready, draining []*store.Row) bool) []*store.Row {
+	h.t.Helper()
+	deadline := time.Now().Add(timeout)
 	for {
 		rows, _, err := h.store.List(context.Background(), store.Filter{Labels: map[string]string{"pool": name}, Limit: 10000})
 		if err != nil {
@@ -238,9 +258,9 @@ func (h *harness) waitPool(name, what string, cond func(live, ready, draining []
 			return rows
 		}
 		if time.Now().After(deadline) {
-			h.t.Fatalf("pool %s: not %s within 30s: %d live, %d ready, %d draining", name, what, len(live), len(ready), len(draining))
+			h.t.Fatalf("pool %s: not %s within %s: %d live, %d ready, %d draining", name, what, timeout, len(live), len(ready), len(draining))
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(poll)
 	}
 }
 

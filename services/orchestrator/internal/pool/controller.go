@@ -25,6 +25,9 @@ type Metrics struct {
 	SyncTime  prometheus.Histogram
 	Desired   *prometheus.GaugeVec
 	SyncFails prometheus.Counter
+	// Claimed counts syncs that claimed their pool (not skipped because
+	// another replica held it).
+	Claimed prometheus.Counter
 }
 
 // NewMetrics registers the controller's metrics on reg.
@@ -46,9 +49,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SyncFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "egress_pool_sync_failures_total", Help: "Pool syncs that failed and are retried.",
 		}),
+		Claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egress_pool_syncs_total", Help: "Pool syncs this replica ran (it held the pool's claim).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Actions, m.Scaling, m.SyncTime, m.Desired, m.SyncFails)
+		reg.MustRegister(m.Actions, m.Scaling, m.SyncTime, m.Desired, m.SyncFails, m.Claimed)
 	}
 	return m
 }
@@ -195,8 +201,9 @@ func (c *Controller) Sync(ctx context.Context, name string) error {
 	start := time.Now()
 	defer func() { c.Metrics.SyncTime.Observe(time.Since(start).Seconds()) }()
 	var events []func()
+	claimed := false
 	err := c.Store.Write(ctx, func(tx *store.Tx) error {
-		events = events[:0]
+		events, claimed = events[:0], false
 		p, err := tx.ClaimPool(ctx, name)
 		if errors.Is(err, store.ErrPoolNotFound) {
 			return nil // gone, or another replica owns it right now
@@ -204,6 +211,7 @@ func (c *Controller) Sync(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
+		claimed = true
 		rows, err := tx.PoolProxies(ctx, name)
 		if err != nil {
 			return err
@@ -248,6 +256,9 @@ func (c *Controller) Sync(ctx context.Context, name string) error {
 		return tx.WritePool(ctx, p, proxyv1.ChangeType_CHANGE_TYPE_UPDATED)
 	})
 	if err == nil {
+		if claimed {
+			c.Metrics.Claimed.Inc()
+		}
 		for _, e := range events {
 			e()
 		}

@@ -245,6 +245,8 @@ func Decide(in Input) Plan {
 		switch {
 		case m.Phase == proxyv1.ProxyPhase_PROXY_PHASE_FAILED:
 			remove(m, "Failed")
+		case m.Reason == "QuotaExceeded":
+			remove(m, "QuotaExceeded")
 		case !m.Ready() && !m.NotReadySince.IsZero() && in.Now.Sub(m.NotReadySince) > grace:
 			remove(m, "Unhealthy")
 		case !slices.Contains(targets, m.Target):

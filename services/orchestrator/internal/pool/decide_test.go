@@ -206,8 +206,8 @@ func TestDecide(t *testing.T) {
 				member("p1", "a", ready, 30, 0), member("p2", "b", ready, 30, 0),
 				member("p3", "b", pending, 1, -1, "quota"),
 			},
-			// b keeps p2 and p3 (min(share 3, 2 members)); a gets 4.
-			wantCreate: "a,a,a", wantReady: 2, wantFail: "b",
+			// p3 goes; b keeps p2 (min(share 3, 1 member)); a gets 5.
+			wantCreate: "a,a,a,a", wantDelete: "p3:QuotaExceeded", wantReady: 2, wantFail: "b",
 		},
 		{
 			name: "recent failure keeps the target failing", spec: poolSpec(), desired: 2,
