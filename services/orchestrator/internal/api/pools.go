@@ -273,41 +273,17 @@ func (s *PoolServer) WatchProxyPools(req *proxyv1.WatchProxyPoolsRequest, stream
 	if err := stream.SendHeader(metadata.Pairs(WatchRevisionHeader, strconv.FormatInt(since, 10))); err != nil {
 		return err
 	}
-	poll := s.Server.WatchPoll
-	if poll <= 0 {
-		poll = time.Second
+	compacted := func(since int64) error {
+		return status.Errorf(codes.OutOfRange, "pool revision %d is older than the retained change log; list the pools again and watch from the revision the list returns", since)
 	}
-	const page = 500
-	for {
-		wake := s.Server.Changes.Wait()
-		changes, err := s.store().PoolChanges(ctx, since, page)
-		if errors.Is(err, store.ErrCompacted) {
-			return status.Errorf(codes.OutOfRange, "pool revision %d is older than the retained change log; list the pools again and watch from the revision the list returns", since)
+	return follow(ctx, s.Server, since, compacted, s.store().PoolChanges, func(c store.PoolChange) (int64, error) {
+		if req.GetName() != "" && c.Pool.GetName() != req.GetName() {
+			return c.Revision, nil
 		}
-		if err != nil {
-			return internal(err)
-		}
-		for _, c := range changes {
-			since = c.Revision
-			if req.GetName() != "" && c.Pool.GetName() != req.GetName() {
-				continue
-			}
-			if err := stream.Send(&proxyv1.WatchProxyPoolsResponse{
-				Revision: c.Revision, Type: c.Type, Pool: c.Pool, ChangeTime: timestamppb.New(c.Time),
-			}); err != nil {
-				return err
-			}
-		}
-		if len(changes) == page {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-time.After(poll):
-		}
-	}
+		return c.Revision, stream.Send(&proxyv1.WatchProxyPoolsResponse{
+			Revision: c.Revision, Type: c.Type, Pool: c.Pool, ChangeTime: timestamppb.New(c.Time),
+		})
+	})
 }
 
 // DrainProxy implements ProxyService.

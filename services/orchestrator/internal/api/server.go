@@ -423,37 +423,54 @@ func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.P
 	if err := stream.SendHeader(metadata.Pairs(WatchRevisionHeader, strconv.FormatInt(since, 10))); err != nil {
 		return err
 	}
+	compacted := func(since int64) error {
+		return status.Errorf(codes.OutOfRange, "revision %d is older than the retained change log; list the proxies again and watch from the revision the list returns", since)
+	}
+	return follow(ctx, s, since, compacted, s.Store.Changes, func(c store.Change) (int64, error) {
+		if req.GetProvider() != "" && c.Proxy.GetSpec().GetProvider() != req.GetProvider() {
+			return c.Revision, nil
+		}
+		snapshot := c.Proxy
+		if full && c.Type != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
+			var err error
+			if snapshot, err = s.withCloudInit(ctx, snapshot); err != nil {
+				return 0, internal(err)
+			}
+		}
+		return c.Revision, stream.Send(&proxyv1.WatchProxiesResponse{
+			Revision: c.Revision, Type: c.Type, Proxy: snapshot, ChangeTime: timestamppb.New(c.Time),
+		})
+	})
+}
+
+// follow streams a change log from since until ctx ends: each page read by
+// fetch goes to handle (which sends it, or skips it, and returns its
+// revision), then the next page at once or after the next write (or
+// WatchPoll). compacted is the answer when since was pruned.
+func follow[C any](ctx context.Context, s *Server, since int64, compacted func(since int64) error,
+	fetch func(context.Context, int64, int) ([]C, error), handle func(C) (int64, error)) error {
 	poll := s.WatchPoll
 	if poll <= 0 {
 		poll = time.Second
 	}
+	const page = 500
 	for {
 		wake := s.Changes.Wait()
-		changes, err := s.Store.Changes(ctx, since, 500)
+		changes, err := fetch(ctx, since, page)
 		if errors.Is(err, store.ErrCompacted) {
-			return status.Errorf(codes.OutOfRange, "revision %d is older than the retained change log; list the proxies again and watch from the revision the list returns", since)
+			return compacted(since)
 		}
 		if err != nil {
 			return internal(err)
 		}
 		for _, c := range changes {
-			since = c.Revision
-			if req.GetProvider() != "" && c.Proxy.GetSpec().GetProvider() != req.GetProvider() {
-				continue
-			}
-			snapshot := c.Proxy
-			if full && c.Type != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
-				if snapshot, err = s.withCloudInit(ctx, snapshot); err != nil {
-					return internal(err)
-				}
-			}
-			if err := stream.Send(&proxyv1.WatchProxiesResponse{
-				Revision: c.Revision, Type: c.Type, Proxy: snapshot, ChangeTime: timestamppb.New(c.Time),
-			}); err != nil {
+			rev, err := handle(c)
+			if err != nil {
 				return err
 			}
+			since = rev
 		}
-		if len(changes) == 500 {
+		if len(changes) == page {
 			continue
 		}
 		select {

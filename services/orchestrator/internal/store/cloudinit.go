@@ -116,7 +116,41 @@ func (s *Store) ReencryptCloudInit(ctx context.Context, batchSize int) (int, err
 		}
 		total += n
 		if n < batchSize {
-			return total, nil
+			pools, err := s.reencryptPools(ctx)
+			return total + pools, err
 		}
 	}
+}
+
+// reencryptPools seals with the active key the template cloud-init of
+// every pool sealed with another, keeping its revision (nothing a client
+// sees changes).
+func (s *Store) reencryptPools(ctx context.Context) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT "+poolColumns+` FROM orchestrator.pools
+			WHERE cloud_init_key <> '' AND cloud_init_key <> $1 FOR UPDATE`, s.keys.Active())
+		if err != nil {
+			return err
+		}
+		list, err := scanPools(s.keys, rows)
+		if err != nil {
+			return err
+		}
+		for _, p := range list {
+			sealed, keyID, err := s.keys.Seal([]byte(p.Spec.GetTemplate().GetSpec().GetCloudInit()), p.UID)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "UPDATE orchestrator.pools SET cloud_init = $2, cloud_init_key = $3 WHERE uid = $1", p.UID, sealed, keyID); err != nil {
+				return err
+			}
+		}
+		n = len(list)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("re-encrypting the cloud-init of pool templates: %w", err)
+	}
+	return n, nil
 }

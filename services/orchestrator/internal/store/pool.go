@@ -176,37 +176,11 @@ type PoolChange struct {
 // PoolChanges returns up to limit pool changes after revision since, in
 // order; ErrCompacted when changes after since were pruned.
 func (s *Store) PoolChanges(ctx context.Context, since int64, limit int) ([]PoolChange, error) {
-	var out []PoolChange
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		var oldest *int64
-		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM orchestrator.pool_changes").Scan(&oldest); err != nil {
-			return err
-		}
-		if oldest != nil && *oldest > since+1 {
-			return ErrCompacted
-		}
-		rows, err := tx.Query(ctx, `SELECT revision, change_type, snapshot, change_time FROM orchestrator.pool_changes
-			WHERE revision > $1 ORDER BY revision LIMIT $2`, since, limit)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var c PoolChange
-			var typ int16
-			var snap []byte
-			if err := rows.Scan(&c.Revision, &typ, &snap, &c.Time); err != nil {
-				return err
-			}
-			c.Type = proxyv1.ChangeType(typ)
-			c.Pool = &proxyv1.ProxyPool{}
-			if err := proto.Unmarshal(snap, c.Pool); err != nil {
-				return err
-			}
-			out = append(out, c)
-		}
-		return rows.Err()
-	})
+	entries, err := readLog(ctx, s.pool, "orchestrator.pool_changes", since, limit, func() *proxyv1.ProxyPool { return &proxyv1.ProxyPool{} })
+	out := make([]PoolChange, len(entries))
+	for i, e := range entries {
+		out[i] = PoolChange{Revision: e.revision, Type: e.typ, Pool: e.snapshot, Time: e.time}
+	}
 	return out, err
 }
 

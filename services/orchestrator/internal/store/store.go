@@ -381,10 +381,30 @@ var ErrCompacted = errors.New("revision is older than the retained change log")
 // Changes returns up to limit changes after revision since, in order. It
 // fails with ErrCompacted when changes after since were already pruned.
 func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, error) {
-	var out []Change
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	entries, err := readLog(ctx, s.pool, "orchestrator.changes", since, limit, func() *proxyv1.Proxy { return &proxyv1.Proxy{} })
+	out := make([]Change, len(entries))
+	for i, e := range entries {
+		out[i] = Change{Revision: e.revision, Type: e.typ, Proxy: e.snapshot, Time: e.time}
+	}
+	return out, err
+}
+
+// logEntry is one entry of a change log (proxies' or pools').
+type logEntry[M proto.Message] struct {
+	revision int64
+	typ      proxyv1.ChangeType
+	snapshot M
+	time     time.Time
+}
+
+// readLog reads up to limit entries after since from a change log table,
+// in revision order, in one snapshot; ErrCompacted when entries after
+// since were pruned.
+func readLog[M proto.Message](ctx context.Context, pool *pgxpool.Pool, table string, since int64, limit int, newMsg func() M) ([]logEntry[M], error) {
+	var out []logEntry[M]
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var oldest *int64
-		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM orchestrator.changes").Scan(&oldest); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM "+table).Scan(&oldest); err != nil {
 			return err
 		}
 		// Revisions are contiguous (each one allocated by a committed
@@ -393,25 +413,25 @@ func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, 
 		if oldest != nil && *oldest > since+1 {
 			return ErrCompacted
 		}
-		rows, err := tx.Query(ctx, `SELECT revision, change_type, snapshot, change_time FROM orchestrator.changes
+		rows, err := tx.Query(ctx, "SELECT revision, change_type, snapshot, change_time FROM "+table+`
 			WHERE revision > $1 ORDER BY revision LIMIT $2`, since, limit)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var c Change
+			var e logEntry[M]
 			var typ int16
 			var snap []byte
-			if err := rows.Scan(&c.Revision, &typ, &snap, &c.Time); err != nil {
+			if err := rows.Scan(&e.revision, &typ, &snap, &e.time); err != nil {
 				return err
 			}
-			c.Type = proxyv1.ChangeType(typ)
-			c.Proxy = &proxyv1.Proxy{}
-			if err := proto.Unmarshal(snap, c.Proxy); err != nil {
+			e.typ = proxyv1.ChangeType(typ)
+			e.snapshot = newMsg()
+			if err := proto.Unmarshal(snap, e.snapshot); err != nil {
 				return err
 			}
-			out = append(out, c)
+			out = append(out, e)
 		}
 		return rows.Err()
 	})
