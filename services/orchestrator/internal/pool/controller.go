@@ -244,8 +244,12 @@ func (c *Controller) Sync(ctx context.Context, name string) error {
 		if err := c.apply(ctx, tx, p, plan, &events); err != nil {
 			return err
 		}
+		events = append(events, func() { c.Metrics.Desired.WithLabelValues(name).Set(float64(desired)) })
 		if p.Deleting() && len(rows) == 0 {
-			events = append(events, func() { c.Log.Info("pool deleted", "pool", name) })
+			events = append(events, func() {
+				c.Metrics.Desired.DeleteLabelValues(name)
+				c.Log.Info("pool deleted", "pool", name)
+			})
 			return tx.WritePool(ctx, p, proxyv1.ChangeType_CHANGE_TYPE_DELETED)
 		}
 		fillStatus(st, p, plan, demand, now)
