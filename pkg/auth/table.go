@@ -92,6 +92,16 @@ var table = map[string]Rule{
 	proxyv1.ProxyService_ListProxies_FullMethodName:   rule(NoLimit, Admin, Viewer, Service),
 	proxyv1.ProxyService_WatchProxies_FullMethodName:  rule(NoLimit, Admin, Viewer, Service),
 	proxyv1.ProxyService_ListProviders_FullMethodName: rule(NoLimit, Admin, Viewer),
+	proxyv1.ProxyService_DrainProxy_FullMethodName:    rule(ProxyWriteLimit, Admin),
+
+	// Pools, on the orchestrator: admins write them, viewers read them.
+	proxyv1.ProxyPoolService_CreateProxyPool_FullMethodName: rule(ProxyWriteLimit, Admin),
+	proxyv1.ProxyPoolService_UpdateProxyPool_FullMethodName: rule(ProxyWriteLimit, Admin),
+	proxyv1.ProxyPoolService_ScaleProxyPool_FullMethodName:  rule(ProxyWriteLimit, Admin),
+	proxyv1.ProxyPoolService_DeleteProxyPool_FullMethodName: rule(ProxyWriteLimit, Admin),
+	proxyv1.ProxyPoolService_GetProxyPool_FullMethodName:    rule(NoLimit, Admin, Viewer),
+	proxyv1.ProxyPoolService_ListProxyPools_FullMethodName:  rule(NoLimit, Admin, Viewer),
+	proxyv1.ProxyPoolService_WatchProxyPools_FullMethodName: rule(NoLimit, Admin, Viewer),
 
 	// The lease service.
 	leasev1.LeaseService_ListProxies_FullMethodName:   rule(NoLimit, Admin, Viewer, Crawler),

@@ -97,6 +97,24 @@ func (n Names) HealthEventSubject(uid string) string { return n.prefix() + ".hea
 // HealthEventSubjects matches every proxy's health transitions.
 func (n Names) HealthEventSubjects() string { return n.prefix() + ".health.>" }
 
+// DemandStream holds the latest lease demand of every pool.
+func (n Names) DemandStream() string { return n.stream("DEMAND") }
+
+// NoPool is the subject token of the demand of proxies that belong to no
+// pool (pool names are DNS labels, so it never names one).
+const NoPool = "_none"
+
+// DemandSubject is the subject of one pool's demand; pool "" is NoPool.
+func (n Names) DemandSubject(pool string) string {
+	if pool == "" {
+		pool = NoPool
+	}
+	return n.prefix() + ".demand." + pool
+}
+
+// DemandSubjects matches every pool's demand.
+func (n Names) DemandSubjects() string { return n.prefix() + ".demand.>" }
+
 // StreamConfigs are the canonical configurations of the suite's streams.
 func (n Names) StreamConfigs() []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{
@@ -135,6 +153,15 @@ func (n Names) StreamConfigs() []jetstream.StreamConfig {
 			Storage:           jetstream.FileStorage,
 			MaxMsgsPerSubject: 1,
 			MaxAge:            EventRetention,
+		},
+		{
+			Name:              n.DemandStream(),
+			Description:       "the latest lease demand of every pool, from the lease service",
+			Subjects:          []string{n.DemandSubjects()},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.MemoryStorage,
+			MaxMsgsPerSubject: 1,
+			MaxAge:            time.Hour,
 		},
 	}
 }

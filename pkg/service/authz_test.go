@@ -104,10 +104,12 @@ func TestRoleMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, proxyv1.UnimplementedProxyServiceServer{})
+	proxyv1.RegisterProxyPoolServiceServer(s.GRPC, proxyv1.UnimplementedProxyPoolServiceServer{})
 	leasev1.RegisterLeaseServiceServer(s.GRPC, leasev1.UnimplementedLeaseServiceServer{})
 	healthv1.RegisterHealthServiceServer(s.GRPC, healthv1.UnimplementedHealthServiceServer{})
 	provisionerv1.RegisterProvisionerServiceServer(s.GRPC, provisionerv1.UnimplementedProvisionerServiceServer{})
 	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+	s.MountGateway(proxyv1.RegisterProxyPoolServiceHandler)
 	s.MountGateway(leasev1.RegisterLeaseServiceHandler)
 	s.MountGateway(healthv1.RegisterHealthServiceHandler)
 	done := make(chan error, 1)

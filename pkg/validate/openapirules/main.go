@@ -27,7 +27,7 @@ import (
 	validatev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 )
 
-var services = []protoreflect.FullName{"egress.proxy.v1.ProxyService", "egress.lease.v1.LeaseService", "egress.health.v1.HealthService"}
+var services = []protoreflect.FullName{"egress.proxy.v1.ProxyService", "egress.proxy.v1.ProxyPoolService", "egress.lease.v1.LeaseService", "egress.health.v1.HealthService"}
 
 func main() {
 	if len(os.Args) != 2 {

@@ -315,3 +315,64 @@ func TestLeasesProxies(t *testing.T) {
 		t.Fatalf("leases proxies -l nolabel = %d %q, want a --label error", code, errOut)
 	}
 }
+
+func TestPoolsCommands(t *testing.T) {
+	t.Parallel()
+	addr, _ := orchestrator(t)
+	base := []string{"--orchestrator", addr, "--token", "tok-ops"}
+	cmd := func(args ...string) (int, string, string) { return run(append(base, args...)...) }
+
+	code, out, errOut := cmd("pools", "create", "web", "--provider", "local", "--replicas", "2", "--template-label", "team=crawl",
+		"--max-surge", "1", "--max-age", "24h")
+	if code != 0 || !strings.HasPrefix(out, "NAME") || !strings.Contains(out, "web") {
+		t.Fatalf("create = %d\n%s%s", code, out, errOut)
+	}
+	// The controller creates the pool's proxies, named web-<suffix> and
+	// labelled pool=web.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, out, _ = cmd("proxies", "list", "-l", "pool=web", "-o", "json")
+		if code == 0 && strings.Count(out, `"name": "web-`) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool proxies not created: %d\n%s", code, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	code, out, errOut = cmd("pools", "get", "web")
+	if code != 0 || !strings.Contains(out, "PROVIDER") || !strings.Contains(out, "Last scaling: 0 -> 2 (Scaled)") {
+		t.Fatalf("get = %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cmd("pools", "scale", "web", "5")
+	if code != 0 || !strings.Contains(out, "2->5 Scaled") {
+		t.Fatalf("scale = %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut = cmd("pools", "scale", "web", "--", "-1"); code == 0 || !strings.Contains(errOut, "REPLICAS") {
+		t.Fatalf("scale -1 = %d %s", code, errOut)
+	}
+	code, out, _ = cmd("pools", "list", "-o", "yaml")
+	var listed []map[string]any
+	if err := yaml.Unmarshal([]byte(out), &listed); code != 0 || err != nil || len(listed) != 1 || listed[0]["name"] != "web" {
+		t.Fatalf("list -o yaml = %d %v\n%s", code, err, out)
+	}
+	if code, _, errOut = run("--orchestrator", addr, "--token", "tok-viewer", "pools", "scale", "web", "1"); code == 0 || !strings.Contains(errOut, "ermission") {
+		t.Fatalf("a viewer scaled: %d %s", code, errOut)
+	}
+	if code, out, _ = run("--orchestrator", addr, "--token", "tok-viewer", "pools", "get", "web"); code != 0 {
+		t.Fatalf("a viewer cannot read: %d %s", code, out)
+	}
+	if code, _, errOut = cmd("pools", "create", "bad", "--provider", "nope"); code == 0 || !strings.Contains(errOut, "spec.template.spec.provider") {
+		t.Fatalf("create with an unknown provider = %d %s", code, errOut)
+	}
+
+	cmd("proxies", "create", "solo", "--provider", "local")
+	code, out, errOut = cmd("proxies", "drain", "solo", "--timeout", "1m", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"draining": true`) {
+		t.Fatalf("drain = %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cmd("pools", "delete", "web")
+	if code != 0 || !strings.Contains(out, "web") {
+		t.Fatalf("delete = %d\n%s%s", code, out, errOut)
+	}
+}

@@ -19,7 +19,7 @@ import (
 
 func proxiesCommand(o *options) *cobra.Command {
 	c := &cobra.Command{Use: "proxies", Aliases: []string{"proxy", "px"}, Short: "Proxies on the orchestrator"}
-	c.AddCommand(proxiesCreate(o), proxiesGet(o), proxiesList(o), proxiesDelete(o), proxiesWatch(o))
+	c.AddCommand(proxiesCreate(o), proxiesGet(o), proxiesList(o), proxiesDelete(o), proxiesDrain(o), proxiesWatch(o))
 	return c
 }
 

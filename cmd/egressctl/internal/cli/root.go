@@ -97,7 +97,7 @@ func newRoot(o *options) *cobra.Command {
 		}
 		return usagef("--output %q: want table, json or yaml", o.output)
 	}
-	root.AddCommand(proxiesCommand(o), leasesCommand(o), healthCommand(o))
+	root.AddCommand(proxiesCommand(o), poolsCommand(o), leasesCommand(o), healthCommand(o))
 	return root
 }
 

@@ -162,6 +162,16 @@ func (s *Server) AcquireLease(ctx context.Context, req *leasev1.AcquireLeaseRequ
 	var none *store.NoProxyError
 	if errors.As(err, &none) {
 		result = none.Reason()
+		// The pool's demand: the publisher reports the refusal to the
+		// pool's controller. Counting is best effort; the answer stands.
+		if pool := sel.Pool; pool != "" || sel.Labels["pool"] != "" {
+			if pool == "" {
+				pool = sel.Labels["pool"]
+			}
+			if err := s.st.CountRefusal(ctx, pool); err != nil {
+				s.log.Warn("counting a refused acquire for its pool failed", "pool", pool, "error", err)
+			}
+		}
 		return nil, noProxyStatus(none)
 	}
 	if err != nil {

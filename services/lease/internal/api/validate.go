@@ -75,5 +75,6 @@ func selector(s *leasev1.ProxySelector) (store.Selector, error) {
 		Region:   s.GetRegion(),
 		Zone:     s.GetZone(),
 		Labels:   s.GetLabels(),
+		Pool:     s.GetPool(),
 	}, nil
 }

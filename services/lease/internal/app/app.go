@@ -21,6 +21,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/api"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/demand"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/pool"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
@@ -43,10 +44,13 @@ type Config struct {
 	InitialResyncTimeout time.Duration
 	SweepInterval        time.Duration
 	RefreshInterval      time.Duration
-	CommitRounds         int
-	Retention            time.Duration
-	DefaultMaxLeases     int
-	API                  api.Config
+	// DemandInterval is how often the pools' lease demand is published
+	// for the orchestrator; 0 turns it off.
+	DemandInterval   time.Duration
+	CommitRounds     int
+	Retention        time.Duration
+	DefaultMaxLeases int
+	API              api.Config
 
 	// Now replaces the clock, for tests.
 	Now func() time.Time
@@ -62,6 +66,7 @@ func DefaultConfig() Config {
 		InitialResyncTimeout: 10 * time.Second,
 		SweepInterval:        time.Second,
 		RefreshInterval:      time.Second,
+		DemandInterval:       5 * time.Second,
 		CommitRounds:         1,
 		Retention:            time.Hour,
 		DefaultMaxLeases:     1,
@@ -79,6 +84,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL for the proxy and health event streams. Required")
 	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of the NATS subjects and streams")
 	fs.IntVar(&c.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
+	fs.DurationVar(&c.DemandInterval, "demand-interval", c.DemandInterval, "how often the lease demand on each proxy pool is published for the orchestrator's autoscaling and draining; 0 turns it off")
 	fs.StringVar(&c.Orchestrator.Addr, "orchestrator-addr", c.Orchestrator.Addr,
 		"gRPC address of the orchestrator, for full resyncs of the pool (host:port); empty: events only")
 	c.Orchestrator.RegisterFlags(fs, "orchestrator", "the orchestrator")
@@ -252,6 +258,11 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 
 	s.Go(st.Run)
 	s.Go(syncer.Run)
+	if c.DemandInterval > 0 {
+		pub := &demand.Publisher{Store: st, JS: js, Names: names, Interval: c.DemandInterval, Log: s.Log,
+			Published: demand.NewPublished(s.Metrics)}
+		s.Go(pub.Run)
+	}
 	s.Go(func(ctx context.Context) error {
 		sweep(ctx, st, c.SweepInterval, met, s.Log)
 		return nil

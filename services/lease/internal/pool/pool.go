@@ -342,6 +342,8 @@ func FromProxy(p *proxyv1.Proxy, deleted bool) (store.ProxyState, error) {
 		Ready:      st.GetPhase() == proxyv1.ProxyPhase_PROXY_PHASE_READY,
 		Healthy:    st.GetHealthy(),
 		Deleted:    deleted,
+		Pool:       p.GetPool(),
+		Draining:   p.GetDraining(),
 	}
 	if ps.Host == "" && p.GetSpec().GetEndpoint() != nil {
 		ps.Host = p.GetSpec().GetEndpoint().GetHost()
@@ -358,7 +360,7 @@ func FromProxy(p *proxyv1.Proxy, deleted bool) (store.ProxyState, error) {
 		ps.MaxLeases = &v
 	}
 	if err := checkText("uid", ps.UID, "name", ps.Name, "spec.provider", ps.Provider, "spec.placement.region", ps.Region,
-		"spec.placement.zone", ps.Zone, "address host", ps.Host, "status.provider_id", ps.ProviderID); err != nil {
+		"spec.placement.zone", ps.Zone, "address host", ps.Host, "status.provider_id", ps.ProviderID, "pool", ps.Pool); err != nil {
 		return store.ProxyState{}, fmt.Errorf("proxy %q: %w", ps.UID, err)
 	}
 	for k, v := range ps.Labels {

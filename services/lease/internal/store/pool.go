@@ -46,6 +46,10 @@ type ProxyState struct {
 	// MaxLeases is spec.lease.max_leases: nil takes the service default, 0
 	// is unlimited.
 	MaxLeases *uint32
+	// Pool is the name of the pool that owns the proxy; empty for none.
+	Pool string
+	// Draining: the proxy keeps its leases but takes no new one.
+	Draining bool
 }
 
 // applySQL upserts a snapshot unless the stored revision is as new. The
@@ -54,14 +58,16 @@ type ProxyState struct {
 // republished the proxy) for the same instance.
 const applySQL = `
 INSERT INTO lease.proxies AS o (uid, name, provider, region, zone, labels, host, port, provider_id,
-                                ready, healthy, health_time, deleted, max_leases, revision, tiebreak, update_time)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                                ready, healthy, health_time, deleted, max_leases, revision, tiebreak, update_time,
+                                pool, draining)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
 ON CONFLICT (uid) DO UPDATE SET
 	name = EXCLUDED.name, provider = EXCLUDED.provider, region = EXCLUDED.region, zone = EXCLUDED.zone,
 	labels = EXCLUDED.labels, host = EXCLUDED.host, port = EXCLUDED.port, provider_id = EXCLUDED.provider_id,
 	ready = EXCLUDED.ready, deleted = EXCLUDED.deleted, max_leases = EXCLUDED.max_leases,
 	revision = EXCLUDED.revision, update_time = EXCLUDED.update_time,
 	applied = nextval('lease.proxy_applied'),
+	pool = EXCLUDED.pool, draining = EXCLUDED.draining,
 	healthy = CASE WHEN o.provider_id <> EXCLUDED.provider_id OR o.health_time IS NULL
 	                    OR EXCLUDED.health_time >= o.health_time
 	               THEN EXCLUDED.healthy ELSE o.healthy END,
@@ -81,7 +87,8 @@ func (s *Store) applyArgs(p ProxyState, revision int64) []any {
 		maxLeases = &v
 	}
 	return []any{p.UID, p.Name, p.Provider, p.Region, p.Zone, labels, p.Host, int32(p.Port), p.ProviderID,
-		p.Ready, p.Healthy, p.HealthTime, p.Deleted, maxLeases, revision, Tiebreak(p.UID), s.cfg.Now().UTC()}
+		p.Ready, p.Healthy, p.HealthTime, p.Deleted, maxLeases, revision, Tiebreak(p.UID), s.cfg.Now().UTC(),
+		p.Pool, p.Draining}
 }
 
 // ApplyProxy stores a snapshot of revision unless a newer or equal one is

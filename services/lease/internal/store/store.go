@@ -169,6 +169,8 @@ type Selector struct {
 	Region   string
 	Zone     string
 	Labels   map[string]string
+	// Pool is the name of the pool the proxy belongs to.
+	Pool string
 }
 
 func (sel Selector) labelsJSON() string {
@@ -361,8 +363,9 @@ func (s *Store) List(ctx context.Context, sel Selector) ([]LeasableProxy, error)
 		  AND ($2 = '' OR p.region = $2)
 		  AND ($3 = '' OR p.zone = $3)
 		  AND p.labels @> $4::jsonb
+		  AND ($6 = '' OR p.pool = $6)
 		ORDER BY p.name, p.uid`,
-		sel.Provider, sel.Region, sel.Zone, sel.labelsJSON(), s.cfg.DefaultMaxLeases)
+		sel.Provider, sel.Region, sel.Zone, sel.labelsJSON(), s.cfg.DefaultMaxLeases, sel.Pool)
 	if err != nil {
 		return nil, fmt.Errorf("listing proxies: %w", err)
 	}

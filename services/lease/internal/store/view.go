@@ -35,6 +35,7 @@ type view struct {
 type viewProxy struct {
 	uid, name              string
 	provider, region, zone string
+	pool                   string
 	labels                 map[string]string
 	leasable               bool
 	capacity               int // 0: unlimited
@@ -72,7 +73,8 @@ func (p *viewProxy) free() bool { return p.capacity == 0 || p.load() < p.capacit
 func (p *viewProxy) matches(sel Selector) bool {
 	if sel.Provider != "" && p.provider != sel.Provider ||
 		sel.Region != "" && p.region != sel.Region ||
-		sel.Zone != "" && p.zone != sel.Zone {
+		sel.Zone != "" && p.zone != sel.Zone ||
+		sel.Pool != "" && p.pool != sel.Pool {
 		return false
 	}
 	for k, v := range sel.Labels {
@@ -188,7 +190,7 @@ func (u Unavailable) available() bool {
 
 const viewProxiesSQL = `
 SELECT uid, name, provider, region, zone, labels, leasable, COALESCE(max_leases, $1),
-       active_leases, last_lease_time, tiebreak
+       active_leases, last_lease_time, tiebreak, pool
 FROM lease.proxies WHERE NOT deleted`
 
 const viewCooldownsSQL = `
@@ -220,7 +222,7 @@ func (s *Store) readPool(ctx context.Context, now time.Time) (*snapshot, error) 
 			p := &viewProxy{}
 			var last *time.Time
 			if err := rows.Scan(&p.uid, &p.name, &p.provider, &p.region, &p.zone, &p.labels, &p.leasable,
-				&p.capacity, &p.active, &last, &p.tiebreak); err != nil {
+				&p.capacity, &p.active, &last, &p.tiebreak, &p.pool); err != nil {
 				rows.Close()
 				return err
 			}

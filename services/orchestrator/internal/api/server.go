@@ -200,27 +200,7 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 
 // newRow is a new proxy as stored.
 func newRow(req *proxyv1.CreateProxyRequest, want *proxyv1.ProxySpec, now time.Time) *store.Row {
-	r := &store.Row{
-		UID:         uuid.NewString(),
-		Name:        req.GetName(),
-		Labels:      req.GetLabels(),
-		Spec:        want,
-		SpecHash:    spec.Hash(want),
-		SkipCleanup: req.GetSkipCleanup(),
-		Generation:  1,
-		CreateTime:  now,
-	}
-	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, now)
-	if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
-		// Nothing to provision: the endpoint is the proxy.
-		r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
-		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, now)
-		r.Reason, r.ObservedGeneration = "External", 1
-	} else {
-		r.Port = want.GetPort()
-		r.NextAttemptTime = &now
-	}
-	return r
+	return store.NewRow(uuid.NewString(), req.GetName(), req.GetLabels(), want, spec.Hash(want), req.GetSkipCleanup(), now)
 }
 
 func equalLabels(a, b map[string]string) bool {
@@ -401,24 +381,8 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 		if err != nil {
 			return err
 		}
-		now := tx.Now()
-		if r.DeleteTime == nil {
-			r.DeleteTime = &now
-		}
-		r.SkipCleanup = r.SkipCleanup || req.GetSkipCleanup()
-		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
-		r.Reason, r.Message = "Deleting", ""
-		r.TraceParent = telemetry.TraceParent(ctx)
 		row = r
-		if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
-			// Nothing to clean up (or cleanup abandoned): release at once.
-			tx.Delete(r)
-		} else {
-			if r.CommandID == "" {
-				r.NextAttemptTime, r.Attempts = &now, 0
-			}
-			tx.Update(r)
-		}
+		tx.RequestDelete(r, req.GetSkipCleanup(), telemetry.TraceParent(ctx))
 		return nil
 	})
 	if err != nil {
@@ -459,37 +423,54 @@ func (s *Server) WatchProxies(req *proxyv1.WatchProxiesRequest, stream proxyv1.P
 	if err := stream.SendHeader(metadata.Pairs(WatchRevisionHeader, strconv.FormatInt(since, 10))); err != nil {
 		return err
 	}
+	compacted := func(since int64) error {
+		return status.Errorf(codes.OutOfRange, "revision %d is older than the retained change log; list the proxies again and watch from the revision the list returns", since)
+	}
+	return follow(ctx, s, since, compacted, s.Store.Changes, func(c store.Change) (int64, error) {
+		if req.GetProvider() != "" && c.Proxy.GetSpec().GetProvider() != req.GetProvider() {
+			return c.Revision, nil
+		}
+		snapshot := c.Proxy
+		if full && c.Type != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
+			var err error
+			if snapshot, err = s.withCloudInit(ctx, snapshot); err != nil {
+				return 0, internal(err)
+			}
+		}
+		return c.Revision, stream.Send(&proxyv1.WatchProxiesResponse{
+			Revision: c.Revision, Type: c.Type, Proxy: snapshot, ChangeTime: timestamppb.New(c.Time),
+		})
+	})
+}
+
+// follow streams a change log from since until ctx ends: each page read by
+// fetch goes to handle (which sends it, or skips it, and returns its
+// revision), then the next page at once or after the next write (or
+// WatchPoll). compacted is the answer when since was pruned.
+func follow[C any](ctx context.Context, s *Server, since int64, compacted func(since int64) error,
+	fetch func(context.Context, int64, int) ([]C, error), handle func(C) (int64, error)) error {
 	poll := s.WatchPoll
 	if poll <= 0 {
 		poll = time.Second
 	}
+	const page = 500
 	for {
 		wake := s.Changes.Wait()
-		changes, err := s.Store.Changes(ctx, since, 500)
+		changes, err := fetch(ctx, since, page)
 		if errors.Is(err, store.ErrCompacted) {
-			return status.Errorf(codes.OutOfRange, "revision %d is older than the retained change log; list the proxies again and watch from the revision the list returns", since)
+			return compacted(since)
 		}
 		if err != nil {
 			return internal(err)
 		}
 		for _, c := range changes {
-			since = c.Revision
-			if req.GetProvider() != "" && c.Proxy.GetSpec().GetProvider() != req.GetProvider() {
-				continue
-			}
-			snapshot := c.Proxy
-			if full && c.Type != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
-				if snapshot, err = s.withCloudInit(ctx, snapshot); err != nil {
-					return internal(err)
-				}
-			}
-			if err := stream.Send(&proxyv1.WatchProxiesResponse{
-				Revision: c.Revision, Type: c.Type, Proxy: snapshot, ChangeTime: timestamppb.New(c.Time),
-			}); err != nil {
+			rev, err := handle(c)
+			if err != nil {
 				return err
 			}
+			since = rev
 		}
-		if len(changes) == 500 {
+		if len(changes) == page {
 			continue
 		}
 		select {

@@ -23,6 +23,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
+	poolctl "github.com/egress-proxies/egress-proxies/services/orchestrator/internal/pool"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -43,6 +44,9 @@ type Config struct {
 	// CloudInitKeyFile is the keyring that encrypts cloud-init at rest;
 	// without it proxies with cloud-init are refused.
 	CloudInitKeyFile string
+	// PoolResync is how often the pool controller looks at every pool
+	// without a change.
+	PoolResync time.Duration
 }
 
 // DefaultConfig has the production defaults.
@@ -57,6 +61,7 @@ func DefaultConfig() *Config {
 		Timing:         reconcile.DefaultTiming(),
 		GCInterval:     10 * time.Minute,
 		GCGrace:        15 * time.Minute,
+		PoolResync:     5 * time.Second,
 	}
 }
 
@@ -79,6 +84,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.GCGrace, "gc-grace", c.GCGrace, "orphan GC never deletes an instance younger than this")
 	fs.DurationVar(&c.Timing.StoppedGrace, "stopped-grace", c.Timing.StoppedGrace, "an instance stopped this long is replaced; 0 never replaces it")
 	fs.DurationVar(&c.Timing.DeletionPoll, "deletion-poll", c.Timing.DeletionPoll, "how often a deleted instance is read until it is gone")
+	fs.DurationVar(&c.PoolResync, "pool-resync", c.PoolResync, "how often the pool controller syncs every pool without a change")
 	fs.StringVar(&c.CloudInitKeyFile, "cloud-init-key-file", c.CloudInitKeyFile,
 		"keyring (YAML: active key id and base64 AES-256 keys) that encrypts cloud-init in PostgreSQL; without it proxies with cloud-init are refused")
 }
@@ -175,6 +181,13 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
 	s.Go(srv.Run)
 	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+	proxyv1.RegisterProxyPoolServiceServer(s.GRPC, &api.PoolServer{Server: srv})
+	s.MountGateway(proxyv1.RegisterProxyPoolServiceHandler)
+	book := poolctl.NewBook(24 * time.Hour)
+	ctrl := &poolctl.Controller{
+		Store: st, Changes: changes, Log: s.Log.With("component", "pools"), Metrics: poolctl.NewMetrics(s.Metrics),
+		Resync: c.PoolResync, Demand: book.Get,
+	}
 	s.Metrics.MustRegister(newStateCollector(st))
 
 	s.Go(func(ctx context.Context) error { return store.Listen(ctx, pool, work, changes, s.Log) })
@@ -183,6 +196,8 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunHealth)
 	s.Go(d.RunOutbox)
 	s.Go(d.GC.Run)
+	s.Go(ctrl.Run)
+	s.Go(func(ctx context.Context) error { return poolctl.ConsumeDemand(ctx, js, names, book, s.Log) })
 	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
 	if keys != nil {
 		s.Go(func(ctx context.Context) error { return watchKeyring(ctx, keys, st, s.Log) })
@@ -206,6 +221,9 @@ func prune(ctx context.Context, st *store.Store, retention time.Duration, log *s
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			if _, err := st.PrunePoolChanges(ctx, retention); err != nil {
+				log.Warn("pruning the pools' change log failed", "error", err)
+			}
 			if n, err := st.PruneChanges(ctx, retention); err != nil {
 				log.Warn("pruning the change log failed", "error", err)
 			} else if n > 0 {

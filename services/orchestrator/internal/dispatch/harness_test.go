@@ -29,6 +29,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
+	poolctl "github.com/egress-proxies/egress-proxies/services/orchestrator/internal/pool"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -51,6 +52,11 @@ type harness struct {
 	// client reaches api over gRPC as the service serves it: the
 	// contract's rules checked before the handler.
 	client proxyv1.ProxyServiceClient
+	// pools reaches the ProxyPoolService the same way.
+	pools proxyv1.ProxyPoolServiceClient
+	// demand is what the replicas' pool controllers read as lease demand
+	// (nil: none).
+	demand *poolctl.Book
 	keys   *atrest.Keyring
 	store  *store.Store
 	gc     *gc.Collector
@@ -89,7 +95,10 @@ func newHarness(t testing.TB) *harness {
 	h.api = &api.Server{Store: h.store, Providers: provs, Changes: store.NewSignal(), WatchPoll: 50 * time.Millisecond}
 	gs := grpctest.NewServer(t)
 	proxyv1.RegisterProxyServiceServer(gs, h.api)
-	h.client = proxyv1.NewProxyServiceClient(grpctest.Dial(t, grpctest.Serve(t, gs)))
+	proxyv1.RegisterProxyPoolServiceServer(gs, &api.PoolServer{Server: h.api})
+	conn := grpctest.Dial(t, grpctest.Serve(t, gs))
+	h.client = proxyv1.NewProxyServiceClient(conn)
+	h.pools = proxyv1.NewProxyPoolServiceClient(conn)
 	apiCtx, stopAPI := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = h.api.Run(apiCtx) }()
@@ -126,11 +135,20 @@ func (h *harness) startReplica() (stop func()) {
 	if h.gc == nil {
 		h.gc = d.GC
 	}
-	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context) error{
+	ctrl := &poolctl.Controller{
+		Store: st, Changes: changes, Log: log, Metrics: poolctl.NewMetrics(nil),
+		Resync: 200 * time.Millisecond, MinInterval: 20 * time.Millisecond,
+	}
+	loops := []func(context.Context) error{
 		func(ctx context.Context) error { return store.Listen(ctx, pool, work, changes, log) },
-		d.RunClaims, d.RunResults, d.RunHealth, d.RunOutbox,
-	} {
+		d.RunClaims, d.RunResults, d.RunHealth, d.RunOutbox, ctrl.Run,
+	}
+	if h.demand != nil {
+		ctrl.Demand = h.demand.Get
+		loops = append(loops, func(ctx context.Context) error { return poolctl.ConsumeDemand(ctx, h.js, h.names, h.demand, log) })
+	}
+	var wg sync.WaitGroup
+	for _, loop := range loops {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = loop(ctx) }()
 	}

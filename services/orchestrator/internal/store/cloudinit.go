@@ -12,8 +12,9 @@ import (
 // CloudInitKeysInUse lists the ids of the keys that sealed stored
 // cloud-init.
 func (s *Store) CloudInitKeysInUse(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT DISTINCT cloud_init_key FROM orchestrator.proxies
-		WHERE cloud_init_key IS NOT NULL AND cloud_init_key <> '' ORDER BY 1`)
+	rows, err := s.pool.Query(ctx, `SELECT cloud_init_key FROM orchestrator.proxies
+		WHERE cloud_init_key IS NOT NULL AND cloud_init_key <> ''
+		UNION SELECT cloud_init_key FROM orchestrator.pools WHERE cloud_init_key <> '' ORDER BY 1`)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +129,41 @@ func (s *Store) ReencryptCloudInit(ctx context.Context, batchSize int) (int, err
 		}
 		total += n
 		if n < batchSize {
-			return total, nil
+			pools, err := s.reencryptPools(ctx, keys)
+			return total + pools, err
 		}
 	}
+}
+
+// reencryptPools seals with the active key the template cloud-init of
+// every pool sealed with another, keeping its revision (nothing a client
+// sees changes).
+func (s *Store) reencryptPools(ctx context.Context, keys *atrest.Keyring) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT "+poolColumns+` FROM orchestrator.pools
+			WHERE cloud_init_key <> '' AND cloud_init_key <> $1 FOR UPDATE`, keys.Active())
+		if err != nil {
+			return err
+		}
+		list, err := scanPools(keys, rows)
+		if err != nil {
+			return err
+		}
+		for _, p := range list {
+			sealed, keyID, err := keys.Seal([]byte(p.Spec.GetTemplate().GetSpec().GetCloudInit()), p.UID)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "UPDATE orchestrator.pools SET cloud_init = $2, cloud_init_key = $3 WHERE uid = $1", p.UID, sealed, keyID); err != nil {
+				return err
+			}
+		}
+		n = len(list)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("re-encrypting the cloud-init of pool templates: %w", err)
+	}
+	return n, nil
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -310,5 +311,55 @@ func TestKeyringReloadedWhileRunning(t *testing.T) {
 		if got, err := st.Get(ctx, r.Name); err != nil || got.Spec.GetCloudInit() != secret {
 			t.Errorf("%s does not read back: %v", r.Name, err)
 		}
+	}
+}
+
+// A pool template's cloud-init is sealed like a proxy's: never in the
+// spec column, readable with the key, re-encrypted with a new active key,
+// and its key counts for CheckCloudInitKeys.
+func TestPoolTemplateCloudInitAtRest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := pool(t)
+	old := store.New(p, store.WithKeyring(keyring(t, "k1", map[string]byte{"k1": 1})))
+	row := &store.PoolRow{UID: "5a5a5a5a-0000-4000-8000-000000000001", Name: "web", Generation: 1, CreateTime: time.Now(),
+		Spec: &proxyv1.ProxyPoolSpec{Template: &proxyv1.ProxyTemplate{Spec: &proxyv1.ProxySpec{
+			Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "fake", CloudInit: secret}}}}
+	if err := old.Write(ctx, func(tx *store.Tx) error { return tx.WritePool(ctx, row, proxyv1.ChangeType_CHANGE_TYPE_CREATED) }); err != nil {
+		t.Fatal(err)
+	}
+	var spec, sealed []byte
+	var keyID string
+	read := func() {
+		if err := p.QueryRow(ctx, "SELECT spec, cloud_init, cloud_init_key FROM orchestrator.pools WHERE uid = $1", row.UID).Scan(&spec, &sealed, &keyID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read()
+	noSecret(t, "pool spec", spec)
+	noSecret(t, "pool cloud_init", sealed)
+	var snap []byte
+	if err := p.QueryRow(ctx, "SELECT snapshot FROM orchestrator.pool_changes").Scan(&snap); err != nil {
+		t.Fatal(err)
+	}
+	noSecret(t, "pool change log", snap)
+	if got, err := old.GetPool(ctx, "web"); err != nil || got.Spec.GetTemplate().GetSpec().GetCloudInit() != secret || keyID != "k1" {
+		t.Fatalf("GetPool: %v (key %q)", err, keyID)
+	}
+	newOnlyKeys := keyring(t, "k2", map[string]byte{"k2": 2})
+	if err := store.New(p, store.WithKeyring(newOnlyKeys)).CheckCloudInitKeys(ctx); err == nil || !strings.Contains(err.Error(), "[k1]") {
+		t.Fatalf("a keyring without the pool's key passes the check: %v", err)
+	}
+	both := store.New(p, store.WithKeyring(keyring(t, "k2", map[string]byte{"k1": 1, "k2": 2})))
+	if n, err := both.ReencryptCloudInit(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("ReencryptCloudInit = %d, %v; want the pool", n, err)
+	}
+	read()
+	noSecret(t, "pool cloud_init after re-encryption", sealed)
+	if keyID != "k2" {
+		t.Fatalf("pool sealed with %q after re-encryption, want k2", keyID)
+	}
+	if got, err := store.New(p, store.WithKeyring(newOnlyKeys)).GetPool(ctx, "web"); err != nil || got.Spec.GetTemplate().GetSpec().GetCloudInit() != secret {
+		t.Fatalf("after rotation: %v", err)
 	}
 }

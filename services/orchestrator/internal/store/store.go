@@ -145,7 +145,17 @@ type Row struct {
 	CommandSpecHash  string
 	CommandDeadline  *time.Time
 	CommandIssueTime *time.Time
+
+	// Pool is the name of the pool that owns the proxy; empty for none.
+	Pool string
+	// DrainTime is when draining began; nil while the proxy is not
+	// draining. DrainDeadline is when it is deleted regardless of leases.
+	DrainTime     *time.Time
+	DrainDeadline *time.Time
 }
+
+// Draining reports whether the proxy drains.
+func (r *Row) Draining() bool { return r.DrainTime != nil }
 
 // Step is what an in-flight command does for the reconciler; several steps
 // map to the same provisioner operation.
@@ -202,16 +212,20 @@ func (r *Row) Proto(withCloudInit bool) *proxyv1.Proxy {
 		spec.CloudInit = ""
 	}
 	p := &proxyv1.Proxy{
-		Uid:         r.UID,
-		Name:        r.Name,
-		Labels:      r.Labels,
-		CreateTime:  ts(&r.CreateTime),
-		UpdateTime:  ts(&r.UpdateTime),
-		DeleteTime:  ts(r.DeleteTime),
-		Generation:  r.Generation,
-		Etag:        Etag(r.Revision),
-		SkipCleanup: r.SkipCleanup,
-		Spec:        spec,
+		Uid:           r.UID,
+		Name:          r.Name,
+		Labels:        r.Labels,
+		CreateTime:    ts(&r.CreateTime),
+		UpdateTime:    ts(&r.UpdateTime),
+		DeleteTime:    ts(r.DeleteTime),
+		Generation:    r.Generation,
+		Etag:          Etag(r.Revision),
+		SkipCleanup:   r.SkipCleanup,
+		Spec:          spec,
+		Draining:      r.DrainTime != nil,
+		DrainTime:     ts(r.DrainTime),
+		DrainDeadline: ts(r.DrainDeadline),
+		Pool:          r.Pool,
 		Status: &proxyv1.ProxyStatus{
 			Phase:                r.Phase,
 			ProviderId:           r.ProviderID,
@@ -237,7 +251,8 @@ const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanu
 	create_time, update_time, delete_time, phase, provider_id, ip, port, healthy, reason, message,
 	instance_spec_hash, failed_spec_hash, observed_generation, phase_transition_time, health_transition_time,
 	probe_latency_us, health_sequence, next_attempt_time, attempts, command_id, command_step,
-	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent, cloud_init, cloud_init_key`
+	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent, cloud_init, cloud_init_key,
+	pool, drain_time, drain_deadline`
 
 // scanRows reads every row of rows (columns) and closes it.
 func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*Row, error) {
@@ -272,7 +287,8 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
 		&r.IP, &port, &r.Healthy, &r.Reason, &r.Message, &r.InstanceSpecHash, &r.FailedSpecHash,
 		&r.ObservedGeneration, &r.PhaseTransitionTime, &r.HealthTransitionTime, &latencyUS,
 		&r.HealthSequence, &r.NextAttemptTime, &r.Attempts, &cmdID, &step, &r.CommandSpecHash,
-		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent, &sealed, &keyID)
+		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent, &sealed, &keyID,
+		&r.Pool, &r.DrainTime, &r.DrainDeadline)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ErrNotFound
@@ -381,10 +397,30 @@ var ErrCompacted = errors.New("revision is older than the retained change log")
 // Changes returns up to limit changes after revision since, in order. It
 // fails with ErrCompacted when changes after since were already pruned.
 func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, error) {
-	var out []Change
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	entries, err := readLog(ctx, s.pool, "orchestrator.changes", since, limit, func() *proxyv1.Proxy { return &proxyv1.Proxy{} })
+	out := make([]Change, len(entries))
+	for i, e := range entries {
+		out[i] = Change{Revision: e.revision, Type: e.typ, Proxy: e.snapshot, Time: e.time}
+	}
+	return out, err
+}
+
+// logEntry is one entry of a change log (proxies' or pools').
+type logEntry[M proto.Message] struct {
+	revision int64
+	typ      proxyv1.ChangeType
+	snapshot M
+	time     time.Time
+}
+
+// readLog reads up to limit entries after since from a change log table,
+// in revision order, in one snapshot; ErrCompacted when entries after
+// since were pruned.
+func readLog[M proto.Message](ctx context.Context, pool *pgxpool.Pool, table string, since int64, limit int, newMsg func() M) ([]logEntry[M], error) {
+	var out []logEntry[M]
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var oldest *int64
-		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM orchestrator.changes").Scan(&oldest); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM "+table).Scan(&oldest); err != nil {
 			return err
 		}
 		// Revisions are contiguous (each one allocated by a committed
@@ -393,25 +429,25 @@ func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, 
 		if oldest != nil && *oldest > since+1 {
 			return ErrCompacted
 		}
-		rows, err := tx.Query(ctx, `SELECT revision, change_type, snapshot, change_time FROM orchestrator.changes
+		rows, err := tx.Query(ctx, "SELECT revision, change_type, snapshot, change_time FROM "+table+`
 			WHERE revision > $1 ORDER BY revision LIMIT $2`, since, limit)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var c Change
+			var e logEntry[M]
 			var typ int16
 			var snap []byte
-			if err := rows.Scan(&c.Revision, &typ, &snap, &c.Time); err != nil {
+			if err := rows.Scan(&e.revision, &typ, &snap, &e.time); err != nil {
 				return err
 			}
-			c.Type = proxyv1.ChangeType(typ)
-			c.Proxy = &proxyv1.Proxy{}
-			if err := proto.Unmarshal(snap, c.Proxy); err != nil {
+			e.typ = proxyv1.ChangeType(typ)
+			e.snapshot = newMsg()
+			if err := proto.Unmarshal(snap, e.snapshot); err != nil {
 				return err
 			}
-			out = append(out, c)
+			out = append(out, e)
 		}
 		return rows.Err()
 	})

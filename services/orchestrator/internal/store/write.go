@@ -262,10 +262,10 @@ func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *Row, insert bool) error 
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
 		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent,
-		sealed, keyID}
+		sealed, keyID, r.Pool, r.DrainTime, r.DrainDeadline}
 	if insert {
 		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
-			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36,$37,$38)`, args...)
+			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36,$37,$38,$39,$40,$41)`, args...)
 		return nil
 	}
 	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
@@ -274,7 +274,8 @@ func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *Row, insert bool) error 
 		instance_spec_hash=$21, failed_spec_hash=$22, observed_generation=$23, phase_transition_time=$24,
 		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
 		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
-		command_issue_time=$34, stopped_since=$35, trace_parent=$36, cloud_init=$37, cloud_init_key=$38 WHERE uid=$1`, args...)
+		command_issue_time=$34, stopped_since=$35, trace_parent=$36, cloud_init=$37, cloud_init_key=$38,
+		pool=$39, drain_time=$40, drain_deadline=$41 WHERE uid=$1`, args...)
 	return nil
 }
 
@@ -293,3 +294,52 @@ func (r *Row) SetPhase(phase proxyv1.ProxyPhase, now time.Time) {
 
 // String names a row in logs.
 func (r *Row) String() string { return fmt.Sprintf("%s (%s)", r.Name, r.UID) }
+
+// NewRow is a new proxy as stored: PENDING and due for reconcile, or
+// RUNNING at once for an EXTERNAL one (nothing to provision). want is the
+// normalized spec and hash its spec hash.
+func NewRow(uid, name string, labels map[string]string, want *proxyv1.ProxySpec, hash string, skipCleanup bool, now time.Time) *Row {
+	r := &Row{
+		UID:         uid,
+		Name:        name,
+		Labels:      labels,
+		Spec:        want,
+		SpecHash:    hash,
+		SkipCleanup: skipCleanup,
+		Generation:  1,
+		CreateTime:  now,
+	}
+	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, now)
+	if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
+		r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
+		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, now)
+		r.Reason, r.ObservedGeneration = "External", 1
+	} else {
+		r.Port = want.GetPort()
+		r.NextAttemptTime = &now
+	}
+	return r
+}
+
+// RequestDelete moves a locked proxy to DELETING (keeping an earlier
+// request's time) and stores it: released at once when there is nothing
+// to clean up (no instance, or cleanup abandoned), otherwise queued for
+// the reconciler's cleanup.
+func (t *Tx) RequestDelete(r *Row, skipCleanup bool, traceParent string) {
+	now := t.now
+	if r.DeleteTime == nil {
+		r.DeleteTime = &now
+	}
+	r.SkipCleanup = r.SkipCleanup || skipCleanup
+	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
+	r.Reason, r.Message = "Deleting", ""
+	r.TraceParent = traceParent
+	if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
+		t.Delete(r)
+		return
+	}
+	if r.CommandID == "" {
+		r.NextAttemptTime, r.Attempts = &now, 0
+	}
+	t.Update(r)
+}

@@ -756,11 +756,80 @@ func (x *HealthTransitionEvent) GetTransition() *v12.HealthTransition {
 	return nil
 }
 
+// PoolDemandEvent is the lease demand on one pool's proxies, published by
+// the lease service every few seconds for the orchestrator's pool
+// controller (autoscaling, and deleting draining proxies once their leases
+// end). The demand of proxies that belong to no pool is published with an
+// empty pool.
+type PoolDemandEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The pool's name; empty for proxies of no pool.
+	Pool string `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	// Leases, capacity and refused acquires.
+	Demand *v11.PoolDemand `protobuf:"bytes,2,opt,name=demand,proto3" json:"demand,omitempty"`
+	// Active leases per proxy UID, for every proxy of the pool that holds
+	// one (a proxy absent here holds none).
+	LeasesByProxy map[string]int32 `protobuf:"bytes,3,rep,name=leases_by_proxy,json=leasesByProxy,proto3" json:"leases_by_proxy,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolDemandEvent) Reset() {
+	*x = PoolDemandEvent{}
+	mi := &file_egress_bus_v1_bus_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolDemandEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolDemandEvent) ProtoMessage() {}
+
+func (x *PoolDemandEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_bus_v1_bus_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolDemandEvent.ProtoReflect.Descriptor instead.
+func (*PoolDemandEvent) Descriptor() ([]byte, []int) {
+	return file_egress_bus_v1_bus_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PoolDemandEvent) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PoolDemandEvent) GetDemand() *v11.PoolDemand {
+	if x != nil {
+		return x.Demand
+	}
+	return nil
+}
+
+func (x *PoolDemandEvent) GetLeasesByProxy() map[string]int32 {
+	if x != nil {
+		return x.LeasesByProxy
+	}
+	return nil
+}
+
 var File_egress_bus_v1_bus_proto protoreflect.FileDescriptor
 
 const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
-	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
+	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1aegress/proxy/v1/pool.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
 	"\aCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -815,7 +884,14 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\x15HealthTransitionEvent\x12B\n" +
 	"\n" +
 	"transition\x18\x01 \x01(\v2\".egress.health.v1.HealthTransitionR\n" +
-	"transition*y\n" +
+	"transition\"\xf7\x01\n" +
+	"\x0fPoolDemandEvent\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x123\n" +
+	"\x06demand\x18\x02 \x01(\v2\x1b.egress.proxy.v1.PoolDemandR\x06demand\x12Y\n" +
+	"\x0fleases_by_proxy\x18\x03 \x03(\v21.egress.bus.v1.PoolDemandEvent.LeasesByProxyEntryR\rleasesByProxy\x1a@\n" +
+	"\x12LeasesByProxyEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01*y\n" +
 	"\tOperation\x12\x19\n" +
 	"\x15OPERATION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10OPERATION_CREATE\x10\x01\x12\x11\n" +
@@ -840,7 +916,7 @@ func file_egress_bus_v1_bus_proto_rawDescGZIP() []byte {
 }
 
 var file_egress_bus_v1_bus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_bus_v1_bus_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_egress_bus_v1_bus_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_egress_bus_v1_bus_proto_goTypes = []any{
 	(Operation)(0),                    // 0: egress.bus.v1.Operation
 	(CommandPurpose)(0),               // 1: egress.bus.v1.CommandPurpose
@@ -849,51 +925,56 @@ var file_egress_bus_v1_bus_proto_goTypes = []any{
 	(*CommandResult)(nil),             // 4: egress.bus.v1.CommandResult
 	(*ProxyEvent)(nil),                // 5: egress.bus.v1.ProxyEvent
 	(*HealthTransitionEvent)(nil),     // 6: egress.bus.v1.HealthTransitionEvent
-	nil,                               // 7: egress.bus.v1.CommandError.MetadataEntry
-	(*timestamppb.Timestamp)(nil),     // 8: google.protobuf.Timestamp
-	(*v1.CreateInstanceRequest)(nil),  // 9: egress.provisioner.v1.CreateInstanceRequest
-	(*v1.GetInstanceRequest)(nil),     // 10: egress.provisioner.v1.GetInstanceRequest
-	(*v1.DeleteInstanceRequest)(nil),  // 11: egress.provisioner.v1.DeleteInstanceRequest
-	(*v1.ListInstancesRequest)(nil),   // 12: egress.provisioner.v1.ListInstancesRequest
-	(v1.ErrorReason)(0),               // 13: egress.provisioner.v1.ErrorReason
-	(*durationpb.Duration)(nil),       // 14: google.protobuf.Duration
-	(*v1.CreateInstanceResponse)(nil), // 15: egress.provisioner.v1.CreateInstanceResponse
-	(*v1.GetInstanceResponse)(nil),    // 16: egress.provisioner.v1.GetInstanceResponse
-	(*v1.DeleteInstanceResponse)(nil), // 17: egress.provisioner.v1.DeleteInstanceResponse
-	(*v1.ListInstancesResponse)(nil),  // 18: egress.provisioner.v1.ListInstancesResponse
-	(v11.ChangeType)(0),               // 19: egress.proxy.v1.ChangeType
-	(*v11.Proxy)(nil),                 // 20: egress.proxy.v1.Proxy
-	(*v12.HealthTransition)(nil),      // 21: egress.health.v1.HealthTransition
+	(*PoolDemandEvent)(nil),           // 7: egress.bus.v1.PoolDemandEvent
+	nil,                               // 8: egress.bus.v1.CommandError.MetadataEntry
+	nil,                               // 9: egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
+	(*timestamppb.Timestamp)(nil),     // 10: google.protobuf.Timestamp
+	(*v1.CreateInstanceRequest)(nil),  // 11: egress.provisioner.v1.CreateInstanceRequest
+	(*v1.GetInstanceRequest)(nil),     // 12: egress.provisioner.v1.GetInstanceRequest
+	(*v1.DeleteInstanceRequest)(nil),  // 13: egress.provisioner.v1.DeleteInstanceRequest
+	(*v1.ListInstancesRequest)(nil),   // 14: egress.provisioner.v1.ListInstancesRequest
+	(v1.ErrorReason)(0),               // 15: egress.provisioner.v1.ErrorReason
+	(*durationpb.Duration)(nil),       // 16: google.protobuf.Duration
+	(*v1.CreateInstanceResponse)(nil), // 17: egress.provisioner.v1.CreateInstanceResponse
+	(*v1.GetInstanceResponse)(nil),    // 18: egress.provisioner.v1.GetInstanceResponse
+	(*v1.DeleteInstanceResponse)(nil), // 19: egress.provisioner.v1.DeleteInstanceResponse
+	(*v1.ListInstancesResponse)(nil),  // 20: egress.provisioner.v1.ListInstancesResponse
+	(v11.ChangeType)(0),               // 21: egress.proxy.v1.ChangeType
+	(*v11.Proxy)(nil),                 // 22: egress.proxy.v1.Proxy
+	(*v12.HealthTransition)(nil),      // 23: egress.health.v1.HealthTransition
+	(*v11.PoolDemand)(nil),            // 24: egress.proxy.v1.PoolDemand
 }
 var file_egress_bus_v1_bus_proto_depIdxs = []int32{
 	0,  // 0: egress.bus.v1.Command.operation:type_name -> egress.bus.v1.Operation
-	8,  // 1: egress.bus.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	8,  // 2: egress.bus.v1.Command.issue_time:type_name -> google.protobuf.Timestamp
+	10, // 1: egress.bus.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	10, // 2: egress.bus.v1.Command.issue_time:type_name -> google.protobuf.Timestamp
 	1,  // 3: egress.bus.v1.Command.purpose:type_name -> egress.bus.v1.CommandPurpose
-	9,  // 4: egress.bus.v1.Command.create:type_name -> egress.provisioner.v1.CreateInstanceRequest
-	10, // 5: egress.bus.v1.Command.get:type_name -> egress.provisioner.v1.GetInstanceRequest
-	11, // 6: egress.bus.v1.Command.delete:type_name -> egress.provisioner.v1.DeleteInstanceRequest
-	12, // 7: egress.bus.v1.Command.list:type_name -> egress.provisioner.v1.ListInstancesRequest
-	13, // 8: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
-	7,  // 9: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
+	11, // 4: egress.bus.v1.Command.create:type_name -> egress.provisioner.v1.CreateInstanceRequest
+	12, // 5: egress.bus.v1.Command.get:type_name -> egress.provisioner.v1.GetInstanceRequest
+	13, // 6: egress.bus.v1.Command.delete:type_name -> egress.provisioner.v1.DeleteInstanceRequest
+	14, // 7: egress.bus.v1.Command.list:type_name -> egress.provisioner.v1.ListInstancesRequest
+	15, // 8: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
+	8,  // 9: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
 	0,  // 10: egress.bus.v1.CommandResult.operation:type_name -> egress.bus.v1.Operation
-	8,  // 11: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
-	14, // 12: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
+	10, // 11: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
+	16, // 12: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
 	1,  // 13: egress.bus.v1.CommandResult.purpose:type_name -> egress.bus.v1.CommandPurpose
-	15, // 14: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
-	16, // 15: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
-	17, // 16: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
-	18, // 17: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
+	17, // 14: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
+	18, // 15: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
+	19, // 16: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
+	20, // 17: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
 	3,  // 18: egress.bus.v1.CommandResult.error:type_name -> egress.bus.v1.CommandError
-	19, // 19: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
-	20, // 20: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
-	8,  // 21: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
-	21, // 22: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	21, // 19: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
+	22, // 20: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
+	10, // 21: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
+	23, // 22: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
+	24, // 23: egress.bus.v1.PoolDemandEvent.demand:type_name -> egress.proxy.v1.PoolDemand
+	9,  // 24: egress.bus.v1.PoolDemandEvent.leases_by_proxy:type_name -> egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_egress_bus_v1_bus_proto_init() }
@@ -920,7 +1001,7 @@ func file_egress_bus_v1_bus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_bus_v1_bus_proto_rawDesc), len(file_egress_bus_v1_bus_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

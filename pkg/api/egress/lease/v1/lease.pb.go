@@ -159,7 +159,11 @@ type ProxySelector struct {
 	// Only proxies placed in this zone.
 	Zone string `protobuf:"bytes,3,opt,name=zone,proto3" json:"zone,omitempty"`
 	// Only proxies carrying every one of these labels with these values.
-	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Only proxies of the pool with this name (ProxyPool, on the
+	// orchestrator). An acquire refused for a pool counts as that pool's
+	// demand.
+	Pool          string `protobuf:"bytes,5,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -220,6 +224,13 @@ func (x *ProxySelector) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *ProxySelector) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
 }
 
 // ProxyAddress tells a crawler how to reach a proxy.
@@ -1212,12 +1223,13 @@ var File_egress_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\x1begress/lease/v1/lease.proto\x12\x0fegress.lease.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x02\n" +
+	"\x1begress/lease/v1/lease.proto\x12\x0fegress.lease.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x02\n" +
 	"\rProxySelector\x12(\n" +
 	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12$\n" +
 	"\x06region\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x06region\x12 \n" +
 	"\x04zone\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x04zone\x12c\n" +
-	"\x06labels\x18\x04 \x03(\v2*.egress.lease.v1.ProxySelector.LabelsEntryB\x1f\xbaH\x1c\x9a\x01\x19\x10@\"\vr\t\x88\x92'\x01\x10\x01\x18\xbd\x02*\br\x06\x88\x92'\x01\x18?R\x06labels\x1a9\n" +
+	"\x06labels\x18\x04 \x03(\v2*.egress.lease.v1.ProxySelector.LabelsEntryB\x1f\xbaH\x1c\x9a\x01\x19\x10@\"\vr\t\x88\x92'\x01\x10\x01\x18\xbd\x02*\br\x06\x88\x92'\x01\x18?R\x06labels\x12?\n" +
+	"\x04pool\x18\x05 \x01(\tB+\xbaH(r&2$^([a-z]([-a-z0-9]{0,54}[a-z0-9])?)?$R\x04pool\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +

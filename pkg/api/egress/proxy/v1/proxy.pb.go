@@ -192,7 +192,21 @@ type Proxy struct {
 	// What the client wants.
 	Spec *ProxySpec `protobuf:"bytes,10,opt,name=spec,proto3" json:"spec,omitempty"`
 	// What the orchestrator last observed. Output only.
-	Status        *ProxyStatus `protobuf:"bytes,11,opt,name=status,proto3" json:"status,omitempty"`
+	Status *ProxyStatus `protobuf:"bytes,11,opt,name=status,proto3" json:"status,omitempty"`
+	// The proxy takes no new leases: the lease service hands it to nobody,
+	// and it is deleted once its leases end or its drain timeout passes.
+	// Set by a pool's scale-down or rotation, or by an admin with DrainProxy.
+	// Output only.
+	Draining bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
+	// When draining began; unset while the proxy is not draining. Output only.
+	DrainTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=drain_time,json=drainTime,proto3" json:"drain_time,omitempty"`
+	// Name of the ProxyPool that owns the proxy; empty for a proxy created on
+	// its own. A pool's proxies are named `<pool>-<suffix>` and carry the
+	// label `pool=<pool>`. Output only.
+	Pool string `protobuf:"bytes,14,opt,name=pool,proto3" json:"pool,omitempty"`
+	// When a draining proxy is deleted even if it still has leases; unset
+	// while the proxy is not draining. Output only.
+	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,6 +314,34 @@ func (x *Proxy) GetSpec() *ProxySpec {
 func (x *Proxy) GetStatus() *ProxyStatus {
 	if x != nil {
 		return x.Status
+	}
+	return nil
+}
+
+func (x *Proxy) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *Proxy) GetDrainTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainTime
+	}
+	return nil
+}
+
+func (x *Proxy) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *Proxy) GetDrainDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainDeadline
 	}
 	return nil
 }
@@ -845,7 +887,7 @@ var File_egress_proxy_v1_proxy_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\n" +
-	"\x1begress/proxy/v1/proxy.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x04\n" +
+	"\x1begress/proxy/v1/proxy.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x05\n" +
 	"\x05Proxy\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12:\n" +
@@ -863,7 +905,12 @@ const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\fskip_cleanup\x18\t \x01(\bR\vskipCleanup\x12.\n" +
 	"\x04spec\x18\n" +
 	" \x01(\v2\x1a.egress.proxy.v1.ProxySpecR\x04spec\x124\n" +
-	"\x06status\x18\v \x01(\v2\x1c.egress.proxy.v1.ProxyStatusR\x06status\x1a9\n" +
+	"\x06status\x18\v \x01(\v2\x1c.egress.proxy.v1.ProxyStatusR\x06status\x12\x1a\n" +
+	"\bdraining\x18\f \x01(\bR\bdraining\x129\n" +
+	"\n" +
+	"drain_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tdrainTime\x12\x12\n" +
+	"\x04pool\x18\x0e \x01(\tR\x04pool\x12A\n" +
+	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x03\n" +
@@ -961,23 +1008,25 @@ var file_egress_proxy_v1_proxy_proto_depIdxs = []int32{
 	10, // 3: egress.proxy.v1.Proxy.delete_time:type_name -> google.protobuf.Timestamp
 	3,  // 4: egress.proxy.v1.Proxy.spec:type_name -> egress.proxy.v1.ProxySpec
 	8,  // 5: egress.proxy.v1.Proxy.status:type_name -> egress.proxy.v1.ProxyStatus
-	0,  // 6: egress.proxy.v1.ProxySpec.mode:type_name -> egress.proxy.v1.ProxyMode
-	4,  // 7: egress.proxy.v1.ProxySpec.placement:type_name -> egress.proxy.v1.Placement
-	5,  // 8: egress.proxy.v1.ProxySpec.endpoint:type_name -> egress.proxy.v1.Endpoint
-	6,  // 9: egress.proxy.v1.ProxySpec.health_check:type_name -> egress.proxy.v1.HealthCheckSpec
-	7,  // 10: egress.proxy.v1.ProxySpec.lease:type_name -> egress.proxy.v1.LeaseSpec
-	11, // 11: egress.proxy.v1.HealthCheckSpec.interval:type_name -> google.protobuf.Duration
-	11, // 12: egress.proxy.v1.HealthCheckSpec.timeout:type_name -> google.protobuf.Duration
-	11, // 13: egress.proxy.v1.HealthCheckSpec.latency_threshold:type_name -> google.protobuf.Duration
-	1,  // 14: egress.proxy.v1.ProxyStatus.phase:type_name -> egress.proxy.v1.ProxyPhase
-	10, // 15: egress.proxy.v1.ProxyStatus.phase_transition_time:type_name -> google.protobuf.Timestamp
-	10, // 16: egress.proxy.v1.ProxyStatus.health_transition_time:type_name -> google.protobuf.Timestamp
-	11, // 17: egress.proxy.v1.ProxyStatus.probe_latency:type_name -> google.protobuf.Duration
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	10, // 6: egress.proxy.v1.Proxy.drain_time:type_name -> google.protobuf.Timestamp
+	10, // 7: egress.proxy.v1.Proxy.drain_deadline:type_name -> google.protobuf.Timestamp
+	0,  // 8: egress.proxy.v1.ProxySpec.mode:type_name -> egress.proxy.v1.ProxyMode
+	4,  // 9: egress.proxy.v1.ProxySpec.placement:type_name -> egress.proxy.v1.Placement
+	5,  // 10: egress.proxy.v1.ProxySpec.endpoint:type_name -> egress.proxy.v1.Endpoint
+	6,  // 11: egress.proxy.v1.ProxySpec.health_check:type_name -> egress.proxy.v1.HealthCheckSpec
+	7,  // 12: egress.proxy.v1.ProxySpec.lease:type_name -> egress.proxy.v1.LeaseSpec
+	11, // 13: egress.proxy.v1.HealthCheckSpec.interval:type_name -> google.protobuf.Duration
+	11, // 14: egress.proxy.v1.HealthCheckSpec.timeout:type_name -> google.protobuf.Duration
+	11, // 15: egress.proxy.v1.HealthCheckSpec.latency_threshold:type_name -> google.protobuf.Duration
+	1,  // 16: egress.proxy.v1.ProxyStatus.phase:type_name -> egress.proxy.v1.ProxyPhase
+	10, // 17: egress.proxy.v1.ProxyStatus.phase_transition_time:type_name -> google.protobuf.Timestamp
+	10, // 18: egress.proxy.v1.ProxyStatus.health_transition_time:type_name -> google.protobuf.Timestamp
+	11, // 19: egress.proxy.v1.ProxyStatus.probe_latency:type_name -> google.protobuf.Duration
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_egress_proxy_v1_proxy_proto_init() }

@@ -13,6 +13,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -906,6 +907,118 @@ func (x *WatchProxiesResponse) GetChangeTime() *timestamppb.Timestamp {
 	return nil
 }
 
+// Request of DrainProxy.
+type DrainProxyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the proxy.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// How long the proxy may keep serving the leases it holds before it is
+	// deleted regardless. Unset: 10 minutes. At most 7 days.
+	DrainTimeout *durationpb.Duration `protobuf:"bytes,2,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
+	// End the draining instead: the proxy takes leases again. A pool may
+	// drain it anew when it has more proxies than it wants.
+	Cancel        bool `protobuf:"varint,3,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainProxyRequest) Reset() {
+	*x = DrainProxyRequest{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainProxyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainProxyRequest) ProtoMessage() {}
+
+func (x *DrainProxyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainProxyRequest.ProtoReflect.Descriptor instead.
+func (*DrainProxyRequest) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DrainProxyRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DrainProxyRequest) GetDrainTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.DrainTimeout
+	}
+	return nil
+}
+
+func (x *DrainProxyRequest) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+// Response of DrainProxy.
+type DrainProxyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The proxy as it is now.
+	Proxy         *Proxy `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainProxyResponse) Reset() {
+	*x = DrainProxyResponse{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainProxyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainProxyResponse) ProtoMessage() {}
+
+func (x *DrainProxyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainProxyResponse.ProtoReflect.Descriptor instead.
+func (*DrainProxyResponse) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DrainProxyResponse) GetProxy() *Proxy {
+	if x != nil {
+		return x.Proxy
+	}
+	return nil
+}
+
 // Request of ListProviders.
 type ListProvidersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -915,7 +1028,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1040,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1053,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{12}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{14}
 }
 
 // A provider from the providers config.
@@ -956,7 +1069,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1081,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1094,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{13}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Provider) GetName() string {
@@ -1009,7 +1122,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1134,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1147,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{14}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*Provider {
@@ -1048,7 +1161,7 @@ var File_egress_proxy_v1_proxy_service_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\n" +
-	"#egress/proxy/v1/proxy_service.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\xf2\x03\n" +
+	"#egress/proxy/v1/proxy_service.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\xf2\x03\n" +
 	"\x12CreateProxyRequest\x12<\n" +
 	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x12\x87\x02\n" +
 	"\x06labels\x18\x02 \x03(\v2/.egress.proxy.v1.CreateProxyRequest.LabelsEntryB\xbd\x01\xbaH\xb9\x01\x9a\x01\xb5\x01\x10@\"yrw\x18\xbd\x022r^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$*6r422^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$R\x06labels\x126\n" +
@@ -1109,7 +1222,13 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x04type\x18\x02 \x01(\x0e2\x1b.egress.proxy.v1.ChangeTypeR\x04type\x12,\n" +
 	"\x05proxy\x18\x03 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\x12;\n" +
 	"\vchange_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"changeTime\"\x16\n" +
+	"changeTime\"\xb9\x01\n" +
+	"\x11DrainProxyRequest\x12<\n" +
+	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x12N\n" +
+	"\rdrain_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xf5$*\x00R\fdrainTimeout\x12\x16\n" +
+	"\x06cancel\x18\x03 \x01(\bR\x06cancel\"B\n" +
+	"\x12DrainProxyResponse\x12,\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"\x16\n" +
 	"\x14ListProvidersRequest\"2\n" +
 	"\bProvider\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -1125,14 +1244,16 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x17CHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CHANGE_TYPE_CREATED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_TYPE_UPDATED\x10\x02\x12\x17\n" +
-	"\x13CHANGE_TYPE_DELETED\x10\x032\xbc\x06\n" +
+	"\x13CHANGE_TYPE_DELETED\x10\x032\xb8\a\n" +
 	"\fProxyService\x12p\n" +
 	"\vCreateProxy\x12#.egress.proxy.v1.CreateProxyRequest\x1a$.egress.proxy.v1.CreateProxyResponse\"\x16\x82\xd3\xe4\x93\x02\x10:\x01*\"\v/v1/proxies\x12k\n" +
 	"\bGetProxy\x12 .egress.proxy.v1.GetProxyRequest\x1a!.egress.proxy.v1.GetProxyResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/proxies/{name}\x12m\n" +
 	"\vListProxies\x12#.egress.proxy.v1.ListProxiesRequest\x1a$.egress.proxy.v1.ListProxiesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/proxies\x12w\n" +
 	"\vUpdateProxy\x12#.egress.proxy.v1.UpdateProxyRequest\x1a$.egress.proxy.v1.UpdateProxyResponse\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\x1a\x12/v1/proxies/{name}\x12t\n" +
 	"\vDeleteProxy\x12#.egress.proxy.v1.DeleteProxyRequest\x1a$.egress.proxy.v1.DeleteProxyResponse\"\x1a\x82\xd3\xe4\x93\x02\x14*\x12/v1/proxies/{name}\x12x\n" +
-	"\fWatchProxies\x12$.egress.proxy.v1.WatchProxiesRequest\x1a%.egress.proxy.v1.WatchProxiesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/proxies:watch0\x01\x12u\n" +
+	"\fWatchProxies\x12$.egress.proxy.v1.WatchProxiesRequest\x1a%.egress.proxy.v1.WatchProxiesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/proxies:watch0\x01\x12z\n" +
+	"\n" +
+	"DrainProxy\x12\".egress.proxy.v1.DrainProxyRequest\x1a#.egress.proxy.v1.DrainProxyResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/proxies/{name}:drain\x12u\n" +
 	"\rListProviders\x12%.egress.proxy.v1.ListProvidersRequest\x1a&.egress.proxy.v1.ListProvidersResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/providersB\xbc\x03\x92A\xee\x02\x12\xc3\x01\n" +
 	"\x12egress-proxies API\x12\xa8\x01Egress proxy fleets for web crawlers: proxies (orchestrator), leases (lease) and health (health). Every service answers gRPC and this REST mapping through grpc-gateway.2\x02v1*\x02\x01\x022\x10application/json:\x10application/jsonZp\n" +
 	"n\n" +
@@ -1154,7 +1275,7 @@ func file_egress_proxy_v1_proxy_service_proto_rawDescGZIP() []byte {
 }
 
 var file_egress_proxy_v1_proxy_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_proxy_v1_proxy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_egress_proxy_v1_proxy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_egress_proxy_v1_proxy_service_proto_goTypes = []any{
 	(ProxyView)(0),                // 0: egress.proxy.v1.ProxyView
 	(ChangeType)(0),               // 1: egress.proxy.v1.ChangeType
@@ -1170,55 +1291,62 @@ var file_egress_proxy_v1_proxy_service_proto_goTypes = []any{
 	(*DeleteProxyResponse)(nil),   // 11: egress.proxy.v1.DeleteProxyResponse
 	(*WatchProxiesRequest)(nil),   // 12: egress.proxy.v1.WatchProxiesRequest
 	(*WatchProxiesResponse)(nil),  // 13: egress.proxy.v1.WatchProxiesResponse
-	(*ListProvidersRequest)(nil),  // 14: egress.proxy.v1.ListProvidersRequest
-	(*Provider)(nil),              // 15: egress.proxy.v1.Provider
-	(*ListProvidersResponse)(nil), // 16: egress.proxy.v1.ListProvidersResponse
-	nil,                           // 17: egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	nil,                           // 18: egress.proxy.v1.ListProxiesRequest.LabelsEntry
-	nil,                           // 19: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	(*ProxySpec)(nil),             // 20: egress.proxy.v1.ProxySpec
-	(*Proxy)(nil),                 // 21: egress.proxy.v1.Proxy
-	(ProxyPhase)(0),               // 22: egress.proxy.v1.ProxyPhase
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*DrainProxyRequest)(nil),     // 14: egress.proxy.v1.DrainProxyRequest
+	(*DrainProxyResponse)(nil),    // 15: egress.proxy.v1.DrainProxyResponse
+	(*ListProvidersRequest)(nil),  // 16: egress.proxy.v1.ListProvidersRequest
+	(*Provider)(nil),              // 17: egress.proxy.v1.Provider
+	(*ListProvidersResponse)(nil), // 18: egress.proxy.v1.ListProvidersResponse
+	nil,                           // 19: egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	nil,                           // 20: egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	nil,                           // 21: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	(*ProxySpec)(nil),             // 22: egress.proxy.v1.ProxySpec
+	(*Proxy)(nil),                 // 23: egress.proxy.v1.Proxy
+	(ProxyPhase)(0),               // 24: egress.proxy.v1.ProxyPhase
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
 }
 var file_egress_proxy_v1_proxy_service_proto_depIdxs = []int32{
-	17, // 0: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	20, // 1: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	21, // 2: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	19, // 0: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	22, // 1: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	23, // 2: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
 	0,  // 3: egress.proxy.v1.GetProxyRequest.view:type_name -> egress.proxy.v1.ProxyView
-	21, // 4: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	22, // 5: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
-	18, // 6: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	23, // 4: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	24, // 5: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
+	20, // 6: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
 	0,  // 7: egress.proxy.v1.ListProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
-	21, // 8: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
-	19, // 9: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	20, // 10: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	21, // 11: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	21, // 12: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	23, // 8: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
+	21, // 9: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	22, // 10: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	23, // 11: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	23, // 12: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
 	0,  // 13: egress.proxy.v1.WatchProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
 	1,  // 14: egress.proxy.v1.WatchProxiesResponse.type:type_name -> egress.proxy.v1.ChangeType
-	21, // 15: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	23, // 16: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
-	15, // 17: egress.proxy.v1.ListProvidersResponse.providers:type_name -> egress.proxy.v1.Provider
-	2,  // 18: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
-	4,  // 19: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
-	6,  // 20: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
-	8,  // 21: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
-	10, // 22: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
-	12, // 23: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
-	14, // 24: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
-	3,  // 25: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
-	5,  // 26: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
-	7,  // 27: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
-	9,  // 28: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
-	11, // 29: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
-	13, // 30: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
-	16, // 31: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
-	25, // [25:32] is the sub-list for method output_type
-	18, // [18:25] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	23, // 15: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	25, // 16: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
+	26, // 17: egress.proxy.v1.DrainProxyRequest.drain_timeout:type_name -> google.protobuf.Duration
+	23, // 18: egress.proxy.v1.DrainProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	17, // 19: egress.proxy.v1.ListProvidersResponse.providers:type_name -> egress.proxy.v1.Provider
+	2,  // 20: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
+	4,  // 21: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
+	6,  // 22: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
+	8,  // 23: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
+	10, // 24: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
+	12, // 25: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
+	14, // 26: egress.proxy.v1.ProxyService.DrainProxy:input_type -> egress.proxy.v1.DrainProxyRequest
+	16, // 27: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
+	3,  // 28: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
+	5,  // 29: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
+	7,  // 30: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
+	9,  // 31: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
+	11, // 32: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
+	13, // 33: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
+	15, // 34: egress.proxy.v1.ProxyService.DrainProxy:output_type -> egress.proxy.v1.DrainProxyResponse
+	18, // 35: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
+	28, // [28:36] is the sub-list for method output_type
+	20, // [20:28] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_egress_proxy_v1_proxy_service_proto_init() }
@@ -1233,7 +1361,7 @@ func file_egress_proxy_v1_proxy_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_proxy_v1_proxy_service_proto_rawDesc), len(file_egress_proxy_v1_proxy_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	ProxyService_UpdateProxy_FullMethodName   = "/egress.proxy.v1.ProxyService/UpdateProxy"
 	ProxyService_DeleteProxy_FullMethodName   = "/egress.proxy.v1.ProxyService/DeleteProxy"
 	ProxyService_WatchProxies_FullMethodName  = "/egress.proxy.v1.ProxyService/WatchProxies"
+	ProxyService_DrainProxy_FullMethodName    = "/egress.proxy.v1.ProxyService/DrainProxy"
 	ProxyService_ListProviders_FullMethodName = "/egress.proxy.v1.ProxyService/ListProviders"
 )
 
@@ -60,6 +61,12 @@ type ProxyServiceClient interface {
 	// the retained change log: List again and watch from the revision it
 	// returns. Through the gateway, one JSON object per line.
 	WatchProxies(ctx context.Context, in *WatchProxiesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchProxiesResponse], error)
+	// Marks a proxy draining, or with cancel ends its draining. A draining
+	// proxy gets no new leases and is deleted once it holds no lease, or at
+	// the latest when drain_timeout has passed. Draining a proxy that already
+	// drains keeps its original deadline. FAILED_PRECONDITION for a proxy that
+	// is being deleted.
+	DrainProxy(ctx context.Context, in *DrainProxyRequest, opts ...grpc.CallOption) (*DrainProxyResponse, error)
 	// Lists the providers from the providers config: the names a MANAGED
 	// proxy's spec.provider may use.
 	ListProviders(ctx context.Context, in *ListProvidersRequest, opts ...grpc.CallOption) (*ListProvidersResponse, error)
@@ -142,6 +149,16 @@ func (c *proxyServiceClient) WatchProxies(ctx context.Context, in *WatchProxiesR
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ProxyService_WatchProxiesClient = grpc.ServerStreamingClient[WatchProxiesResponse]
 
+func (c *proxyServiceClient) DrainProxy(ctx context.Context, in *DrainProxyRequest, opts ...grpc.CallOption) (*DrainProxyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainProxyResponse)
+	err := c.cc.Invoke(ctx, ProxyService_DrainProxy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *proxyServiceClient) ListProviders(ctx context.Context, in *ListProvidersRequest, opts ...grpc.CallOption) (*ListProvidersResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListProvidersResponse)
@@ -184,6 +201,12 @@ type ProxyServiceServer interface {
 	// the retained change log: List again and watch from the revision it
 	// returns. Through the gateway, one JSON object per line.
 	WatchProxies(*WatchProxiesRequest, grpc.ServerStreamingServer[WatchProxiesResponse]) error
+	// Marks a proxy draining, or with cancel ends its draining. A draining
+	// proxy gets no new leases and is deleted once it holds no lease, or at
+	// the latest when drain_timeout has passed. Draining a proxy that already
+	// drains keeps its original deadline. FAILED_PRECONDITION for a proxy that
+	// is being deleted.
+	DrainProxy(context.Context, *DrainProxyRequest) (*DrainProxyResponse, error)
 	// Lists the providers from the providers config: the names a MANAGED
 	// proxy's spec.provider may use.
 	ListProviders(context.Context, *ListProvidersRequest) (*ListProvidersResponse, error)
@@ -214,6 +237,9 @@ func (UnimplementedProxyServiceServer) DeleteProxy(context.Context, *DeleteProxy
 }
 func (UnimplementedProxyServiceServer) WatchProxies(*WatchProxiesRequest, grpc.ServerStreamingServer[WatchProxiesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchProxies not implemented")
+}
+func (UnimplementedProxyServiceServer) DrainProxy(context.Context, *DrainProxyRequest) (*DrainProxyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainProxy not implemented")
 }
 func (UnimplementedProxyServiceServer) ListProviders(context.Context, *ListProvidersRequest) (*ListProvidersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProviders not implemented")
@@ -340,6 +366,24 @@ func _ProxyService_WatchProxies_Handler(srv interface{}, stream grpc.ServerStrea
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ProxyService_WatchProxiesServer = grpc.ServerStreamingServer[WatchProxiesResponse]
 
+func _ProxyService_DrainProxy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainProxyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProxyServiceServer).DrainProxy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ProxyService_DrainProxy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProxyServiceServer).DrainProxy(ctx, req.(*DrainProxyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ProxyService_ListProviders_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListProvidersRequest)
 	if err := dec(in); err != nil {
@@ -384,6 +428,10 @@ var ProxyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteProxy",
 			Handler:    _ProxyService_DeleteProxy_Handler,
+		},
+		{
+			MethodName: "DrainProxy",
+			Handler:    _ProxyService_DrainProxy_Handler,
 		},
 		{
 			MethodName: "ListProviders",
