@@ -58,10 +58,12 @@ func TestKubernetesBackend(t *testing.T) {
 
 	// A marked pod that no proxy owns (an orphan, old enough), and a pod
 	// that is not ours.
+	const orphanUID = "0d9c2a34-5b1e-4c39-9a55-6b7e2f1c8d40"
+	orphan := "proxy-" + orphanUID
 	old := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
 	for _, pod := range []*corev1.Pod{
-		{ObjectMeta: metav1.ObjectMeta{Name: "proxy-orphan", Labels: map[string]string{"app.kubernetes.io/managed-by": "egress-proxies", "egress-proxies.dev/provider": "kube"},
-			Annotations: map[string]string{"egress-proxies.dev/proxy-uid": "orphan", "egress-proxies.dev/created-at": old}},
+		{ObjectMeta: metav1.ObjectMeta{Name: orphan, Labels: map[string]string{"app.kubernetes.io/managed-by": "egress-proxies", "egress-proxies.dev/provider": "kube"},
+			Annotations: map[string]string{"egress-proxies.dev/proxy-uid": orphanUID, "egress-proxies.dev/created-at": old}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Image: "squid"}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx"}}}},
@@ -94,7 +96,7 @@ func TestKubernetesBackend(t *testing.T) {
 	}
 
 	waitFor(t, "the orphan pod deleted by GC", time.Minute, func() bool {
-		_, err := cp.Client.CoreV1().Pods(ns).Get(bg, "proxy-orphan", metav1.GetOptions{})
+		_, err := cp.Client.CoreV1().Pods(ns).Get(bg, orphan, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
 	if _, err := cp.Client.CoreV1().Pods(ns).Get(bg, "web", metav1.GetOptions{}); err != nil {
