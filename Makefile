@@ -3,7 +3,7 @@
 
 SHELL  := /bin/bash
 MODULE := github.com/egress-proxies/egress-proxies
-SERVICES := orchestrator lease health provisioner-local provisioner-proxmox provisioner-kvm provisioner-gcp
+SERVICES := orchestrator lease health provisioner-local provisioner-proxmox provisioner-kvm provisioner-gcp provisioner-kubernetes
 # What `make run` starts: the suite with the local backend.
 RUN_SERVICES := orchestrator lease health provisioner-local
 
@@ -73,6 +73,8 @@ lint: tools third-party
 	go vet -tags e2e ./tests/e2e/
 	go vet -tags proxmox_integration ./services/provisioner-proxmox/...
 	go vet -tags cluster ./tests/chart/...
+	go vet -tags cluster ./services/provisioner-kubernetes/...
+	go vet -tags e2e,cluster ./tests/e2e/
 	go vet -tags images ./tests/e2e/images/
 	$(BUF) lint
 	$(BUF) format --diff --exit-code proto
@@ -114,9 +116,12 @@ test-images:
 k8s-tools:
 	scripts/k8s-tools.sh
 
-## test-cluster: install the chart into a real API server with kwok nodes (builds the Kubernetes binaries once, cached)
+## test-cluster: against a real API server with kwok nodes (builds the Kubernetes binaries once, cached): the chart installed, provisioner-kubernetes, and the orchestrator with provisioner-kubernetes as processes
 test-cluster:
-	EGRESS_K8S_BIN=$$(scripts/k8s-tools.sh | tail -1) go test -tags cluster -count=1 -timeout 30m -v ./tests/chart/cluster/
+	set -o pipefail; bin=$$(scripts/k8s-tools.sh | tail -1) && export EGRESS_K8S_BIN=$$bin && \
+	go test -tags cluster -count=1 -timeout 30m -v ./tests/chart/cluster/ && \
+	go test -race -tags cluster -count=1 -timeout 20m -v -run TestAgainstAPIServer ./services/provisioner-kubernetes/internal/kubernetes/ && \
+	go test -tags e2e,cluster -count=1 -timeout 20m -v -run TestKubernetesBackend ./tests/e2e/
 
 ## run: build and start the suite on this machine; Ctrl-C stops it
 run: build

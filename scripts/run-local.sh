@@ -39,7 +39,7 @@ self=$host
 # …), so a second suite (the README test) runs beside a developer's.
 offset=${EGRESS_RUN_PORT_OFFSET:-0}
 declare -A grpc_port=([orchestrator]=8100 [lease]=8110 [health]=8120 [provisioner-proxmox]=8130
-	[provisioner-kvm]=8140 [provisioner-gcp]=8150 [provisioner-local]=8160)
+	[provisioner-kvm]=8140 [provisioner-gcp]=8150 [provisioner-local]=8160 [provisioner-kubernetes]=8170)
 export EGRESS_DATABASE_URL=${EGRESS_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/egress?sslmode=disable}
 export EGRESS_NATS_URL=${EGRESS_NATS_URL:-nats://127.0.0.1:4222}
 export EGRESS_PROVIDERS_CONFIG=${EGRESS_PROVIDERS_CONFIG:-deploy/local/providers.yaml}

@@ -22,7 +22,7 @@ import (
 type Spec struct {
 	// Options are the service's common settings (name, listen defaults).
 	service.Options
-	// Type is the provider type the binary serves (proxmox, kvm, gcp,
+	// Type is the provider type the binary serves (proxmox, kvm, gcp, kubernetes,
 	// local); a --provider of another type is refused.
 	Type string
 	// NewBackend builds the backend from its provider's config block. It

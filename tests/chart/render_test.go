@@ -122,8 +122,12 @@ func checkSecurity(t *testing.T, r *Rendered) {
 			psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 			t.Errorf("%s: pod securityContext %+v, want non-root 65532 with seccomp RuntimeDefault", name, psc)
 		}
-		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-			t.Errorf("%s: automountServiceAccountToken not false: no component talks to the API server", name)
+		// Only a kubernetes provisioner talks to the API server, as its own
+		// account (TestKubernetesProvisionerRBAC).
+		ownAccount := strings.HasPrefix(name, "Deployment/") && spec.ServiceAccountName == strings.TrimPrefix(name, "Deployment/") &&
+			kubernetesProvisioner(r, spec.ServiceAccountName)
+		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken != ownAccount {
+			t.Errorf("%s: automountServiceAccountToken %v, want %v: only kubernetes provisioners talk to the API server", name, spec.AutomountServiceAccountToken, ownAccount)
 		}
 		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 			sc := c.SecurityContext

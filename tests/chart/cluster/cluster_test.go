@@ -22,6 +22,7 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -519,6 +520,61 @@ func TestBadValuesRefusedByInstall(t *testing.T) {
 	} {
 		if n, err := list(); err != nil || n != 0 {
 			t.Errorf("after refused installs: %d objects (%v), want none", n, err)
+		}
+	}
+}
+
+// TestKubernetesProvisionerInstall installs a kubernetes provisioner: its
+// Deployment becomes available as its own ServiceAccount, and the API
+// server's authorizer grants that account exactly the pod verbs in the
+// proxies' namespace, nothing in the release's namespace or cluster-wide.
+func TestKubernetesProvisionerInstall(t *testing.T) {
+	cp := startControlPlane(t)
+	createSecrets(t, cp)
+	ctx := context.Background()
+	_, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "egress-proxies"}}, metav1.CreateOptions{})
+	must(t, err)
+	cfg := helmConfig(t, cp)
+	vals, err := chart.Values([]string{"kubernetes.yaml"})
+	must(t, err)
+	chrt, err := chart.Load()
+	must(t, err)
+	inst := action.NewInstall(cfg)
+	inst.ReleaseName, inst.Namespace = relName, ns
+	inst.Wait, inst.WaitForJobs, inst.Timeout = true, true, 5*time.Minute
+	if _, err := inst.Run(chrt, vals); err != nil {
+		t.Fatalf("helm install: %v", err)
+	}
+	d, err := cp.Client.AppsV1().Deployments(ns).Get(ctx, relName+"-provisioner-cluster", metav1.GetOptions{})
+	must(t, err)
+	if d.Status.ReadyReplicas != 2 || d.Spec.Template.Spec.ServiceAccountName != relName+"-provisioner-cluster" {
+		t.Errorf("provisioner Deployment: %d ready, account %q", d.Status.ReadyReplicas, d.Spec.Template.Spec.ServiceAccountName)
+	}
+	user := "system:serviceaccount:" + ns + ":" + relName + "-provisioner-cluster"
+	for _, tc := range []struct {
+		namespace, verb, resource string
+		want                      bool
+	}{
+		{"egress-proxies", "create", "pods", true},
+		{"egress-proxies", "get", "pods", true},
+		{"egress-proxies", "delete", "pods", true},
+		{"egress-proxies", "list", "pods", true},
+		{"egress-proxies", "watch", "pods", false},
+		{"egress-proxies", "update", "pods", false},
+		{"egress-proxies", "create", "services", false},
+		{"egress-proxies", "get", "secrets", false},
+		{ns, "create", "pods", false},
+		{ns, "list", "pods", false},
+		{"", "list", "pods", false},
+		{"", "get", "nodes", false},
+	} {
+		sar, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: tc.namespace, Verb: tc.verb, Resource: tc.resource},
+		}}, metav1.CreateOptions{})
+		must(t, err)
+		if sar.Status.Allowed != tc.want {
+			t.Errorf("%s %s in %q: allowed %v, want %v (%s)", tc.verb, tc.resource, tc.namespace, sar.Status.Allowed, tc.want, sar.Status.Reason)
 		}
 	}
 }

@@ -58,10 +58,17 @@ egress-proxies.io/provider: {{ .provider }}
 {{- join "," $out }}
 {{- end -}}
 
-{{/* The pod-level settings every workload shares. */}}
+{{/* The pod-level settings every workload shares. A kubernetes
+provisioner runs as its own ServiceAccount, the one its Role is bound to,
+with the token mounted; nothing else talks to the API server. */}}
 {{- define "egress.podCommon" -}}
+{{- if .kubeAccount }}
+serviceAccountName: {{ include "egress.fullname" . }}
+automountServiceAccountToken: true
+{{- else }}
 serviceAccountName: {{ include "egress.serviceAccountName" .root }}
 automountServiceAccountToken: false
+{{- end }}
 securityContext:
   {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
 {{- with .root.Values.imagePullSecrets }}
@@ -113,4 +120,16 @@ securityContext:
       name: {{ .Values.serviceCredentials.existingSecret }}
       key: {{ .Values.serviceCredentials.viewerTokenKey }}
 {{- end }}
+{{- end -}}
+
+{{/* The namespace a kubernetes provider's proxies run in (its
+kubernetes.namespace in providers). */}}
+{{- define "egress.proxiesNamespace" -}}
+{{- $ns := "" -}}
+{{- range .root.Values.providers -}}
+{{- if eq .name $.name -}}
+{{- $ns = dig "kubernetes" "namespace" "" . -}}
+{{- end -}}
+{{- end -}}
+{{- $ns -}}
 {{- end -}}

@@ -22,6 +22,11 @@ value's path. Included once, from the providers ConfigMap.
 {{- if ne (get $types $e.name) $e.type -}}
 {{- fail (printf "provisioners[%d].type: %q, but provider %q is of type %q" $i $e.type $e.name (get $types $e.name)) -}}
 {{- end -}}
+{{- if eq $e.type "kubernetes" -}}
+{{- if not (include "egress.proxiesNamespace" (dict "root" $ "name" $e.name)) -}}
+{{- fail (printf "providers: the kubernetes provider %q needs kubernetes.namespace: the namespace its proxies run in, where the chart grants its Role" $e.name) -}}
+{{- end -}}
+{{- end -}}
 {{- with $e.autoscaling -}}
 {{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) -}}
 {{- fail (printf "provisioners[%d].autoscaling: minReplicas %v is above maxReplicas %v" $i .minReplicas .maxReplicas) -}}

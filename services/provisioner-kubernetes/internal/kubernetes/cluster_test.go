@@ -1,0 +1,299 @@
+//go:build cluster
+
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/kubetest"
+)
+
+// provisionerRules are what the chart's Role grants the provisioner.
+var provisionerRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list"}}}
+
+// account makes a ServiceAccount in ns bound to a Role with rules (none:
+// no binding) and returns a kubeconfig that acts as it.
+func account(t *testing.T, cp *kubetest.ControlPlane, ns, name string, rules []rbacv1.PolicyRule) string {
+	t.Helper()
+	ctx := context.Background()
+	token := cp.ServiceAccountToken(t, ns, name)
+	if rules != nil {
+		_, err := cp.Client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cp.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cp.KubeconfigFor(t, token, ns)
+}
+
+func backendFor(t *testing.T, kubeconfig string, cfg Config) *Backend {
+	t.Helper()
+	cfg.Kubeconfig = kubeconfig
+	b, err := New("k8s", cfg, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func waitState(t *testing.T, b *Backend, pid, uid string, want provisionerv1.InstanceState) *provisionerv1.Instance {
+	t.Helper()
+	var got *provisionerv1.Instance
+	kubetest.WaitFor(t, pid+" "+want.String(), 60*time.Second, func() error {
+		in, err := b.Get(context.Background(), &provisionerv1.GetInstanceRequest{ProviderId: pid, ProxyUid: uid})
+		if err != nil {
+			return err
+		}
+		got = in
+		if in.GetState() != want {
+			return fmt.Errorf("state %s (%v)", in.GetState(), in.GetDetails())
+		}
+		return nil
+	})
+	return got
+}
+
+// TestAgainstAPIServer runs the backend against a real API server whose
+// node is simulated by kwok: the server validates the pods it builds,
+// enforces RBAC and ResourceQuota, the scheduler binds them and kwok runs
+// them.
+func TestAgainstAPIServer(t *testing.T) {
+	cp := kubetest.Start(t)
+	ctx := context.Background()
+
+	t.Run("create get list delete", func(t *testing.T) {
+		cp.Namespace(t, "lifecycle")
+		b := backendFor(t, account(t, cp, "lifecycle", "provisioner", provisionerRules), Config{Namespace: "lifecycle", ListPageSize: 2})
+		var pids []string
+		for i := range 3 {
+			in, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: fmt.Sprintf("uid-%d", i), ProxyName: fmt.Sprintf("p-%d", i), Port: uint32(3128 + i), SpecHash: "h"})
+			if err != nil {
+				t.Fatalf("create %d: %v", i, err)
+			}
+			if in.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING {
+				t.Errorf("a new pod is %s", in.GetState())
+			}
+			pids = append(pids, in.GetProviderId())
+		}
+		for i, pid := range pids {
+			in := waitState(t, b, pid, fmt.Sprintf("uid-%d", i), provisionerv1.InstanceState_INSTANCE_STATE_RUNNING)
+			if in.GetIp() != cp.NodeIP || in.GetDetails()["node"] != cp.NodeName {
+				t.Errorf("%s runs at %q on %q, want the node's address %s on %s", pid, in.GetIp(), in.GetDetails()["node"], cp.NodeIP, cp.NodeName)
+			}
+		}
+		// What the API server stored: the squid.conf with its descriptor cap.
+		pod, err := cp.Client.CoreV1().Pods("lifecycle").Get(ctx, "proxy-uid-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(pod.Annotations[AnnotationSquidConf], "\nhttp_port 3129\nmax_filedescriptors 4096\n") || !pod.Spec.HostNetwork {
+			t.Errorf("stored pod: hostNetwork %v, conf %q", pod.Spec.HostNetwork, pod.Annotations[AnnotationSquidConf])
+		}
+		// A pod that is not ours in the same namespace is not listed.
+		foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx"}}}}
+		if _, err := cp.Client.CoreV1().Pods("lifecycle").Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		list, err := b.List(ctx) // page size 2: two pages
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != 3 {
+			t.Errorf("listed %d instances, want 3: %v", len(list), list)
+		}
+		for _, pid := range pids {
+			deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: pid})
+			if err != nil || !deleted {
+				t.Fatalf("delete %s = %v, %v", pid, deleted, err)
+			}
+		}
+		for _, pid := range pids {
+			kubetest.WaitFor(t, pid+" gone", 60*time.Second, func() error {
+				_, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: pid})
+				if errclass.Is(err, errclass.NotFound) {
+					return nil
+				}
+				return fmt.Errorf("get: %v", err)
+			})
+			deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: pid})
+			if err != nil || deleted {
+				t.Errorf("delete of a gone pod = %v, %v", deleted, err)
+			}
+		}
+		if _, err := cp.Client.CoreV1().Pods("lifecycle").Get(ctx, "web", metav1.GetOptions{}); err != nil {
+			t.Errorf("the foreign pod: %v", err)
+		}
+	})
+
+	t.Run("adoption", func(t *testing.T) {
+		cp.Namespace(t, "adopt")
+		kc := account(t, cp, "adopt", "provisioner", provisionerRules)
+		first := backendFor(t, kc, Config{Namespace: "adopt"})
+		req := &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-adopt", ProxyName: "p", Port: 3128}
+		a, err := first.Create(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Another replica, after a crash: the same pod.
+		second := backendFor(t, kc, Config{Namespace: "adopt"})
+		b, err := second.Create(ctx, req)
+		if err != nil {
+			t.Fatalf("a repeated create must adopt the pod: %v", err)
+		}
+		if a.GetProviderId() != b.GetProviderId() {
+			t.Errorf("adopted %s, created %s", b.GetProviderId(), a.GetProviderId())
+		}
+		pods, err := cp.Client.CoreV1().Pods("adopt").List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) != 1 {
+			t.Errorf("%d pods (%v), want one", len(pods.Items), err)
+		}
+	})
+
+	t.Run("foreign pod", func(t *testing.T) {
+		cp.Namespace(t, "foreign")
+		b := backendFor(t, account(t, cp, "foreign", "provisioner", provisionerRules), Config{Namespace: "foreign"})
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "proxy-uid-f", Labels: map[string]string{"app": "web"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx"}}}}
+		if _, err := cp.Client.CoreV1().Pods("foreign").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-f", Port: 3128})
+		if !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "already exists and is not this proxy's") {
+			t.Errorf("create over a foreign pod: %v", err)
+		}
+		if _, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: "foreign/proxy-uid-f"}); !errclass.Is(err, errclass.NotFound) {
+			t.Errorf("get of a foreign pod: %v", err)
+		}
+		if deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: "foreign/proxy-uid-f", ProxyUid: "uid-f"}); err != nil || deleted {
+			t.Errorf("delete of a foreign pod = %v, %v", deleted, err)
+		}
+		if _, err := cp.Client.CoreV1().Pods("foreign").Get(ctx, "proxy-uid-f", metav1.GetOptions{}); err != nil {
+			t.Errorf("the foreign pod: %v", err)
+		}
+	})
+
+	t.Run("RBAC denied", func(t *testing.T) {
+		cp.Namespace(t, "rbac")
+		none := backendFor(t, account(t, cp, "rbac", "nobody", nil), Config{Namespace: "rbac"})
+		_, err := none.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-r", Port: 3128})
+		if !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "may not create pods in namespace rbac") {
+			t.Errorf("create without the verb: %v", err)
+		}
+		if _, err := none.List(ctx); !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "may not list pods") {
+			t.Errorf("list without the verb: %v", err)
+		}
+		if ts := none.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != ReasonForbidden {
+			t.Errorf("check without the verbs: %v", ts)
+		}
+		// Allowed to read but not to create: the check passes, Create names
+		// what is missing.
+		reader := backendFor(t, account(t, cp, "rbac", "reader", []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}}}),
+			Config{Namespace: "rbac"})
+		if ts := reader.Check(ctx)[0]; !ts.GetReady() {
+			t.Errorf("check with list: %v", ts)
+		}
+		_, err = reader.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-r", Port: 3128})
+		var ce *errclass.Error
+		if !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "may not create pods") {
+			t.Errorf("create with get/list only: %v", err)
+		} else if !errors.As(err, &ce) || ce.Metadata["verb"] != "create" || ce.Metadata["resource"] != "pods" {
+			t.Errorf("metadata %v", ce.Metadata)
+		}
+	})
+
+	t.Run("quota exceeded", func(t *testing.T) {
+		cp.Namespace(t, "quota")
+		_, err := cp.Client.CoreV1().ResourceQuotas("quota").Create(ctx, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "pods"},
+			Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("1")}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Admission enforces a quota once the controller has computed it.
+		kubetest.WaitFor(t, "quota status", 60*time.Second, func() error {
+			q, err := cp.Client.CoreV1().ResourceQuotas("quota").Get(ctx, "pods", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if _, ok := q.Status.Hard[corev1.ResourcePods]; !ok {
+				return fmt.Errorf("status %v", q.Status)
+			}
+			return nil
+		})
+		b := backendFor(t, account(t, cp, "quota", "provisioner", provisionerRules), Config{Namespace: "quota"})
+		if _, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-q1", Port: 3128}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-q2", Port: 3128})
+		if !errclass.Is(err, errclass.QuotaExceeded) || !strings.Contains(err.Error(), "exceeded quota") {
+			t.Errorf("create past the quota: %s %v", errclass.Of(err), err)
+		}
+	})
+
+	t.Run("unschedulable placement", func(t *testing.T) {
+		cp.Namespace(t, "placement")
+		b := backendFor(t, account(t, cp, "placement", "provisioner", provisionerRules), Config{Namespace: "placement"})
+		in, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-z", Port: 3128, Placement: &proxyv1.Placement{Region: "mars", Zone: "mars-a"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kubetest.WaitFor(t, "Unschedulable", 60*time.Second, func() error {
+			got, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: in.GetProviderId()})
+			if err != nil {
+				return err
+			}
+			if got.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING || got.GetDetails()["reason"] != "Unschedulable" {
+				return fmt.Errorf("%s %v", got.GetState(), got.GetDetails())
+			}
+			return nil
+		})
+	})
+
+	t.Run("check", func(t *testing.T) {
+		admin := backendFor(t, cp.Kubeconfig, Config{Namespace: "default"})
+		ts := admin.Check(ctx)
+		if len(ts) != 1 || !ts[0].GetReady() || ts[0].GetName() != "apiserver" || ts[0].GetAddress() != cp.Host ||
+			!strings.HasPrefix(ts[0].GetDetails()["serverVersion"], "v1.") {
+			t.Errorf("check %v", ts)
+		}
+		bad := backendFor(t, cp.KubeconfigFor(t, "not-a-token", "default"), Config{Namespace: "default"})
+		if ts := bad.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != ReasonUnauthorized {
+			t.Errorf("check with a refused token: %v", ts)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := l.Addr().String()
+		l.Close()
+		down := *cp
+		down.Host = "https://" + closed
+		gone := backendFor(t, down.KubeconfigFor(t, "x", "default"), Config{Namespace: "default"})
+		if ts := gone.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != ReasonUnreachable {
+			t.Errorf("check of a closed port: %v", ts)
+		}
+	})
+
+}
