@@ -154,6 +154,10 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	if c.ProvidersConfig == "" {
 		return errors.New("--providers-config is required")
 	}
+	if c.Health.Addr != "" && (c.ProviderHealthInterval <= 0 || c.ProviderHealthStale < c.ProviderHealthInterval) {
+		return fmt.Errorf("--provider-health-interval must be positive and --provider-health-stale-after at least as long, got %s and %s",
+			c.ProviderHealthInterval, c.ProviderHealthStale)
+	}
 	provs, err := providers.LoadFile(c.ProvidersConfig)
 	if err != nil {
 		return err
@@ -226,6 +230,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 			defer conn.Close()
 			return provHealth.Run(ctx)
 		})
+		s.Log.Info("pools follow the providers' health", "healthAddr", c.Health.Addr, "every", c.ProviderHealthInterval)
 	} else {
 		s.Log.Info("no --health-addr: pools do not know the providers' health and spread over every provider")
 	}
@@ -237,7 +242,14 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunHealth)
 	s.Go(d.RunOutbox)
 	s.Go(d.GC.Run)
-	s.Go(ctrl.Run)
+	s.Go(func(ctx context.Context) error {
+		if provHealth != nil {
+			// At most one interval: the first sync knows which providers
+			// are NOT_READY rather than creating proxies there.
+			provHealth.Poll(ctx, c.ProviderHealthInterval)
+		}
+		return ctrl.Run(ctx)
+	})
 	s.Go(func(ctx context.Context) error { return poolctl.ConsumeDemand(ctx, js, names, book, s.Log) })
 	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
 	if keys != nil {

@@ -74,22 +74,26 @@ func (h *ProviderHealth) staleAfter() time.Duration {
 	return DefaultProviderHealthStale
 }
 
-// Run polls until ctx ends.
+// Run polls every Interval until ctx ends. Call Poll once before, so
+// the pools' first sync already knows the providers' health.
 func (h *ProviderHealth) Run(ctx context.Context) error {
-	every := h.Interval
-	if every <= 0 {
-		every = DefaultProviderHealthInterval
-	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(h.interval())
 	defer t.Stop()
 	for {
-		h.Poll(ctx, every)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			h.Poll(ctx, h.interval())
 		}
 	}
+}
+
+func (h *ProviderHealth) interval() time.Duration {
+	if h.Interval > 0 {
+		return h.Interval
+	}
+	return DefaultProviderHealthInterval
 }
 
 // Poll asks the health service once, within timeout.
