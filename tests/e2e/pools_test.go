@@ -26,8 +26,8 @@ import (
 
 // poolSuite is a suite whose orchestrator and lease service run with the
 // pool knobs short enough for a test.
-func (s *suite) startPoolOrchestrator() *proctest.Process {
-	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(s.common(),
+func (s *suite) startPoolOrchestrator(extra ...string) *proctest.Process {
+	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(append(s.common(), extra...),
 		"--providers-config="+s.providers, "--cloud-init-key-file="+s.cloudInitKeys,
 		"--gc-interval=2s", "--gc-grace=1s", "--resync-interval=3s", "--pool-resync=500ms",
 		"--provisioning-poll=200ms", "--deletion-poll=200ms", "--create-deadline=30s", "--get-deadline=10s", "--delete-deadline=20s"))
@@ -361,12 +361,7 @@ func TestPoolSpreadFollowsProviderHealth(t *testing.T) {
 	})
 
 	// The orchestrator reads the providers' health with the service token.
-	p, a := servicetest.Start(t, "../../services/orchestrator", append(append(s.common(), s.peer("health")...),
-		"--providers-config="+s.providers, "--cloud-init-key-file="+s.cloudInitKeys,
-		"--gc-interval=2s", "--gc-grace=1s", "--resync-interval=3s", "--pool-resync=500ms",
-		"--provisioning-poll=200ms", "--deletion-poll=200ms", "--create-deadline=30s", "--get-deadline=10s", "--delete-deadline=20s",
-		"--health-addr="+health.GRPC, "--provider-health-interval=500ms"))
-	s.orchestrator = a
+	p := s.startPoolOrchestrator(append(s.peer("health"), "--health-addr="+health.GRPC, "--provider-health-interval=500ms")...)
 	spec := &proxyv1.ProxyPoolSpec{
 		Template: &proxyv1.ProxyTemplate{Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED}},
 		Replicas: 4, Spread: []*proxyv1.SpreadTarget{{Provider: "local", Weight: 1}, {Provider: "local-b", Weight: 1}},
