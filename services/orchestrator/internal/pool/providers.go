@@ -118,7 +118,7 @@ func (h *ProviderHealth) Poll(ctx context.Context, timeout time.Duration) {
 			h.Log.Warn("WARNING: reading the providers' health failed; pools keep the last verdicts for a while",
 				"keptFor", h.staleAfter(), "error", err)
 		}
-		if h.stale && drop {
+		if drop {
 			h.Log.Warn("WARNING: the providers' health is unknown: pools spread over every provider until the health service answers")
 			if h.Changed != nil {
 				h.Changed()
