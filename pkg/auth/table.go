@@ -111,11 +111,12 @@ var table = map[string]Rule{
 	leasev1.LeaseService_ReportOutcome_FullMethodName: rule(LeaseLimit, Admin, Crawler),
 
 	// The health service.
-	healthv1.HealthService_GetProxyHealth_FullMethodName:     rule(NoLimit, Admin, Viewer),
-	healthv1.HealthService_ListProxyHealth_FullMethodName:    rule(NoLimit, Admin, Viewer),
-	healthv1.HealthService_WatchProxyHealth_FullMethodName:   rule(NoLimit, Admin, Viewer),
-	healthv1.HealthService_GetProviderHealth_FullMethodName:  rule(NoLimit, Admin, Viewer),
-	healthv1.HealthService_ListProviderHealth_FullMethodName: rule(NoLimit, Admin, Viewer),
+	healthv1.HealthService_GetProxyHealth_FullMethodName:    rule(NoLimit, Admin, Viewer),
+	healthv1.HealthService_ListProxyHealth_FullMethodName:   rule(NoLimit, Admin, Viewer),
+	healthv1.HealthService_WatchProxyHealth_FullMethodName:  rule(NoLimit, Admin, Viewer),
+	healthv1.HealthService_GetProviderHealth_FullMethodName: rule(NoLimit, Admin, Viewer),
+	// The orchestrator's pool controller polls the providers' health.
+	healthv1.HealthService_ListProviderHealth_FullMethodName: rule(NoLimit, Admin, Viewer, Service),
 
 	// Every provisioner: only the suite's own services. The orchestrator
 	// reaches provisioners through NATS commands; health calls

@@ -48,7 +48,7 @@ var wantMatrix = map[string]string{
 	"/egress.health.v1.HealthService/ListProxyHealth":          "admin,viewer",
 	"/egress.health.v1.HealthService/WatchProxyHealth":         "admin,viewer",
 	"/egress.health.v1.HealthService/GetProviderHealth":        "admin,viewer",
-	"/egress.health.v1.HealthService/ListProviderHealth":       "admin,viewer",
+	"/egress.health.v1.HealthService/ListProviderHealth":       "admin,viewer,service",
 	"/egress.provisioner.v1.ProvisionerService/CreateInstance": "service",
 	"/egress.provisioner.v1.ProvisionerService/GetInstance":    "service",
 	"/egress.provisioner.v1.ProvisionerService/DeleteInstance": "service",

@@ -377,6 +377,24 @@ func TestProvisionerList(t *testing.T) {
 		t.Errorf("health EGRESS_PROVISIONER=%q, want %q", addrs, wantAddrs)
 	}
 
+	// The orchestrator's pools read the providers' health with the
+	// service token.
+	orch := deps[relName+"-orchestrator"].Spec.Template.Spec.Containers[0]
+	var healthGRPC int32
+	for _, p := range health.Ports {
+		if p.Name == "grpc" {
+			healthGRPC = p.ContainerPort
+		}
+	}
+	for env, want := range map[string]string{
+		"EGRESS_HEALTH_ADDR":       fmt.Sprintf("%s-health:%d", relName, healthGRPC),
+		"EGRESS_HEALTH_TOKEN_FILE": "/etc/egress/credentials/service-token",
+	} {
+		if got, _ := envValue(orch, env); got != want {
+			t.Errorf("orchestrator %s=%q, want %q", env, got, want)
+		}
+	}
+
 	// A PDB exactly for the Deployments that can run more than one pod.
 	pdbs := typed[*policyv1.PodDisruptionBudget](r.Objects)
 	for name, d := range deps {
@@ -437,7 +455,7 @@ func TestSecretsMountedOnlyWhereNeeded(t *testing.T) {
 		want map[string][]string
 	}{
 		{"all-kinds.yaml", map[string][]string{
-			"Deployment/eg-orchestrator":        {"egress-auth", db},
+			"Deployment/eg-orchestrator":        {"egress-auth", "egress-service-credentials", db},
 			"Deployment/eg-lease":               {"egress-auth", "egress-service-credentials", db},
 			"Deployment/eg-health":              {"egress-auth", "egress-service-credentials", db},
 			"Deployment/eg-provisioner-pve-a":   {"egress-auth", "pve-a-credentials"},

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
@@ -25,8 +26,8 @@ import (
 
 // poolSuite is a suite whose orchestrator and lease service run with the
 // pool knobs short enough for a test.
-func (s *suite) startPoolOrchestrator() *proctest.Process {
-	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(s.common(),
+func (s *suite) startPoolOrchestrator(extra ...string) *proctest.Process {
+	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(append(s.common(), extra...),
 		"--providers-config="+s.providers, "--cloud-init-key-file="+s.cloudInitKeys,
 		"--gc-interval=2s", "--gc-grace=1s", "--resync-interval=3s", "--pool-resync=500ms",
 		"--provisioning-poll=200ms", "--deletion-poll=200ms", "--create-deadline=30s", "--get-deadline=10s", "--delete-deadline=20s"))
@@ -280,16 +281,7 @@ func TestPoolSpreadMovesAndUnhealthyReplaced(t *testing.T) {
 	s.startPoolOrchestrator()
 	s.startPoolLease()
 	s.startHealth("health-1")
-	t.Cleanup(func() {
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			if cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && strings.Contains(string(cmdline), stateB+"/") {
-				if p, err := os.FindProcess(atoi(e.Name())); err == nil {
-					_ = p.Kill()
-				}
-			}
-		}
-	})
+	t.Cleanup(func() { killInstancesUnder(stateB) })
 	spec := &proxyv1.ProxyPoolSpec{
 		Template: &proxyv1.ProxyTemplate{Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED}},
 		Replicas: 6, Spread: []*proxyv1.SpreadTarget{{Provider: "local", Weight: 1}, {Provider: "local-b", Weight: 1}},
@@ -327,4 +319,107 @@ func TestPoolSpreadMovesAndUnhealthyReplaced(t *testing.T) {
 	s.waitPool("spread", "the dead proxy replaced", 3*time.Minute, func(c poolCounts) bool {
 		return !c.names[victim.GetName()] && c.ready == 6
 	})
+}
+
+// The pools follow the providers' health as the health service reports
+// it: while local-b's backend is NOT_READY (its state directory is not
+// usable) its share goes to local, and ProviderDegraded says why; once it
+// is READY again the pool moves half back.
+func TestPoolSpreadFollowsProviderHealth(t *testing.T) {
+	s := newSuite(t)
+	stateB := filepath.Join(s.dir, "local-b")
+	netB := fmt.Sprintf("127.%d.%d.0/24", 200+time.Now().Nanosecond()%50, time.Now().Nanosecond()/50%250)
+	s.providers = s.write("providers.yaml", fmt.Sprintf(
+		"providers:\n  - name: local\n    type: local\n    local: {stateDir: %q, network: %q}\n  - name: local-b\n    type: local\n    local: {stateDir: %q, network: %q}\n",
+		s.stateDir, fmt.Sprintf("127.%d.%d.0/24", 150+time.Now().Nanosecond()%50, time.Now().Nanosecond()/50%250), stateB, netB))
+	s.startProvisioner("prov-1")
+	_, provB := servicetest.Start(t, "../../services/provisioner-local", append([]string{"--nats-url=" + s.nats.URL(), "--log-level=debug",
+		"--providers-config=" + s.providers, "--provider=local-b", "--replica-id=prov-b", "--ack-wait=5s"}, s.serving()...))
+	t.Cleanup(func() { killInstancesUnder(stateB) })
+	_, health := servicetest.Start(t, "../../services/health", append(append(s.common(), s.peer("provisioner")...),
+		"--providers-config="+s.providers, "--replica-id=health-1",
+		"--probe-target="+s.site.URL+"/probe", "--probe-ca-file="+s.siteCA, "--probe-interval=500ms", "--probe-timeout=500ms",
+		"--membership-ttl=3s", "--provisioner=local="+s.provisioner.GRPC+",local-b="+provB.GRPC, "--provider-check-interval=10s"))
+	providerReadiness := func(name string) healthv1.ProviderReadiness {
+		r, err := s.health(health.GRPC).GetProviderHealth(ctx(t, 10*time.Second), &healthv1.GetProviderHealthRequest{Provider: name})
+		if err != nil {
+			return healthv1.ProviderReadiness_PROVIDER_READINESS_UNSPECIFIED
+		}
+		return r.GetHealth().GetReadiness()
+	}
+
+	// local-b's state directory becomes a file: its check fails.
+	if err := os.Rename(stateB, stateB+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stateB, []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "local-b NOT_READY and local READY", time.Minute, func() bool {
+		return providerReadiness("local-b") == healthv1.ProviderReadiness_PROVIDER_READINESS_NOT_READY &&
+			providerReadiness("local") == healthv1.ProviderReadiness_PROVIDER_READINESS_READY
+	})
+
+	// The orchestrator reads the providers' health with the service token.
+	p := s.startPoolOrchestrator(append(s.peer("health"), "--health-addr="+health.GRPC, "--provider-health-interval=500ms")...)
+	spec := &proxyv1.ProxyPoolSpec{
+		Template: &proxyv1.ProxyTemplate{Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED}},
+		Replicas: 4, Spread: []*proxyv1.SpreadTarget{{Provider: "local", Weight: 1}, {Provider: "local-b", Weight: 1}},
+		DrainTimeout: durationpb.New(30 * time.Second),
+	}
+	if _, err := s.pools().CreateProxyPool(ctx(t, 10*time.Second), &proxyv1.CreateProxyPoolRequest{Name: "follow", Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitPool("follow", "4 Ready, all on local", 3*time.Minute, func(c poolCounts) bool {
+		return c.ready == 4 && c.byProvider["local"] == 4 && c.byProvider["local-b"] == 0
+	})
+	pool := s.getPool("follow")
+	cond := condition(pool, "ProviderDegraded")
+	if cond.GetStatus() != proxyv1.ConditionStatus_CONDITION_STATUS_TRUE || !strings.Contains(cond.GetMessage(), "local-b (provider NOT_READY: TargetsNotReady: localhost StateDirNotWritable)") {
+		t.Errorf("ProviderDegraded = %v, want TRUE naming local-b's NOT_READY", cond)
+	}
+	for _, sp := range pool.GetStatus().GetSpread() {
+		if sp.GetProvider() == "local-b" && (sp.GetDesired() != 0 || !sp.GetFailing() || sp.GetLastFailureTime() != nil) {
+			t.Errorf("local-b's spread = %v, want desired 0, failing, and no proxy ever failed there", sp)
+		}
+	}
+	if !strings.Contains(p.Output(), "pools follow the providers' health") {
+		t.Errorf("the orchestrator did not say it follows the providers' health")
+	}
+
+	// local-b recovers: half the pool moves back.
+	if err := os.Remove(stateB); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(stateB+".away", stateB); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "local-b READY again", time.Minute, func() bool {
+		return providerReadiness("local-b") == healthv1.ProviderReadiness_PROVIDER_READINESS_READY
+	})
+	c := s.waitPool("follow", "4 Ready, 2 on each provider", 3*time.Minute, func(c poolCounts) bool {
+		return c.ready == 4 && c.byProvider["local"] == 2 && c.byProvider["local-b"] == 2 && c.draining == 0
+	})
+	t.Logf("spread after recovery: %v", c.byProvider)
+	waitFor(t, "ProviderDegraded FALSE", 30*time.Second, func() bool {
+		return condition(s.getPool("follow"), "ProviderDegraded").GetStatus() == proxyv1.ConditionStatus_CONDITION_STATUS_FALSE
+	})
+}
+
+func (s *suite) getPool(name string) *proxyv1.ProxyPool {
+	s.t.Helper()
+	resp, err := s.pools().GetProxyPool(ctx(s.t, 10*time.Second), &proxyv1.GetProxyPoolRequest{Name: name})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return resp.GetPool()
+}
+
+func condition(p *proxyv1.ProxyPool, typ string) *proxyv1.PoolCondition {
+	for _, c := range p.GetStatus().GetConditions() {
+		if c.GetType() == typ {
+			return c
+		}
+	}
+	return nil
 }

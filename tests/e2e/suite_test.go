@@ -114,11 +114,14 @@ func (s *suite) write(name, content string) string {
 }
 
 // killLocalProxies stops every proxy process of this suite's instances.
-func (s *suite) killLocalProxies() {
+func (s *suite) killLocalProxies() { killInstancesUnder(s.stateDir) }
+
+// killInstancesUnder kills the local instances whose state is under dir.
+func killInstancesUnder(dir string) {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmdline), s.stateDir+"/") {
+		if err == nil && strings.Contains(string(cmdline), dir+"/") {
 			if p, err := os.FindProcess(atoi(e.Name())); err == nil {
 				_ = p.Kill()
 			}

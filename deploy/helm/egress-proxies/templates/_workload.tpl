@@ -20,7 +20,12 @@ providers config).
 {{- if $v.cloudInit.keysSecret -}}
 {{- $orchEnv = printf "%s- name: EGRESS_CLOUD_INIT_KEY_FILE\n  value: /etc/egress/cloud-init/keys.yaml\n" $orchEnv -}}
 {{- end -}}
-{{- $out = append $out (dict "component" "orchestrator" "image" "orchestrator" "grpcPort" $v.orchestrator.grpcPort "httpPort" $v.orchestrator.httpPort "replicas" $v.orchestrator.replicas "autoscaling" dict "resources" $v.orchestrator.resources "env" $v.orchestrator.env "envBlock" $orchEnv "providers" true "auth" (not $v.auth.disabled) "cloudInitKeys" ($v.cloudInit.keysSecret | default "")) -}}
+{{- /* The pool controller reads the providers' health from the health service. */ -}}
+{{- $orchEnv = printf "%s- name: EGRESS_HEALTH_ADDR\n  value: \"%s-health:%v\"\n" $orchEnv .Release.Name $v.health.grpcPort -}}
+{{- if not $v.auth.disabled -}}
+{{- $orchEnv = printf "%s- name: EGRESS_HEALTH_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $orchEnv -}}
+{{- end -}}
+{{- $out = append $out (dict "component" "orchestrator" "image" "orchestrator" "grpcPort" $v.orchestrator.grpcPort "httpPort" $v.orchestrator.httpPort "replicas" $v.orchestrator.replicas "autoscaling" dict "resources" $v.orchestrator.resources "env" $v.orchestrator.env "envBlock" $orchEnv "providers" true "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled) "cloudInitKeys" ($v.cloudInit.keysSecret | default "")) -}}
 {{- $leaseEnv := printf "%s\n%s- name: EGRESS_MIGRATE\n  value: \"false\"\n- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $db $authEnv .Release.Name $v.orchestrator.grpcPort -}}
 {{- if not $v.auth.disabled -}}
 {{- $leaseEnv = printf "%s- name: EGRESS_ORCHESTRATOR_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $leaseEnv -}}

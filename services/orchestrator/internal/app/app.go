@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
@@ -47,6 +49,15 @@ type Config struct {
 	// PoolResync is how often the pool controller looks at every pool
 	// without a change.
 	PoolResync time.Duration
+	// Health is how the health service is reached for the providers'
+	// backend health; an empty address turns it off (every provider
+	// counts as healthy for the pools).
+	Health service.Client
+	// ProviderHealthInterval is how often the providers' health is read;
+	// ProviderHealthStale how long the last verdicts hold while reading
+	// fails.
+	ProviderHealthInterval time.Duration
+	ProviderHealthStale    time.Duration
 }
 
 // DefaultConfig has the production defaults.
@@ -62,6 +73,9 @@ func DefaultConfig() *Config {
 		GCInterval:     10 * time.Minute,
 		GCGrace:        15 * time.Minute,
 		PoolResync:     5 * time.Second,
+
+		ProviderHealthInterval: poolctl.DefaultProviderHealthInterval,
+		ProviderHealthStale:    poolctl.DefaultProviderHealthStale,
 	}
 }
 
@@ -85,6 +99,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Timing.StoppedGrace, "stopped-grace", c.Timing.StoppedGrace, "an instance stopped this long is replaced; 0 never replaces it")
 	fs.DurationVar(&c.Timing.DeletionPoll, "deletion-poll", c.Timing.DeletionPoll, "how often a deleted instance is read until it is gone")
 	fs.DurationVar(&c.PoolResync, "pool-resync", c.PoolResync, "how often the pool controller syncs every pool without a change")
+	fs.StringVar(&c.Health.Addr, "health-addr", c.Health.Addr,
+		"gRPC address of the health service (host:port), whose ListProviderHealth tells the pools which providers are NOT_READY; empty: every provider counts as healthy")
+	c.Health.RegisterFlags(fs, "health", "the health service")
+	fs.DurationVar(&c.ProviderHealthInterval, "provider-health-interval", c.ProviderHealthInterval, "how often the providers' health is read from the health service")
+	fs.DurationVar(&c.ProviderHealthStale, "provider-health-stale-after", c.ProviderHealthStale,
+		"how long the last providers' health holds while reading it fails; then every provider counts as healthy again")
 	fs.StringVar(&c.CloudInitKeyFile, "cloud-init-key-file", c.CloudInitKeyFile,
 		"keyring (YAML: active key id and base64 AES-256 keys) that encrypts cloud-init in PostgreSQL; without it proxies with cloud-init are refused")
 }
@@ -133,6 +153,10 @@ func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
 func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	if c.ProvidersConfig == "" {
 		return errors.New("--providers-config is required")
+	}
+	if c.Health.Addr != "" && (c.ProviderHealthInterval <= 0 || c.ProviderHealthStale < c.ProviderHealthInterval) {
+		return fmt.Errorf("--provider-health-interval must be positive and --provider-health-stale-after at least as long, got %s and %s",
+			c.ProviderHealthInterval, c.ProviderHealthStale)
 	}
 	provs, err := providers.LoadFile(c.ProvidersConfig)
 	if err != nil {
@@ -188,6 +212,28 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		Store: st, Changes: changes, Log: s.Log.With("component", "pools"), Metrics: poolctl.NewMetrics(s.Metrics),
 		Resync: c.PoolResync, Demand: book.Get,
 	}
+	var provHealth *poolctl.ProviderHealth
+	if c.Health.Addr != "" {
+		conn, err := c.Health.Dial()
+		if err != nil {
+			nc.Close()
+			pool.Close()
+			return fmt.Errorf("--health-addr: %w", err)
+		}
+		provHealth = &poolctl.ProviderHealth{
+			Health:   healthv1.NewHealthServiceClient(conn),
+			Interval: c.ProviderHealthInterval, StaleAfter: c.ProviderHealthStale,
+			Log: s.Log.With("component", "pools"), Changed: changes.Notify,
+		}
+		ctrl.ProviderNotReady = provHealth.NotReady
+		s.Go(func(ctx context.Context) error {
+			defer conn.Close()
+			return provHealth.Run(ctx)
+		})
+		s.Log.Info("pools follow the providers' health", "healthAddr", c.Health.Addr, "every", c.ProviderHealthInterval)
+	} else {
+		s.Log.Info("no --health-addr: pools do not know the providers' health and spread over every provider")
+	}
 	s.Metrics.MustRegister(newStateCollector(st))
 
 	s.Go(func(ctx context.Context) error { return store.Listen(ctx, pool, work, changes, s.Log) })
@@ -196,7 +242,14 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunHealth)
 	s.Go(d.RunOutbox)
 	s.Go(d.GC.Run)
-	s.Go(ctrl.Run)
+	s.Go(func(ctx context.Context) error {
+		if provHealth != nil {
+			// At most one interval: the first sync knows which providers
+			// are NOT_READY rather than creating proxies there.
+			provHealth.Poll(ctx, c.ProviderHealthInterval)
+		}
+		return ctrl.Run(ctx)
+	})
 	s.Go(func(ctx context.Context) error { return poolctl.ConsumeDemand(ctx, js, names, book, s.Log) })
 	s.Go(func(ctx context.Context) error { return prune(ctx, st, c.WatchRetention, s.Log) })
 	if keys != nil {

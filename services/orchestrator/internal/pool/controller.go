@@ -78,8 +78,9 @@ type Controller struct {
 	// Demand returns the lease demand last reported for a pool; nil when
 	// there is none.
 	Demand func(pool string) *Demand
-	// ProviderNotReady returns the providers whose backends are not ready.
-	ProviderNotReady func() map[string]bool
+	// ProviderNotReady returns the providers whose backends are not
+	// ready, each with why (ProviderHealth.NotReady); nil: none known.
+	ProviderNotReady func() map[string]string
 
 	now func() time.Time
 }
@@ -233,7 +234,7 @@ func (c *Controller) Sync(ctx context.Context, name string) error {
 					"reason", decision.GetReason(), "why", decision.GetMessage())
 			})
 		}
-		var notReady map[string]bool
+		var notReady map[string]string
 		if c.ProviderNotReady != nil {
 			notReady = c.ProviderNotReady()
 		}
@@ -418,8 +419,14 @@ func fillStatus(st *proxyv1.ProxyPoolStatus, p *store.PoolRow, plan Plan, demand
 	}
 	if len(plan.Failing) > 0 {
 		msg := "failing:"
-		for _, t := range plan.Failing {
+		for k, t := range plan.Failing {
+			if k > 0 {
+				msg += ";"
+			}
 			msg += " " + t.String()
+			if why := plan.FailingWhy[t]; why != "" {
+				msg += " (" + why + ")"
+			}
 		}
 		setCondition(st, "ProviderDegraded", true, "ProviderFailing", msg+"; their missing share is spread over the others", now)
 	} else {

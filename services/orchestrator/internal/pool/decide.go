@@ -66,8 +66,9 @@ type Input struct {
 	// LastFailure is, per target, when a proxy there last failed (from the
 	// previous status); a target is failing within FailureHold of it.
 	LastFailure map[Target]time.Time
-	// ProviderNotReady lists providers whose backend health is NOT_READY.
-	ProviderNotReady map[string]bool
+	// ProviderNotReady lists providers whose backend health is NOT_READY,
+	// each with why (the health service's reason and failing targets).
+	ProviderNotReady map[string]string
 	Now              time.Time
 	// FailureHold is how long a target counts as failing after its last
 	// failure; 0 means the unhealthy grace.
@@ -93,8 +94,9 @@ type Plan struct {
 	// The status the plan leads to, as counted before it is applied.
 	Current, Ready, Updated, Draining int
 	Spread                            []*proxyv1.SpreadStatus
-	// Failing lists the failing targets.
-	Failing []Target
+	// Failing lists the failing targets; FailingWhy says why each fails.
+	Failing    []Target
+	FailingWhy map[Target]string
 	// Progressing says why the pool is still moving; empty when settled.
 	Progressing string
 	// Available: at least desired - max_unavailable proxies are Ready.
@@ -198,11 +200,16 @@ func Decide(in Input) Plan {
 	// Failing targets: a recent failure, a failed member now, or the
 	// provider's backend not ready.
 	failing := make([]bool, len(targets))
+	why := make([]string, len(targets))
 	lastFailure := make([]time.Time, len(targets))
 	for i, t := range targets {
 		lastFailure[i] = in.LastFailure[t]
-		if in.ProviderNotReady[t.Provider] {
+		if reason, ok := in.ProviderNotReady[t.Provider]; ok {
 			failing[i] = true
+			why[i] = "provider NOT_READY"
+			if reason != "" {
+				why[i] += ": " + reason
+			}
 		}
 	}
 	for i := range in.Members {
@@ -214,6 +221,9 @@ func Decide(in Input) Plan {
 	for i := range targets {
 		if !lastFailure[i].IsZero() && in.Now.Sub(lastFailure[i]) < hold {
 			failing[i] = true
+			if why[i] == "" {
+				why[i] = "a proxy failed at " + lastFailure[i].UTC().Format(time.RFC3339)
+			}
 		}
 	}
 
@@ -436,6 +446,10 @@ func Decide(in Input) Plan {
 		plan.Spread = append(plan.Spread, st)
 		if failing[i] {
 			plan.Failing = append(plan.Failing, t)
+			if plan.FailingWhy == nil {
+				plan.FailingWhy = map[Target]string{}
+			}
+			plan.FailingWhy[t] = why[i]
 		}
 	}
 	plan.Available = plan.Ready >= desired-unavailable

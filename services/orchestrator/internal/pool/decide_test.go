@@ -111,7 +111,7 @@ func TestDecide(t *testing.T) {
 		spec        *proxyv1.ProxyPoolSpec
 		desired     int
 		members     []Member
-		notReady    map[string]bool
+		notReady    map[string]string
 		lastFailure map[Target]time.Time
 		deleted     bool
 
@@ -220,11 +220,11 @@ func TestDecide(t *testing.T) {
 			wantCreate:  "a,b",
 		},
 		{
-			name: "provider not ready moves the share", spec: poolSpec(), desired: 2, notReady: map[string]bool{"a": true},
+			name: "provider not ready moves the share", spec: poolSpec(), desired: 2, notReady: map[string]string{"a": "TargetsNotReady"},
 			wantCreate: "b,b", wantFail: "a",
 		},
 		{
-			name: "every target failing still creates by weight", spec: poolSpec(), desired: 2, notReady: map[string]bool{"a": true, "b": true},
+			name: "every target failing still creates by weight", spec: poolSpec(), desired: 2, notReady: map[string]string{"a": "", "b": ""},
 			wantCreate: "a,b", wantFail: "a,b",
 		},
 		{
@@ -384,5 +384,80 @@ func TestClampAndSurge(t *testing.T) {
 	}
 	if su, un := Surge(s); su != 1 || un != 0 {
 		t.Errorf("Surge of 0/0 = %d/%d, want 1/0", su, un)
+	}
+}
+
+// The status says why each target fails: its provider's health, or a
+// recent failure of one of its proxies.
+func TestDecideFailingWhy(t *testing.T) {
+	t.Parallel()
+	plan := Decide(Input{
+		Pool: "web", Spec: poolSpec(), Desired: 2, Now: t0,
+		ProviderNotReady: map[string]string{"a": "TargetsNotReady: pve1 Unreachable"},
+		LastFailure:      map[Target]time.Time{{Provider: "b"}: t0.Add(-time.Minute)},
+	})
+	want := map[Target]string{
+		{Provider: "a"}: "provider NOT_READY: TargetsNotReady: pve1 Unreachable",
+		{Provider: "b"}: "a proxy failed at 2026-01-01T11:59:00Z",
+	}
+	if len(plan.FailingWhy) != len(want) {
+		t.Fatalf("failing why = %v, want %v", plan.FailingWhy, want)
+	}
+	for tg, w := range want {
+		if got := plan.FailingWhy[tg]; got != w {
+			t.Errorf("why %s fails = %q, want %q", tg, got, w)
+		}
+	}
+}
+
+// A provider that goes NOT_READY hands its missing share to the others,
+// and gets it back when it is READY again: sync after sync, with what a
+// plan creates turning Ready at the next sync.
+func TestDecideProviderNotReadyAndBack(t *testing.T) {
+	t.Parallel()
+	spec := poolSpec()
+	n := 0
+	settle := func(ms []Member, notReady map[string]string) []Member {
+		t.Helper()
+		for step := 0; step < 50; step++ {
+			plan := Decide(Input{Pool: "web", Spec: spec, Desired: 4, Members: ms, ProviderNotReady: notReady, Now: t0})
+			gone := map[string]bool{}
+			for _, a := range append(plan.Drain, plan.Delete...) {
+				gone[a.UID] = true
+			}
+			var next []Member
+			for _, m := range ms {
+				if !gone[m.UID] {
+					m.Phase, m.NotReadySince = ready, time.Time{}
+					next = append(next, m)
+				}
+			}
+			for _, tg := range plan.Create {
+				n++
+				next = append(next, Member{UID: fmt.Sprint("new", n), Name: fmt.Sprint("new", n), Target: tg, Created: t0,
+					Phase: pending, NotReadySince: t0, UpToDate: true, Leases: 0})
+			}
+			if len(plan.Create)+len(plan.Drain)+len(plan.Delete) == 0 && plan.Ready == len(ms) {
+				return next
+			}
+			ms = next
+		}
+		t.Fatalf("no settled plan in 50 syncs: %+v", ms)
+		return nil
+	}
+	byProvider := func(ms []Member) string {
+		c := map[string]int{}
+		for _, m := range ms {
+			c[m.Target.Provider]++
+		}
+		return fmt.Sprintf("a=%d b=%d", c["a"], c["b"])
+	}
+	ms := settle(nil, map[string]string{"b": "TargetsNotReady"})
+	if got := byProvider(ms); got != "a=4 b=0" {
+		t.Fatalf("with b NOT_READY: %s, want a=4 b=0", got)
+	}
+	ms = settle(ms, nil)
+	if got := byProvider(ms); got != "a=2 b=2" {
+		t.Fatalf("with b READY again: %s, want a=2 b=2", got)
 	}
 }
