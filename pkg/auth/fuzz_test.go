@@ -21,7 +21,7 @@ func FuzzParseTokens(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data string) {
 		tokens, err := parseTokens([]byte(data))
 		if err != nil {
-			// Tokens of the seed corpus carry "s3cret"; client ids may be named
+			// Tokens of the fuzz corpus (f.Add) carry "s3cret"; client ids may be named
 			// in errors, tokens never.
 			inClientID := false
 			for _, line := range strings.Split(data, "\n") {
