@@ -3,9 +3,10 @@
 
 SHELL  := /bin/bash
 MODULE := github.com/egress-proxies/egress-proxies
-SERVICES := orchestrator lease health provisioner-local provisioner-proxmox provisioner-kvm provisioner-gcp provisioner-kubernetes
-# What `make run` starts: the suite with the local backend.
-RUN_SERVICES := orchestrator lease health provisioner-local
+SERVICES := orchestrator lease health console provisioner-local provisioner-proxmox provisioner-kvm provisioner-gcp provisioner-kubernetes
+# What `make run` builds and starts: the suite with the local backend (the
+# other backends' SDKs and client libraries are most of a cold build).
+RUN_SERVICES := orchestrator lease health console provisioner-local
 
 # Tools are built from the versions pinned in tools/ and cached outside the
 # checkout, keyed by those pins, so fresh clones (CI) reuse them.
@@ -30,7 +31,7 @@ CHART := deploy/helm/egress-proxies
 # The values files the chart's tests install with.
 CHART_VALUES := $(wildcard tests/chart/testdata/*.yaml)
 
-.PHONY: all tools third-party generate check-generated lint breaking api-baseline build test test-e2e test-cluster images test-images k8s-tools run helm-lint clean
+.PHONY: console-screenshots all tools third-party generate check-generated lint breaking api-baseline build test test-e2e test-cluster images test-images k8s-tools run helm-lint clean
 
 all: lint build test
 
@@ -74,6 +75,7 @@ lint: tools third-party
 	go vet -tags proxmox_integration ./services/provisioner-proxmox/...
 	go vet -tags cluster ./tests/chart/...
 	go vet -tags cluster ./services/provisioner-kubernetes/...
+	go vet -tags crashpoints ./pkg/provisioner/... ./services/provisioner-local/... ./services/provisioner-proxmox/... ./services/provisioner-kvm/... ./services/provisioner-gcp/... ./services/provisioner-kubernetes/...
 	go vet -tags e2e,cluster ./tests/e2e/
 	go vet -tags images ./tests/e2e/images/
 	$(BUF) lint
@@ -92,8 +94,7 @@ api-baseline: tools third-party
 ## build: every service binary and egressctl into bin/
 build:
 	@mkdir -p bin
-	for s in $(SERVICES); do go build -o bin/$$s ./services/$$s || exit 1; done
-	go build -o bin/egressctl ./cmd/egressctl
+	go build -o bin/ $(addprefix ./services/,$(SERVICES)) ./cmd/egressctl
 
 ## test: unit and integration tests with the race detector; starts or installs PostgreSQL and squid unless EGRESS_TEST_DATABASE_URL is set
 test:
@@ -103,6 +104,10 @@ test:
 ## test-e2e: every service as a real process over real PostgreSQL and NATS (needs squid or uses the built-in proxy)
 test-e2e:
 	go test -tags e2e -count=1 -timeout 20m ./tests/e2e/
+
+## console-screenshots: run the console's browser test against the real suite, writing each page's screenshot to docs/console/ (and printing the Proxies page benchmark)
+console-screenshots:
+	set -o pipefail; EGRESS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console go test -tags e2e -count=1 -timeout 20m -v -run '^TestConsole$$' ./tests/e2e/ | grep -E 'Proxies page|^(ok|FAIL|---)'
 
 ## images: one image per service and egressctl, egress-proxies/<name>:$(VERSION), saved as OCI archives in bin/images/
 images:
@@ -120,11 +125,13 @@ k8s-tools:
 test-cluster:
 	set -o pipefail; bin=$$(scripts/k8s-tools.sh | tail -1) && export EGRESS_K8S_BIN=$$bin && \
 	go test -tags cluster -count=1 -timeout 30m -v ./tests/chart/cluster/ && \
-	go test -race -tags cluster -count=1 -timeout 20m -v -run TestAgainstAPIServer ./services/provisioner-kubernetes/internal/kubernetes/ && \
+	go test -race -tags cluster -count=1 -timeout 20m -v -run 'TestAgainstAPIServer|TestConformance' ./services/provisioner-kubernetes/ ./services/provisioner-kubernetes/internal/kubernetes/ && \
 	go test -tags e2e,cluster -count=1 -timeout 20m -v -run TestKubernetesBackend ./tests/e2e/
 
-## run: build and start the suite on this machine; Ctrl-C stops it
-run: build
+## run: build what it starts (and egressctl), then start the suite on this machine; Ctrl-C stops it
+run:
+	@mkdir -p bin
+	go build -o bin/ $(addprefix ./services/,$(RUN_SERVICES)) ./cmd/egressctl
 	scripts/run-local.sh $(RUN_SERVICES)
 
 clean:

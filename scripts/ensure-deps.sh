@@ -6,7 +6,9 @@
 # service's probe tests, which start their own squid with a generated config;
 # the system squid daemon is never started here. Installs Debian's Python 3
 # with python3-scrapy and python3-pytest for the crawler clients' tests
-# (clients/python, run by make test-e2e). Idempotent.
+# (clients/python, run by make test-e2e), and Chromium, Node.js and npm for
+# the web console's browser test (tests/e2e/console, run by make test-e2e;
+# make run needs neither). Idempotent.
 set -euo pipefail
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -64,6 +66,22 @@ if ! /usr/bin/python3 -c 'import scrapy, pytest' >/dev/null 2>&1; then
 	echo "ensure-deps: installing python3-scrapy and python3-pytest (the Python client's tests)"
 	apt_install python3 python3-scrapy python3-pytest
 fi
+# The console's browser test: Debian's headless Chromium, driven by
+# playwright-core from npm (npm ci from the test's lockfile).
+# Each is installed only when missing: a Node.js from another source
+# (NodeSource's bundles npm) conflicts with Debian's npm package.
+if [ ! -x /usr/bin/chromium ]; then
+	echo "ensure-deps: installing chromium (the web console's browser test)"
+	apt_install chromium
+fi
+if ! command -v node >/dev/null; then
+	echo "ensure-deps: installing nodejs (the web console's browser test)"
+	apt_install nodejs
+fi
+if ! command -v npm >/dev/null; then
+	echo "ensure-deps: installing npm (the web console's browser test)"
+	apt_install npm
+fi
 # The KVM backend's tests need a real libvirtd (and sshd, QEMU, qemu-img).
 "$(dirname "$0")/ensure-libvirt.sh"
-echo "ensure-deps: PostgreSQL, NATS, squid, Scrapy, pytest and libvirtd are ready"
+echo "ensure-deps: PostgreSQL, NATS, squid, Scrapy, pytest, Chromium, Node.js and libvirtd are ready"

@@ -108,6 +108,14 @@ for svc in "$@"; do
 		port=$((grpc_port[$svc] + offset))
 		listen=(--grpc-listen="$host:$port" --http-listen="$host:$((port + 1))")
 	fi
+	# The web console: its pages on 8090, gRPC health on 8091; it reaches
+	# the services with the signed-in user's token.
+	if [ "$svc" = console ]; then
+		listen=(--http-listen="$host:$((8090 + offset))" --grpc-listen="$host:$((8091 + offset))"
+			--lease-addr="$self:$((8110 + offset))" --health-addr="$self:$((8120 + offset))")
+		# With the gateway in the run, the overview shows its rates.
+		case " $* " in *" gateway "*) listen+=(--gateway-metrics-url="http://$self:$((8181 + offset))/metrics") ;; esac
+	fi
 	"$bindir/$svc" --log-format=text "${listen[@]}" >"$logdir/$svc.log" 2>&1 &
 	pids+=($!)
 	names+=("$svc")

@@ -16,10 +16,10 @@
 // logged as a WARNING.
 //
 // gRPC health (and reflection, when a service turns it on) is exempt, and
-// so is everything on the HTTP port that is not the gateway (/healthz,
-// /readyz, /metrics): the gateway forwards the Authorization header to the
+// so is everything on the HTTP port that is not the REST layer (/healthz,
+// /readyz, /metrics): the REST layer forwards the Authorization header to the
 // gRPC server, where the check happens once for both transports. The
-// gateway's HTTP layer also checks the token (HTTPMiddleware) before it
+// REST layer's HTTP handler also checks the token (HTTPMiddleware) before it
 // reads a request body, so an anonymous caller cannot make a service read
 // one.
 //
@@ -164,6 +164,13 @@ type identityKey struct{}
 func ClientID(ctx context.Context) string {
 	id, _ := ctx.Value(identityKey{}).(Identity)
 	return id.ClientID
+}
+
+// IdentityOf is the authenticated caller of the call (the zero Identity
+// when the call was not authenticated).
+func IdentityOf(ctx context.Context) Identity {
+	id, _ := ctx.Value(identityKey{}).(Identity)
+	return id
 }
 
 // HasRole reports whether the caller of the call holds role (every role

@@ -26,7 +26,7 @@ const RateLimitedReason = "RATE_LIMITED"
 const ErrorDomain = "auth.egress-proxies"
 
 // RetryAfterHeader is the response metadata key carrying the seconds to
-// wait after RESOURCE_EXHAUSTED; the gateway sends it as Retry-After.
+// wait after RESOURCE_EXHAUSTED; the REST layer sends it as Retry-After.
 const RetryAfterHeader = "retry-after"
 
 // RateLimit is one per-client token bucket: Rate calls a second on
@@ -130,7 +130,7 @@ func (l *limiters) allow(ctx context.Context, class Limit, client string) error 
 	}
 	res.CancelAt(now)
 	secs := int64(math.Ceil(wait.Seconds()))
-	// Unary and streaming calls alike: the gateway turns it into
+	// Unary and streaming calls alike: the REST layer turns it into
 	// Retry-After.
 	_ = grpc.SetHeader(ctx, metadata.Pairs(RetryAfterHeader, strconv.FormatInt(secs, 10)))
 	st := status.Newf(codes.ResourceExhausted, "client %q exceeded its %s rate limit of %g calls/s (burst %d); retry in %ds",

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	identityv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
@@ -93,6 +94,8 @@ var table = map[string]Rule{
 	proxyv1.ProxyService_WatchProxies_FullMethodName:  rule(NoLimit, Admin, Viewer, Service),
 	proxyv1.ProxyService_ListProviders_FullMethodName: rule(NoLimit, Admin, Viewer),
 	proxyv1.ProxyService_DrainProxy_FullMethodName:    rule(ProxyWriteLimit, Admin),
+	// A proxy's history (the web console's timeline): the BASIC view.
+	proxyv1.ProxyService_ListProxyChanges_FullMethodName: rule(NoLimit, Admin, Viewer),
 
 	// Pools, on the orchestrator: admins write them, viewers read them.
 	proxyv1.ProxyPoolService_CreateProxyPool_FullMethodName: rule(ProxyWriteLimit, Admin),
@@ -109,6 +112,11 @@ var table = map[string]Rule{
 	leasev1.LeaseService_RenewLease_FullMethodName:    rule(LeaseLimit, Admin, Crawler),
 	leasev1.LeaseService_ReleaseLease_FullMethodName:  rule(LeaseLimit, Admin, Crawler),
 	leasev1.LeaseService_ReportOutcome_FullMethodName: rule(LeaseLimit, Admin, Crawler),
+	// Every client's leases and the cooldowns, for operators (the web
+	// console); crawlers never list other clients' leases.
+	leasev1.LeaseService_ListLeases_FullMethodName:    rule(NoLimit, Admin, Viewer),
+	leasev1.LeaseService_ListCooldowns_FullMethodName: rule(NoLimit, Admin, Viewer),
+	leasev1.LeaseService_WatchLeases_FullMethodName:   rule(NoLimit, Admin, Viewer),
 
 	// The health service.
 	healthv1.HealthService_GetProxyHealth_FullMethodName:    rule(NoLimit, Admin, Viewer),
@@ -117,6 +125,9 @@ var table = map[string]Rule{
 	healthv1.HealthService_GetProviderHealth_FullMethodName: rule(NoLimit, Admin, Viewer),
 	// The orchestrator's pool controller polls the providers' health.
 	healthv1.HealthService_ListProviderHealth_FullMethodName: rule(NoLimit, Admin, Viewer, Service),
+
+	// Every service: any authenticated caller may ask who it is.
+	identityv1.IdentityService_GetIdentity_FullMethodName: rule(NoLimit, Admin, Viewer, Crawler, Service),
 
 	// Every provisioner: only the suite's own services. The orchestrator
 	// reaches provisioners through NATS commands; health calls

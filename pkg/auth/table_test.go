@@ -16,6 +16,7 @@ import (
 
 	// Every API of the suite registers its services with protoregistry.
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
@@ -32,6 +33,7 @@ var wantMatrix = map[string]string{
 	"/egress.proxy.v1.ProxyService/WatchProxies":               "admin,viewer,service",
 	"/egress.proxy.v1.ProxyService/ListProviders":              "admin,viewer",
 	"/egress.proxy.v1.ProxyService/DrainProxy":                 "admin",
+	"/egress.proxy.v1.ProxyService/ListProxyChanges":           "admin,viewer",
 	"/egress.proxy.v1.ProxyPoolService/CreateProxyPool":        "admin",
 	"/egress.proxy.v1.ProxyPoolService/UpdateProxyPool":        "admin",
 	"/egress.proxy.v1.ProxyPoolService/ScaleProxyPool":         "admin",
@@ -44,6 +46,10 @@ var wantMatrix = map[string]string{
 	"/egress.lease.v1.LeaseService/RenewLease":                 "admin,crawler",
 	"/egress.lease.v1.LeaseService/ReleaseLease":               "admin,crawler",
 	"/egress.lease.v1.LeaseService/ReportOutcome":              "admin,crawler",
+	"/egress.lease.v1.LeaseService/ListLeases":                 "admin,viewer",
+	"/egress.lease.v1.LeaseService/ListCooldowns":              "admin,viewer",
+	"/egress.lease.v1.LeaseService/WatchLeases":                "admin,viewer",
+	"/egress.identity.v1.IdentityService/GetIdentity":          "admin,viewer,crawler,service",
 	"/egress.health.v1.HealthService/GetProxyHealth":           "admin,viewer",
 	"/egress.health.v1.HealthService/ListProxyHealth":          "admin,viewer",
 	"/egress.health.v1.HealthService/WatchProxyHealth":         "admin,viewer",

@@ -9,6 +9,7 @@
 //	stream EGRESS_RESULTS        egress.result.<provider>   work queue; one durable consumer ("orchestrator"), shared by the orchestrator replicas
 //	stream EGRESS_PROXY_EVENTS   egress.proxy.<uid>         the latest ProxyEvent of every proxy (one message per subject), kept 7 days
 //	stream EGRESS_HEALTH_EVENTS  egress.health.<uid>        the latest HealthTransitionEvent of every proxy, kept 7 days
+//	(no stream)                  egress.leases.changes      LeaseChangesEvents on core NATS, for WatchLeases on every lease replica; not stored
 //
 // Because the event streams keep the last message of each proxy, a consumer
 // that starts with DeliverLastPerSubject reads the current state of every
@@ -114,6 +115,11 @@ func (n Names) DemandSubject(pool string) string {
 
 // DemandSubjects matches every pool's demand.
 func (n Names) DemandSubjects() string { return n.prefix() + ".demand.>" }
+
+// LeaseChangesSubject is the core NATS subject (no stream stores it) on
+// which every lease replica publishes the lease changes it commits, and
+// from which every replica feeds its WatchLeases streams.
+func (n Names) LeaseChangesSubject() string { return n.prefix() + ".leases.changes" }
 
 // StreamConfigs are the canonical configurations of the suite's streams.
 func (n Names) StreamConfigs() []jetstream.StreamConfig {

@@ -30,12 +30,15 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // ControlPlane is etcd, kube-apiserver, kube-controller-manager,
@@ -199,7 +202,7 @@ func Start(t testing.TB) *ControlPlane {
 		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeer),
 		"--initial-cluster", fmt.Sprintf("default=http://127.0.0.1:%d", etcdPeer),
 		"--unsafe-no-fsync")
-	WaitFor(t, "etcd /health", 60*time.Second, func() error {
+	waittest.ForErr(t, 60*time.Second, "etcd /health", func() error {
 		alive(etcd)
 		return httpOK(&http.Client{}, fmt.Sprintf("http://127.0.0.1:%d/health", etcdClient), "")
 	})
@@ -228,7 +231,7 @@ func Start(t testing.TB) *ControlPlane {
 		"--token-auth-file="+tokens, "--authorization-mode=Node,RBAC",
 		"--service-cluster-ip-range=10.96.0.0/16")
 	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // the API server's own self-signed loopback certificate
-	WaitFor(t, "kube-apiserver /readyz", 120*time.Second, func() error {
+	waittest.ForErr(t, 120*time.Second, "kube-apiserver /readyz", func() error {
 		alive(api)
 		return httpOK(insecure, fmt.Sprintf("https://127.0.0.1:%d/readyz", apiPort), token)
 	})
@@ -294,7 +297,7 @@ current-context: test
 	ctx := context.Background()
 	_, err = client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	must(t, err)
-	WaitFor(t, "kwok node Ready", 60*time.Second, func() error {
+	waittest.ForErr(t, 60*time.Second, "kwok node Ready", func() error {
 		for _, p := range []*proc{cm, sched, kwok} {
 			alive(p)
 		}
@@ -331,23 +334,6 @@ func httpOK(c *http.Client, url, token string) error {
 		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	return nil
-}
-
-// WaitFor polls cond until it returns nil or the deadline passes; the
-// components are external processes, so there is no event to wait on.
-func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, timeout, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
 }
 
 func randomToken(t testing.TB) string {
@@ -406,7 +392,7 @@ func (cp *ControlPlane) Namespace(t testing.TB, name string) {
 	ctx := context.Background()
 	_, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	must(t, err)
-	WaitFor(t, "default ServiceAccount of "+name, 60*time.Second, func() error {
+	waittest.ForErr(t, 60*time.Second, "default ServiceAccount of "+name, func() error {
 		_, err := cp.Client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
 		return err
 	})
@@ -427,4 +413,28 @@ func (cp *ControlPlane) ServiceAccountToken(t testing.TB, namespace, name string
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
 	must(t, err)
 	return tr.Status.Token
+}
+
+// ProvisionerRules are what the chart's Role grants provisioner-kubernetes
+// in its namespace.
+var ProvisionerRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list"}}}
+
+// Account makes the ServiceAccount namespace/name, bound to a Role of the
+// same name holding rules (nil: no Role, no rights), and returns a
+// kubeconfig acting as it in namespace.
+func (cp *ControlPlane) Account(t testing.TB, namespace, name string, rules []rbacv1.PolicyRule) string {
+	t.Helper()
+	ctx := context.Background()
+	token := cp.ServiceAccountToken(t, namespace, name)
+	if rules != nil {
+		_, err := cp.Client.RbacV1().Roles(namespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{})
+		must(t, err)
+		_, err = cp.Client.RbacV1().RoleBindings(namespace).Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: namespace}},
+		}, metav1.CreateOptions{})
+		must(t, err)
+	}
+	return cp.KubeconfigFor(t, token, namespace)
 }

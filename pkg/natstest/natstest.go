@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // Server is one test's NATS server.
@@ -173,28 +175,13 @@ func NewCluster(t testing.TB, size int) *Cluster {
 	if err != nil {
 		t.Fatalf("natstest: jetstream: %v", err)
 	}
-	waitFor(t, "the JetStream cluster to form", func() *jetstream.AccountInfo {
+	waittest.ForErr(t, 30*time.Second, "the JetStream cluster to form", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		info, _ := js.AccountInfo(ctx)
-		return info
+		_, err := js.AccountInfo(ctx)
+		return err
 	})
 	return c
-}
-
-// waitFor polls get until it returns non-nil, for up to 30 seconds.
-func waitFor[T any](t testing.TB, what string, get func() *T) *T {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if v := get(); v != nil {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("natstest: gave up waiting for %s after 30s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // URL lists every server of the cluster, as a client's seed list.

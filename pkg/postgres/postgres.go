@@ -1,5 +1,7 @@
-// Package postgres is the suite's PostgreSQL plumbing: pools and embedded
-// migrations. Each service owns one schema and migrates only that.
+// Package postgres is the suite's PostgreSQL plumbing: the database flags
+// every service shares (Flags), pools, embedded migrations, advisory-lock
+// singletons and their keys. Each service owns one schema and migrates
+// only that.
 package postgres
 
 import (
@@ -7,7 +9,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"log/slog"
 
@@ -37,21 +38,15 @@ func MigrationsDir(fsys fs.FS) fs.FS {
 	return sub
 }
 
-// Connect opens a pool and checks that the server answers.
+// Connect opens a pool with pgx's defaults and checks that the server
+// answers: for tests and tools; a service opens its database with
+// Flags.Open.
 func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", cfg.ConnConfig.Host, err)
-	}
-	return pool, nil
+	return open(ctx, cfg)
 }
 
 // Migrate applies the SQL migrations in fsys (goose format) to schema,
@@ -67,9 +62,7 @@ func Migrate(ctx context.Context, dsn, schema string, fsys fs.FS, log *slog.Logg
 	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return fmt.Errorf("creating schema %s: %w", schema, err)
 	}
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("egress-migrate/" + schema))
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64() >> 1)))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(LockKey(schema, "migrate")))
 	if err != nil {
 		return err
 	}

@@ -4,12 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// LockKey is the advisory lock key of one of a service's locks: the
+// 64-bit FNV-1a hash of "egress/<schema>/<name>", its top bit cleared so
+// that it reads the same as a signed bigint everywhere. Every advisory
+// lock of the suite (singletons, transaction locks, migrations) takes its
+// key from here, so keys never collide across services and every lock is
+// found by its name. Advisory locks are per database, which is what keeps
+// two installations, or two tests, apart.
+func LockKey(schema, name string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("egress/" + schema + "/" + name))
+	return int64(h.Sum64() >> 1)
+}
 
 // Singleton runs work on one replica at a time across every process that
 // shares a database: the holder of a session advisory lock. The lock is
@@ -29,7 +43,7 @@ type Singleton struct {
 	// Pool supplies the connection settings; the lock's connection is
 	// opened from them.
 	Pool *pgxpool.Pool
-	// Key is the advisory lock key.
+	// Key is the advisory lock key (LockKey).
 	Key int64
 	// Name says what the singleton does, in logs.
 	Name string

@@ -14,6 +14,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // emptyDB is a database of the test's own; advisory locks are per
@@ -41,17 +42,6 @@ func holderPID(t *testing.T, pool *pgxpool.Pool, key int64) int32 {
 		t.Fatal(err)
 	}
 	return pid
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s within 20s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the condition
-	}
 }
 
 // leader records what one replica's lead calls saw.
@@ -111,7 +101,7 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 				return n
 			}
 
-			waitUntil(t, "led", func() bool { return running.Load() == 1 && holderPID(t, pool, key) != 0 })
+			waittest.For(t, 20*time.Second, "led", func() bool { return running.Load() == 1 && holderPID(t, pool, key) != 0 })
 			first := -1
 			for i, l := range leaders {
 				if l.active.Load() == 1 {
@@ -126,7 +116,7 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 			if err := pool.QueryRow(context.Background(), "SELECT pg_terminate_backend($1)", pid).Scan(&killed); err != nil || !killed {
 				t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, killed, err)
 			}
-			waitUntil(t, "lost by the killed holder", func() bool {
+			waittest.For(t, 20*time.Second, "lost by the killed holder", func() bool {
 				l := leaders[first]
 				l.mu.Lock()
 				defer l.mu.Unlock()
@@ -135,7 +125,7 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 			if cause := leaders[first].causes[0]; !errors.Is(cause, postgres.ErrLeadershipLost) {
 				t.Errorf("the killed holder's lead ended with %v, want ErrLeadershipLost", cause)
 			}
-			waitUntil(t, "led again", func() bool {
+			waittest.For(t, 20*time.Second, "led again", func() bool {
 				p := holderPID(t, pool, key)
 				return terms() == 2 && running.Load() == 1 && p != 0 && p != pid
 			})
@@ -147,7 +137,7 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 			if running.Load() != 0 {
 				t.Error("a lead still runs after Run returned")
 			}
-			waitUntil(t, "released after Run returned", func() bool { return holderPID(t, pool, key) == 0 })
+			waittest.For(t, 20*time.Second, "released after Run returned", func() bool { return holderPID(t, pool, key) == 0 })
 		})
 	}
 }
@@ -181,8 +171,36 @@ func TestSingletonHandsOverWhenLeadReturns(t *testing.T) {
 			})
 		})
 	}
-	waitUntil(t, "led 10 terms", func() bool { return total.Load() >= 10 })
+	waittest.For(t, 20*time.Second, "led 10 terms", func() bool { return total.Load() >= 10 })
 	if overlap.Load() {
 		t.Error("two replicas led at once")
+	}
+}
+
+// Every lock of the suite has a key of its own, the same on every replica
+// and every release (a replica of another release holding another key
+// would not exclude this one), and non-negative.
+func TestLockKey(t *testing.T) {
+	t.Parallel()
+	locks := [][2]string{
+		{"orchestrator", "migrate"}, {"orchestrator", "outbox"}, {"orchestrator", "orphan-gc"},
+		{"lease", "migrate"}, {"lease", "sweep"}, {"lease", "demand"},
+		{"health", "migrate"}, {"health", "provider-checks"}, {"health", "transitions"},
+	}
+	seen := map[int64]string{}
+	for _, l := range locks {
+		k := postgres.LockKey(l[0], l[1])
+		if k < 0 {
+			t.Errorf("LockKey(%q, %q) = %d, negative", l[0], l[1], k)
+		}
+		if other, dup := seen[k]; dup {
+			t.Errorf("LockKey(%q, %q) = LockKey of %s", l[0], l[1], other)
+		}
+		seen[k] = l[0] + "/" + l[1]
+	}
+	// The scheme itself, computed apart (FNV-1a 64 of "egress/lease/sweep",
+	// shifted right once): a changed key is a changed lock.
+	if got, want := postgres.LockKey("lease", "sweep"), int64(0x328a886fa12c6d28); got != want {
+		t.Errorf("LockKey(lease, sweep) = %#x, want %#x", got, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -24,17 +25,21 @@ var (
 )
 
 // Build compiles the main package at pkgDir (relative to the test's working
-// directory) once per test process, with the race detector when the test
-// binary has it, and returns the binary's path.
-func Build(t testing.TB, pkgDir string) string {
+// directory) once per test process and set of build tags, with the race
+// detector when the test binary has it, and returns the binary's path.
+func Build(t testing.TB, pkgDir string, tags ...string) string {
 	t.Helper()
 	abs, err := filepath.Abs(pkgDir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	key := abs
+	if len(tags) > 0 {
+		key += " -tags " + strings.Join(tags, ",")
+	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	if bin, ok := built[abs]; ok {
+	if bin, ok := built[key]; ok {
 		return bin
 	}
 	dir, err := os.MkdirTemp("", "proctest-")
@@ -46,12 +51,15 @@ func Build(t testing.TB, pkgDir string) string {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
 	cmd := exec.Command("go", append(args, ".")...)
 	cmd.Dir = abs
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("proctest: go build %s: %v\n%s", pkgDir, err, out)
 	}
-	built[abs] = bin
+	built[key] = bin
 	return bin
 }
 

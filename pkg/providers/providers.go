@@ -167,6 +167,20 @@ func isType(s string) bool {
 	return false
 }
 
+// Same reports whether q is p unchanged: the same name, type and backend
+// block (its position in the file aside).
+func (p Provider) Same(q Provider) bool {
+	if p.Name != q.Name || p.Type != q.Type || (p.backend == nil) != (q.backend == nil) {
+		return false
+	}
+	if p.backend == nil {
+		return true
+	}
+	a, errA := yaml.Marshal(p.backend)
+	b, errB := yaml.Marshal(q.backend)
+	return errA == nil && errB == nil && bytes.Equal(a, b)
+}
+
 // DecodeBackend decodes the provider's backend block into into (a pointer to
 // a struct with yaml tags). Unknown keys are errors naming their path. A
 // provider without a block decodes nothing and leaves into as it is.

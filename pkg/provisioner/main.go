@@ -7,14 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/reload"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 )
 
@@ -35,15 +35,13 @@ type Spec struct {
 
 // Flags are the runtime's flags (each also EGRESS_<NAME>).
 type Flags struct {
-	ProvidersConfig    string
-	Provider           string
-	NATSURL            string
-	NATSPrefix         string
-	NATSStreamReplicas int
-	ReplicaID          string
-	MaxConcurrent      int
-	AckWait            time.Duration
-	DrainTimeout       time.Duration
+	ProvidersConfig string
+	Provider        string
+	NATS            bus.Flags
+	ReplicaID       string
+	MaxConcurrent   int
+	AckWait         time.Duration
+	DrainTimeout    time.Duration
 }
 
 // Register adds the flags to fs.
@@ -51,9 +49,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	host, _ := os.Hostname()
 	fs.StringVar(&f.ProvidersConfig, "providers-config", "", "path of the providers YAML file (required)")
 	fs.StringVar(&f.Provider, "provider", "", "name of the provider block this process serves (required)")
-	fs.StringVar(&f.NATSURL, "nats-url", nats.DefaultURL, "NATS server URL")
-	fs.StringVar(&f.NATSPrefix, "nats-prefix", bus.DefaultPrefix, "prefix of every NATS subject and stream")
-	fs.IntVar(&f.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
+	f.NATS.Register(fs)
 	fs.StringVar(&f.ReplicaID, "replica-id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's name in command results")
 	fs.IntVar(&f.MaxConcurrent, "max-concurrent", 8, "commands executed at once by this replica")
 	fs.DurationVar(&f.AckWait, "ack-wait", 30*time.Second, "the command consumer's ack wait: how long a replica that died mid-command holds it before redelivery (running commands are heartbeated)")
@@ -88,10 +84,14 @@ func Setup(ctx context.Context, s *service.Service, spec Spec, f Flags) error {
 	if f.ProvidersConfig == "" || f.Provider == "" {
 		return errors.New("--providers-config and --provider are required")
 	}
-	cfg, err := providers.LoadFile(f.ProvidersConfig)
+	if err := f.NATS.Validate(); err != nil {
+		return err
+	}
+	file, err := providers.Open(f.ProvidersConfig, s.Log, s.Metrics)
 	if err != nil {
 		return err
 	}
+	cfg := file.Value()
 	p, ok := cfg.Get(f.Provider)
 	if !ok {
 		return fmt.Errorf("--provider %q is not in %s (it has %v)", f.Provider, f.ProvidersConfig, cfg.Names())
@@ -108,8 +108,8 @@ func Setup(ctx context.Context, s *service.Service, spec Spec, f Flags) error {
 	rt := NewRuntime(RuntimeOptions{Provider: p.Name, Backend: backend, Log: s.Log, Metrics: metrics})
 	provisionerv1.RegisterProvisionerServiceServer(s.GRPC, &Server{RT: rt})
 
-	names := bus.Names{Prefix: f.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: f.NATSURL, Name: spec.Name + "/" + f.ReplicaID, Names: names, StreamReplicas: f.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
+	names := f.NATS.Names()
+	nc, js, err := f.NATS.Connect(ctx, spec.Name+"/"+f.ReplicaID, s.Log, s.Metrics)
 	if err != nil {
 		return err
 	}
@@ -118,11 +118,90 @@ func Setup(ctx context.Context, s *service.Service, spec Spec, f Flags) error {
 		MaxConcurrent: f.MaxConcurrent, AckWait: f.AckWait, DrainTimeout: f.DrainTimeout,
 		Log: s.Log, Metrics: metrics,
 	}
+	cw := &configWatch{file: file, spec: spec, rt: rt, worker: w, served: p, log: log,
+		rejected: providers.RejectedCounter(s.Metrics)}
 	s.Go(func(ctx context.Context) error {
 		defer nc.Close()
-		return w.Run(ctx)
+		return cw.run(ctx)
 	})
-	log.Info("provisioner configured", "type", p.Type, "replica", f.ReplicaID, "nats", f.NATSURL,
+	log.Info("provisioner configured", "type", p.Type, "replica", f.ReplicaID,
 		"prefix", names.Prefix, "check", rt.HasCheck())
 	return nil
+}
+
+// configWatch follows the providers config (reloaded on change): when this
+// provider's entry changes, the backend is rebuilt from it (a new entry
+// that does not build keeps the backend in effect, with an ERROR and a
+// failure counted); when the entry is removed the worker stops taking
+// commands (the orchestrator answers ProviderNotConfigured), and it takes
+// them again once the entry is back.
+type configWatch struct {
+	file     *providers.File
+	spec     Spec
+	rt       *Runtime
+	worker   *Worker
+	served   providers.Provider
+	log      *slog.Logger
+	rejected func()
+}
+
+func (c *configWatch) run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	stop := func() {}
+	start := func() {
+		wctx, cancel := context.WithCancel(ctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.worker.Run(wctx)
+		}()
+		stop = func() { cancel(); wg.Wait() }
+	}
+	start()
+	serving := true
+	t := time.NewTicker(reload.Every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if !c.file.Refresh() {
+			continue
+		}
+		p, ok := c.file.Value().Get(c.served.Name)
+		switch {
+		case !ok:
+			if serving {
+				c.log.Warn("WARNING: this provider was removed from the providers config; commands are no longer taken until it is back",
+					"path", c.file.Path())
+				stop()
+				serving = false
+			}
+			continue
+		case p.Type != c.spec.Type:
+			c.log.Error("ERROR: this provider's type changed in the providers config; this binary serves only its own type, the entry before stays in effect",
+				"path", c.file.Path(), "field", p.Path+".type", "type", p.Type, "serves", c.spec.Type)
+			c.rejected()
+			continue
+		case !p.Same(c.served):
+			b, err := c.spec.NewBackend(ctx, p, c.log)
+			if err != nil {
+				c.log.Error("ERROR: this provider's new entry in the providers config cannot be used; the entry before stays in effect",
+					"path", c.file.Path(), "error", err)
+				c.rejected()
+			} else {
+				c.rt.SetBackend(b)
+				c.served = p
+				c.log.Info("this provider's entry in the providers config changed; its backend was rebuilt", "path", c.file.Path())
+			}
+		}
+		if !serving {
+			c.log.Info("this provider is back in the providers config; commands are taken again", "path", c.file.Path())
+			start()
+			serving = true
+		}
+	}
 }

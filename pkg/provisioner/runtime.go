@@ -72,12 +72,13 @@ const (
 // Runtime runs backend operations with the cross-cutting behaviour every
 // transport shares. Build it with NewRuntime.
 type Runtime struct {
-	provider string
-	backend  Backend
-	log      *slog.Logger
-	tracer   trace.Tracer
-	metrics  *Metrics
-	locks    keyedMutex
+	provider  string
+	backendMu sync.RWMutex
+	backend   Backend
+	log       *slog.Logger
+	tracer    trace.Tracer
+	metrics   *Metrics
+	locks     keyedMutex
 }
 
 // RuntimeOptions configure a Runtime.
@@ -116,9 +117,24 @@ func NewRuntime(o RuntimeOptions) *Runtime {
 // Provider is the provider name served.
 func (r *Runtime) Provider() string { return r.provider }
 
+// Backend is the backend operations run on now.
+func (r *Runtime) Backend() Backend {
+	r.backendMu.RLock()
+	defer r.backendMu.RUnlock()
+	return r.backend
+}
+
+// SetBackend replaces the backend (its provider's entry in the providers
+// config changed); operations already running finish on the old one.
+func (r *Runtime) SetBackend(b Backend) {
+	r.backendMu.Lock()
+	r.backend = b
+	r.backendMu.Unlock()
+}
+
 // HasCheck reports whether the backend implements Checker.
 func (r *Runtime) HasCheck() bool {
-	_, ok := r.backend.(Checker)
+	_, ok := r.Backend().(Checker)
 	return ok
 }
 
@@ -186,7 +202,7 @@ func instanceAttrs(in *provisionerv1.Instance) []slog.Attr {
 	}
 	return []slog.Attr{
 		slog.String("name", in.GetName()),
-		slog.String("providerID", in.GetProviderId()),
+		slog.String("provider_id", in.GetProviderId()),
 		slog.String("state", in.GetState().String()),
 	}
 }
@@ -211,7 +227,7 @@ func lockKey(proxyUID, providerID string) string {
 
 // Create runs Backend.Create under the proxy's lock.
 func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (in *provisionerv1.Instance, err error) {
-	ctx, end := r.begin(ctx, OpCreate, slog.String("proxyUID", req.GetProxyUid()), slog.String("proxyName", req.GetProxyName()))
+	ctx, end := r.begin(ctx, OpCreate, slog.String("proxy_uid", req.GetProxyUid()), slog.String("proxy_name", req.GetProxyName()))
 	defer func() {
 		if p := recover(); p != nil {
 			err = r.recovered(ctx, OpCreate, p)
@@ -229,7 +245,7 @@ func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 		return nil, err
 	}
 	defer unlock()
-	in, err = r.backend.Create(ctx, req)
+	in, err = r.Backend().Create(ctx, req)
 	if errclass.Is(err, errclass.NotFound) {
 		// The contract forbids NotFound from Create; a backend that says it
 		// means something it depends on vanished mid-way.
@@ -240,7 +256,7 @@ func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 
 // Get runs Backend.Get. It takes no lock.
 func (r *Runtime) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest) (in *provisionerv1.Instance, err error) {
-	ctx, end := r.begin(ctx, OpGet, slog.String("proxyUID", req.GetProxyUid()), slog.String("providerID", req.GetProviderId()))
+	ctx, end := r.begin(ctx, OpGet, slog.String("proxy_uid", req.GetProxyUid()), slog.String("provider_id", req.GetProviderId()))
 	defer func() {
 		if p := recover(); p != nil {
 			err = r.recovered(ctx, OpGet, p)
@@ -250,12 +266,12 @@ func (r *Runtime) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return nil, err
 	}
-	return r.backend.Get(ctx, req)
+	return r.Backend().Get(ctx, req)
 }
 
 // Delete runs Backend.Delete under the proxy's lock.
 func (r *Runtime) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (deleted bool, err error) {
-	ctx, end := r.begin(ctx, OpDelete, slog.String("proxyUID", req.GetProxyUid()), slog.String("providerID", req.GetProviderId()))
+	ctx, end := r.begin(ctx, OpDelete, slog.String("proxy_uid", req.GetProxyUid()), slog.String("provider_id", req.GetProviderId()))
 	defer func() {
 		if p := recover(); p != nil {
 			err = r.recovered(ctx, OpDelete, p)
@@ -270,7 +286,7 @@ func (r *Runtime) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 		return false, err
 	}
 	defer unlock()
-	return r.backend.Delete(ctx, req)
+	return r.Backend().Delete(ctx, req)
 }
 
 // List runs Backend.List.
@@ -285,15 +301,17 @@ func (r *Runtime) List(ctx context.Context, req *provisionerv1.ListInstancesRequ
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return nil, err
 	}
-	return r.backend.List(ctx)
+	return r.Backend().List(ctx)
 }
 
 // ErrNoCheck is returned by Check when the backend has none.
 var ErrNoCheck = errors.New("this backend has no check")
 
-// Check runs the backend's Checker.
+// Check runs the backend's Checker within the caller's deadline less a
+// margin, or DefaultCheckTimeout (checkContext), and cuts each message to
+// MaxCheckMessage.
 func (r *Runtime) Check(ctx context.Context, req *provisionerv1.CheckBackendRequest) (out []*provisionerv1.TargetStatus, err error) {
-	c, ok := r.backend.(Checker)
+	c, ok := r.Backend().(Checker)
 	if !ok {
 		return nil, ErrNoCheck
 	}
@@ -313,7 +331,36 @@ func (r *Runtime) Check(ctx context.Context, req *provisionerv1.CheckBackendRequ
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return nil, err
 	}
-	return c.Check(ctx), nil
+	ctx, cancel := checkContext(ctx)
+	defer cancel()
+	out = c.Check(ctx)
+	for _, t := range out {
+		t.Message = truncateMessage(t.GetMessage())
+	}
+	return out, nil
+}
+
+// DefaultCheckTimeout bounds a check whose caller gives no deadline.
+const DefaultCheckTimeout = 15 * time.Second
+
+// The share of the caller's remaining time a check leaves for its answer
+// to travel back, within these bounds.
+const (
+	checkMarginMin = 100 * time.Millisecond
+	checkMarginMax = time.Second
+)
+
+// checkContext bounds a check by the caller's deadline minus a margin, so
+// that a backend that times out answers a Timeout verdict while the caller
+// still waits, never the caller's own DEADLINE_EXCEEDED; without a
+// deadline, by DefaultCheckTimeout.
+func checkContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithTimeout(ctx, DefaultCheckTimeout)
+	}
+	margin := min(max(time.Until(deadline)/10, checkMarginMin), checkMarginMax)
+	return context.WithDeadline(ctx, deadline.Add(-margin))
 }
 
 // keyedMutex is a set of mutexes by key, each waitable with a context.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 func TestMain(m *testing.M) {
@@ -254,6 +256,35 @@ func TestServerCheckBackend(t *testing.T) {
 	}
 }
 
+// hungChecker's check waits for its context, as a check of a backend that
+// does not answer does, then reports Timeout with a message far over the
+// bound.
+type hungChecker struct{ *memBackend }
+
+func (hungChecker) Check(ctx context.Context) []*provisionerv1.TargetStatus {
+	<-ctx.Done()
+	return []*provisionerv1.TargetStatus{{Name: "node-1", Reason: ReasonTimeout, Message: strings.Repeat("é", 3*MaxCheckMessage)}}
+}
+
+// The check of a hung backend answers the caller a verdict before the
+// caller's deadline, its message cut to MaxCheckMessage characters.
+func TestCheckAnswersBeforeTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	client := grpcClient(t, NewRuntime(RuntimeOptions{Provider: "pve", Backend: hungChecker{newMem()}}))
+	for _, deadline := range []time.Duration{50 * time.Millisecond, 500 * time.Millisecond, 3 * time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		resp, err := client.CheckBackend(ctx, &provisionerv1.CheckBackendRequest{Provider: "pve"})
+		cancel()
+		if err != nil {
+			t.Fatalf("with a %s deadline: %v, want a verdict", deadline, err)
+		}
+		ts := resp.GetTargets()[0]
+		if ts.GetReason() != ReasonTimeout || utf8.RuneCountInString(ts.GetMessage()) != MaxCheckMessage || !strings.HasSuffix(ts.GetMessage(), "é...") {
+			t.Errorf("with a %s deadline: %s, a message of %d characters", deadline, ts.GetReason(), utf8.RuneCountInString(ts.GetMessage()))
+		}
+	}
+}
+
 func TestServerRoundTrip(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -397,7 +428,7 @@ func TestMetricsAndLogs(t *testing.T) {
 	if strings.Contains(out, "hunter2") {
 		t.Errorf("the cloud-init reached the log:\n%s", out)
 	}
-	for _, want := range []string{`"provider":"pve"`, `"name":"proxy-u1"`, `"providerID":"` + in.GetProviderId() + `"`, `"class":"ERROR_REASON_PERMANENT"`} {
+	for _, want := range []string{`"provider":"pve"`, `"name":"proxy-u1"`, `"provider_id":"` + in.GetProviderId() + `"`, `"class":"ERROR_REASON_PERMANENT"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %s:\n%s", want, out)
 		}
@@ -522,20 +553,6 @@ func runWorker(t *testing.T, w *Worker) (stop func()) {
 	return stop
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %s", what, timeout)
-		}
-		<-tick.C
-	}
-}
-
 func createCmd(id, uid string) *busv1.Command {
 	return &busv1.Command{
 		CommandId: id, ProxyUid: uid, Provider: "pve", SpecHash: "h-" + uid, Operation: busv1.Operation_OPERATION_CREATE, Attempt: 1,
@@ -641,7 +658,7 @@ func TestWorkerWaitsOutNATS(t *testing.T) {
 	rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: newMem()})
 	env.srv.Stop()
 	runWorker(t, &Worker{RT: rt, JS: env.js, Names: env.names, ReplicaID: "r1", Log: slog.New(slog.NewTextHandler(&logs, nil))})
-	waitFor(t, 30*time.Second, "WARNING while NATS was down", func() bool {
+	waittest.For(t, 30*time.Second, "WARNING while NATS was down", func() bool {
 		return strings.Contains(logs.String(), "WARNING: consuming provisioner commands failed; retrying")
 	})
 	env.srv.Start(t)
@@ -672,7 +689,7 @@ func TestWorkerDropsCommandsPastTheirDeadline(t *testing.T) {
 	if res[0].GetCommandId() != "fresh" {
 		t.Fatalf("result for %s", res[0].GetCommandId())
 	}
-	waitFor(t, 10*time.Second, "the late command counted as expired", func() bool {
+	waittest.For(t, 10*time.Second, "the late command counted as expired", func() bool {
 		return testutil.ToFloat64(m.Commands.WithLabelValues("pve", "expired")) == 1
 	})
 	if b.count("create") != 1 {
@@ -686,7 +703,7 @@ func TestWorkerDropsCommandsPastTheirDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "an empty consumer", func() bool {
+	waittest.For(t, 10*time.Second, "an empty consumer", func() bool {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
 	})
@@ -831,7 +848,7 @@ func TestWorkerContinuesTheCommandsTrace(t *testing.T) {
 	// publisher → provisioner.command → provisioner.create; the command's
 	// span ends once the result is published and the command acked.
 	spans := map[string]sdktrace.ReadOnlySpan{}
-	waitFor(t, 10*time.Second, "provisioner.command and provisioner.create spans", func() bool {
+	waittest.For(t, 10*time.Second, "provisioner.command and provisioner.create spans", func() bool {
 		for _, s := range rec.Ended() {
 			spans[s.Name()] = s
 		}
@@ -885,7 +902,7 @@ func TestWorkerBoundsConcurrency(t *testing.T) {
 	}
 	// Three run; the fourth must wait for a slot. Give the worker the
 	// chance to (wrongly) start it: the consumer holds 7 more messages.
-	waitFor(t, 10*time.Second, "seven pending commands", func() bool {
+	waittest.For(t, 10*time.Second, "seven pending commands", func() bool {
 		cons, err := env.js.Consumer(ctx, env.names.CommandStream(), env.names.ProvisionerConsumer("pve"))
 		if err != nil {
 			return false
@@ -952,7 +969,7 @@ func TestWorkerTerminatesBadCommandsAndSurvivesPanics(t *testing.T) {
 	if res.GetCommandId() != "p1" || res.GetError().GetReason() != errclass.Transient {
 		t.Errorf("result = %v, want p1's Transient error", res)
 	}
-	waitFor(t, 10*time.Second, "two invalid commands", func() bool {
+	waittest.For(t, 10*time.Second, "two invalid commands", func() bool {
 		return testutil.ToFloat64(m.Commands.WithLabelValues("pve", "invalid")) == 2
 	})
 	// The panic is recorded as the failure it is, not as a success.

@@ -189,7 +189,7 @@ func (w *Worker) handle(opCtx context.Context, msg jetstream.Msg) {
 		w.Metrics.command(provider, "invalid")
 		return
 	}
-	log = log.With("command", cmd.GetCommandId(), "operation", cmd.GetOperation().String(), "proxyUID", cmd.GetProxyUid())
+	log = log.With("command", cmd.GetCommandId(), "operation", cmd.GetOperation().String(), "proxy_uid", cmd.GetProxyUid())
 	if cmd.GetProvider() != provider {
 		log.Error("terminating a command for another provider", "commandProvider", cmd.GetProvider())
 		_ = msg.TermWithReason("wrong provider")

@@ -33,6 +33,13 @@ type File[T any] struct {
 	Accept func(T) error
 	// Now is the clock of Current's rate limit (tests move it).
 	Now func() time.Time
+	// Rejected, when set, is called with the error of every version of
+	// the file that is not taken (once per version that fails to read,
+	// parse or be accepted; a missing file once per bad spell), to count
+	// it. The error never quotes the file's content.
+	Rejected func(error)
+	// Error logs a rejected version at ERROR instead of WARNING.
+	Error bool
 
 	mu       sync.Mutex
 	value    T
@@ -93,7 +100,11 @@ func (f *File[T]) Refresh() (changed bool) {
 func (f *File[T]) refresh() bool {
 	fi, err := os.Stat(f.path)
 	if err != nil {
-		f.keep(fmt.Errorf("%s: %w", f.what, err))
+		err = fmt.Errorf("%s: %w", f.what, err)
+		if f.badSince.IsZero() {
+			f.rejected(err)
+		}
+		f.keep(err)
 		return false
 	}
 	if fi.ModTime().Equal(f.modTime) && fi.Size() == f.size {
@@ -103,12 +114,17 @@ func (f *File[T]) refresh() bool {
 	if err != nil {
 		// Not tried again until the file changes again.
 		f.modTime, f.size = fi.ModTime(), fi.Size()
+		f.rejected(err)
 		f.keep(err)
 		return false
 	}
 	if f.Accept != nil {
 		if err := f.Accept(v); err != nil {
-			f.keep(fmt.Errorf("%s %s: %w", f.what, f.path, err))
+			err = fmt.Errorf("%s %s: %w", f.what, f.path, err)
+			if f.badSince.IsZero() {
+				f.rejected(err)
+			}
+			f.keep(err)
 			return false
 		}
 	}
@@ -133,10 +149,20 @@ func (f *File[T]) read() (T, error) {
 	return v, nil
 }
 
+func (f *File[T]) rejected(err error) {
+	if f.Rejected != nil {
+		f.Rejected(err)
+	}
+}
+
 // keep keeps the last good value after err, warning once per bad spell.
 func (f *File[T]) keep(err error) {
 	if f.badSince.IsZero() {
 		f.badSince = f.Now()
+		if f.Error {
+			f.log.Error("ERROR: "+f.what+" cannot be used; the version read before stays in effect until it is fixed", "error", err)
+			return
+		}
 		f.log.Warn("WARNING: "+f.what+" cannot be used; the version read before stays in effect until it is fixed", "error", err)
 	}
 }

@@ -13,16 +13,16 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/egress-proxies/egress-proxies/pkg/gateway"
+	"github.com/egress-proxies/egress-proxies/pkg/rest"
 )
 
-// guardREST is what stands in front of the REST gateway: the bearer token
+// guardREST is what stands in front of the REST layer: the bearer token
 // is checked before anything of the body is read (an anonymous caller
 // cannot make the service read one), and the body is cut off at
-// MaxRequestBytes while it is read, answering 413. The gateway therefore
+// MaxRequestBytes while it is read, answering 413. The REST layer therefore
 // never buffers more than the limit, and after a 401 or a 413 the rest of
 // the body is not read at all (closeUnread). Roles are checked by the gRPC
-// interceptors behind the gateway, for both transports alike.
+// interceptors behind the REST layer, for both transports alike.
 func (s *Service) guardREST(mux *runtime.ServeMux) http.Handler {
 	limit := int64(s.opts.MaxRequestBytes)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -34,7 +34,7 @@ func (s *Service) guardREST(mux *runtime.ServeMux) http.Handler {
 					// keep the connection.
 					w.Header().Set("Connection", "close")
 				}
-				runtime.HTTPError(r.Context(), mux, gateway.Marshaler(), w, r, err)
+				runtime.HTTPError(r.Context(), mux, rest.Marshaler(), w, r, err)
 				if hasBody {
 					closeUnread(w)
 				}
@@ -94,10 +94,10 @@ func closeUnread(w http.ResponseWriter) {
 	time.AfterFunc(rstAvoidance, func() { _ = conn.Close() })
 }
 
-// writeTooLarge answers 413 with the gateway's error body.
+// writeTooLarge answers 413 with the REST layer's error body.
 func writeTooLarge(w http.ResponseWriter, limit int64) {
 	st := status.New(codes.ResourceExhausted, fmt.Sprintf("the request body exceeds the limit of %d bytes (--max-request-bytes)", limit))
-	b, err := gateway.Marshaler().Marshal(st.Proto())
+	b, err := rest.Marshaler().Marshal(st.Proto())
 	if err != nil {
 		b = []byte(`{"code":8,"message":"request body too large"}`)
 	}
@@ -124,7 +124,7 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// tooLargeWriter replaces whatever the gateway answers to a body cut off by
+// tooLargeWriter replaces whatever the REST layer answers to a body cut off by
 // the limit (its decoder sees only a read error) with 413.
 type tooLargeWriter struct {
 	http.ResponseWriter

@@ -92,7 +92,7 @@ func startGuarded(t *testing.T, opts Options) (*Service, *countingListener, *rec
 	s.httpLis = read
 	rec := &recordingProxies{}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, rec)
-	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+	s.MountREST(proxyv1.RegisterProxyServiceHandler)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	t.Cleanup(func() {
@@ -221,7 +221,7 @@ func TestBodyLimitAndAuthBeforeTheBody(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"name":"p1"`) {
 		t.Errorf("a small create = %d %s", resp.StatusCode, body)
 	}
-	// The 413 body is the gateway's error shape.
+	// The 413 body is the REST layer's error shape.
 	req, _ = http.NewRequest(http.MethodPost, "http://"+s.HTTPAddr()+"/v1/proxies", strings.NewReader(strings.Repeat(" ", limit+1)))
 	req.Header.Set("Authorization", "Bearer tok-admin")
 	resp, err = http.DefaultClient.Do(req)

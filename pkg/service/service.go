@@ -1,11 +1,11 @@
 // Package service is the common frame of every binary in the suite: flags
 // and EGRESS_* environment variables, the slog logger, OpenTelemetry, a gRPC
-// server with grpc.health.v1, and an HTTP server carrying the REST gateway,
+// server with grpc.health.v1, and an HTTP server carrying the REST layer,
 // Prometheus /metrics, /healthz and /readyz. Run serves until the context
 // ends (SIGTERM or SIGINT in Main), then stops accepting work, lets
 // in-flight calls finish within the shutdown timeout and returns. Every
 // request is checked against its contract's rules (pkg/validate) before a
-// handler sees it, and every REST error has one shape (pkg/gateway).
+// handler sees it, and every REST error has one shape (pkg/rest).
 package service
 
 import (
@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -44,8 +45,9 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	identityv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
-	"github.com/egress-proxies/egress-proxies/pkg/gateway"
+	"github.com/egress-proxies/egress-proxies/pkg/rest"
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
 	"github.com/egress-proxies/egress-proxies/pkg/validate"
 )
@@ -57,7 +59,7 @@ type Options struct {
 	Name string
 	// GRPCListen is the gRPC listen address.
 	GRPCListen string
-	// HTTPListen is the HTTP listen address (REST gateway, /metrics,
+	// HTTPListen is the HTTP listen address (REST layer, /metrics,
 	// /healthz, /readyz).
 	HTTPListen string
 	// LogLevel is debug, info, warn or error.
@@ -73,14 +75,14 @@ type Options struct {
 	// TLS with that certificate (PEM; the chain in the cert file).
 	TLSCertFile string
 	TLSKeyFile  string
-	// GatewayCAFile and GatewayServerName verify this service's own gRPC
-	// port when the REST gateway dials it over TLS, as every client of the
+	// RESTCAFile and RESTServerName verify this service's own gRPC
+	// port when the REST layer dials it over TLS, as every client of the
 	// suite verifies a server. Empty: the certificate of TLSCertFile is the
 	// only trusted one, and the first name it carries is the server name.
-	GatewayCAFile     string
-	GatewayServerName string
+	RESTCAFile     string
+	RESTServerName string
 	// MaxRequestBytes bounds one request: a REST body (checked while it is
-	// read, before the gateway decodes it) and a received gRPC message.
+	// read, before the REST layer decodes it) and a received gRPC message.
 	MaxRequestBytes int
 	// Limits are the per-client rate limits; registered with Auth.
 	Limits auth.Limits
@@ -98,17 +100,17 @@ const DefaultMaxRequestBytes = 1 << 20
 // defaults.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GRPCListen, "grpc-listen", o.GRPCListen, "gRPC listen address")
-	fs.StringVar(&o.HTTPListen, "http-listen", o.HTTPListen, "HTTP listen address: REST gateway, /metrics, /healthz, /readyz")
+	fs.StringVar(&o.HTTPListen, "http-listen", o.HTTPListen, "HTTP listen address: REST layer, /metrics, /healthz, /readyz")
 	fs.StringVar(&o.LogLevel, "log-level", orDefault(o.LogLevel, "info"), "log level: debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", orDefault(o.LogFormat, "json"), "log format: json or text")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", orDefault(o.ShutdownTimeout, 20*time.Second),
 		"how long in-flight work may take to finish after SIGTERM")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "serve gRPC and HTTP over TLS with this PEM certificate (chain); needs --tls-key-file")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", o.TLSKeyFile, "the PEM private key of --tls-cert-file")
-	fs.StringVar(&o.GatewayCAFile, "gateway-ca-file", o.GatewayCAFile,
-		"PEM CA file that verifies this service's gRPC certificate when its REST gateway dials it (default: trust exactly the certificate of --tls-cert-file)")
-	fs.StringVar(&o.GatewayServerName, "gateway-server-name", o.GatewayServerName,
-		"name this service's gRPC certificate must carry for its REST gateway (default: the first DNS name, else IP address, of --tls-cert-file's certificate)")
+	fs.StringVar(&o.RESTCAFile, "rest-ca-file", o.RESTCAFile,
+		"PEM CA file that verifies this service's gRPC certificate when its REST layer dials it (default: trust exactly the certificate of --tls-cert-file)")
+	fs.StringVar(&o.RESTServerName, "rest-server-name", o.RESTServerName,
+		"name this service's gRPC certificate must carry for its REST layer (default: the first DNS name, else IP address, of --tls-cert-file's certificate)")
 	fs.IntVar(&o.MaxRequestBytes, "max-request-bytes", orDefault(o.MaxRequestBytes, DefaultMaxRequestBytes),
 		"largest request accepted: a REST body (413 beyond it, never read further) and a gRPC message (RESOURCE_EXHAUSTED)")
 	fs.BoolVar(&o.Reflection, "grpc-reflection", o.Reflection, "serve gRPC server reflection (exempt from authentication; lists every method)")
@@ -122,9 +124,49 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 }
 
 // Parse parses args into fs; every flag can also be set through an
-// EGRESS_<FLAG_NAME> environment variable (dashes become underscores).
+// EGRESS_<FLAG_NAME> environment variable (dashes become underscores). A
+// flag or variable of a renamed flag is refused with its new name:
+// unknown variables are otherwise ignored, and an operator's setting
+// would silently stop counting.
 func Parse(fs *flag.FlagSet, args []string) error {
+	if err := checkRenamed(fs, args); err != nil {
+		fmt.Fprintln(fs.Output(), err)
+		return err
+	}
 	return ff.Parse(fs, args, ff.WithEnvVarPrefix("EGRESS"))
+}
+
+// renamedFlags maps the old name of a renamed flag to its new one.
+var renamedFlags = map[string]string{
+	"auto-migrate":          "migrate",
+	"gateway-ca-file":       "rest-ca-file",
+	"gateway-server-name":   "rest-server-name",
+	"pool-refresh-interval": "mirror-refresh-interval",
+}
+
+func envName(flagName string) string {
+	return "EGRESS_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func checkRenamed(fs *flag.FlagSet, args []string) error {
+	for old, now := range renamedFlags {
+		if fs.Lookup(now) == nil || fs.Lookup(old) != nil {
+			continue
+		}
+		if _, set := os.LookupEnv(envName(old)); set {
+			return fmt.Errorf("%s is no longer read: the flag is --%s now (%s)", envName(old), now, envName(now))
+		}
+		for _, a := range args {
+			if a == "--" {
+				break
+			}
+			name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			if strings.HasPrefix(a, "-") && name == old {
+				return fmt.Errorf("--%s was renamed: use --%s (%s)", old, now, envName(now))
+			}
+		}
+	}
+	return nil
 }
 
 func orDefault[T comparable](v, def T) T {
@@ -145,23 +187,23 @@ type Service struct {
 	// Run.
 	GRPC *grpc.Server
 	// HTTP is the HTTP mux; /metrics, /healthz and /readyz are registered,
-	// and MountGateway serves the REST gateway under /.
+	// and MountREST serves the REST layer under /.
 	HTTP *http.ServeMux
 
-	opts     Options
-	health   *health.Server
-	grpcLis  net.Listener
-	httpLis  net.Listener
-	gateways []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error
-	gwOpts   []runtime.ServeMuxOption
-	workers  []func(context.Context) error
-	ready    atomic.Bool
-	tracing  func(context.Context) error
-	grpcOpts []grpc.ServerOption
-	grpcMet  *grpcprom.ServerMetrics
-	cert     *tls.Certificate
-	selfTLS  *tls.Config // how the gateway dials the gRPC port; nil: plaintext
-	authn    *auth.Authenticator
+	opts         Options
+	health       *health.Server
+	grpcLis      net.Listener
+	httpLis      net.Listener
+	restHandlers []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error
+	gwOpts       []runtime.ServeMuxOption
+	workers      []func(context.Context) error
+	ready        atomic.Bool
+	tracing      func(context.Context) error
+	grpcOpts     []grpc.ServerOption
+	grpcMet      *grpcprom.ServerMetrics
+	cert         *tls.Certificate
+	selfTLS      *tls.Config // how the REST layer dials the gRPC port; nil: plaintext
+	authn        *auth.Authenticator
 }
 
 // Option adjusts a Service being built.
@@ -172,8 +214,8 @@ func WithServerOptions(opts ...grpc.ServerOption) Option {
 	return func(s *Service) { s.grpcOpts = append(s.grpcOpts, opts...) }
 }
 
-// WithGatewayOptions adds grpc-gateway mux options (an error handler, say).
-func WithGatewayOptions(opts ...runtime.ServeMuxOption) Option {
+// WithRESTOptions adds grpc-gateway mux options (an error handler, say).
+func WithRESTOptions(opts ...runtime.ServeMuxOption) Option {
 	return func(s *Service) { s.gwOpts = append(s.gwOpts, opts...) }
 }
 
@@ -224,13 +266,13 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(&tls.Config{
 			Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
 		})))
-		if s.selfTLS, err = gatewayTLS(cert, opts.GatewayCAFile, opts.GatewayServerName); err != nil {
+		if s.selfTLS, err = restTLS(cert, opts.RESTCAFile, opts.RESTServerName); err != nil {
 			return nil, err
 		}
 	case opts.TLSCertFile != "" || opts.TLSKeyFile != "":
 		return nil, errors.New("--tls-cert-file and --tls-key-file go together")
-	case opts.GatewayCAFile != "" || opts.GatewayServerName != "":
-		return nil, errors.New("--gateway-ca-file and --gateway-server-name verify the service's own TLS certificate: they need --tls-cert-file and --tls-key-file")
+	case opts.RESTCAFile != "" || opts.RESTServerName != "":
+		return nil, errors.New("--rest-ca-file and --rest-server-name verify the service's own TLS certificate: they need --tls-cert-file and --tls-key-file")
 	}
 	if opts.Auth != nil {
 		authn, err := auth.New(*opts.Auth, log)
@@ -257,6 +299,8 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 	serverOpts = append(serverOpts, validator.ServerOptions()...)
 	s.GRPC = grpc.NewServer(append(serverOpts, s.grpcOpts...)...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
+	// Every service tells a caller who it is (the console's sign-in).
+	identityv1.RegisterIdentityServiceServer(s.GRPC, identityServer{disabled: s.authn == nil || s.authn.Disabled()})
 	if opts.Reflection {
 		reflection.Register(s.GRPC)
 	}
@@ -287,14 +331,17 @@ func New(ctx context.Context, opts Options, options ...Option) (*Service, error)
 // GRPCAddr is the bound gRPC address.
 func (s *Service) GRPCAddr() string { return s.grpcLis.Addr().String() }
 
+// ServesTLS reports whether the service serves gRPC and HTTP over TLS.
+func (s *Service) ServesTLS() bool { return s.cert != nil }
+
 // HTTPAddr is the bound HTTP address.
 func (s *Service) HTTPAddr() string { return s.httpLis.Addr().String() }
 
-// MountGateway serves a REST gateway registration (a generated
+// MountREST serves a REST layer registration (a generated
 // Register<Service>Handler) under /, proxying to this service's own gRPC
 // server so that interceptors and streaming behave the same for both.
-func (s *Service) MountGateway(register func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error) {
-	s.gateways = append(s.gateways, register)
+func (s *Service) MountREST(register func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error) {
+	s.restHandlers = append(s.restHandlers, register)
 }
 
 // Go adds a background worker that runs for the life of the service. A
@@ -321,7 +368,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	// The gateway sends what it decoded from a body of at most
+	// The REST layer sends what it decoded from a body of at most
 	// MaxRequestBytes; its JSON is larger than the message.
 	self := insecure.NewCredentials()
 	if s.selfTLS != nil {
@@ -329,14 +376,15 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	conn, err := grpc.NewClient(s.GRPCAddr(), append(telemetry.DialOptions(), grpc.WithTransportCredentials(self))...)
 	if err != nil {
-		return fmt.Errorf("gateway connection: %w", err)
+		return fmt.Errorf("REST layer connection: %w", err)
 	}
 	defer conn.Close()
-	if len(s.gateways) > 0 {
-		mux := gateway.NewServeMux(s.gwOpts...)
-		for _, register := range s.gateways {
+	if len(s.restHandlers) > 0 {
+		mux := rest.NewServeMux(s.gwOpts...)
+		// A service with a REST layer answers GetIdentity there too.
+		for _, register := range append(s.restHandlers, identityv1.RegisterIdentityServiceHandler) {
 			if err := register(ctx, mux, conn); err != nil {
-				return fmt.Errorf("registering gateway: %w", err)
+				return fmt.Errorf("registering REST handlers: %w", err)
 			}
 		}
 		s.HTTP.Handle("/", s.guardREST(mux))
@@ -370,12 +418,12 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 
 	s.grpcMet.InitializeMetrics(s.GRPC)
-	// A gateway that cannot reach the gRPC port (a CA or server name that
+	// A REST layer that cannot reach the gRPC port (a CA or server name that
 	// does not verify the certificate) would answer every REST call 503:
 	// refuse to run instead, saying why.
 	var startErr error
-	if len(s.gateways) > 0 {
-		startErr = s.checkGateway(gctx, conn)
+	if len(s.restHandlers) > 0 {
+		startErr = s.checkREST(gctx, conn)
 	}
 	if startErr == nil {
 		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -416,12 +464,12 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
-// gatewayTLS is how the REST gateway dials this service's own TLS gRPC
+// restTLS is how the REST layer dials this service's own TLS gRPC
 // port: verified like every client of the suite, with a CA file and a
 // server name. By default it trusts exactly the service's own certificate
-// and expects the first name that certificate carries (the gateway dials
+// and expects the first name that certificate carries (the REST layer dials
 // the bound address, which the certificate need not name).
-func gatewayTLS(cert tls.Certificate, caFile, serverName string) (*tls.Config, error) {
+func restTLS(cert tls.Certificate, caFile, serverName string) (*tls.Config, error) {
 	leaf := cert.Leaf
 	if leaf == nil {
 		var err error
@@ -436,13 +484,13 @@ func gatewayTLS(cert tls.Certificate, caFile, serverName string) (*tls.Config, e
 		case len(leaf.IPAddresses) > 0:
 			serverName = leaf.IPAddresses[0].String()
 		default:
-			return nil, errors.New("--tls-cert-file: the certificate carries no DNS name or IP address for the REST gateway to verify; set --gateway-server-name")
+			return nil, errors.New("--tls-cert-file: the certificate carries no DNS name or IP address for the REST layer to verify; set --rest-server-name")
 		}
 	}
 	c := Client{CAFile: caFile, ServerName: serverName, TLS: true}
 	cfg, err := c.TLSConfig()
 	if err != nil {
-		return nil, fmt.Errorf("--gateway-ca-file: %w", err)
+		return nil, fmt.Errorf("--rest-ca-file: %w", err)
 	}
 	if caFile == "" {
 		cfg.RootCAs = x509.NewCertPool()
@@ -451,17 +499,17 @@ func gatewayTLS(cert tls.Certificate, caFile, serverName string) (*tls.Config, e
 	return cfg, nil
 }
 
-// checkGateway makes one call through the gateway's connection (gRPC
+// checkREST makes one call through the REST layer's connection (gRPC
 // health, exempt from authentication): it fails at once when TLS does not
 // verify.
-func (s *Service) checkGateway(ctx context.Context, conn *grpc.ClientConn) error {
+func (s *Service) checkREST(ctx context.Context, conn *grpc.ClientConn) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-		err = fmt.Errorf("the REST gateway cannot reach this service's gRPC port %s: %s", s.GRPCAddr(), status.Convert(err).Message())
+		err = fmt.Errorf("the REST layer cannot reach this service's gRPC port %s: %s", s.GRPCAddr(), status.Convert(err).Message())
 		if s.selfTLS != nil {
-			err = fmt.Errorf("%w (it verifies the certificate with --gateway-ca-file %q, default the service's own certificate, and --gateway-server-name %q)",
-				err, s.opts.GatewayCAFile, s.selfTLS.ServerName)
+			err = fmt.Errorf("%w (it verifies the certificate with --rest-ca-file %q, default the service's own certificate, and --rest-server-name %q)",
+				err, s.opts.RESTCAFile, s.selfTLS.ServerName)
 		}
 		s.Log.Error("refusing to serve", "error", err)
 		return err

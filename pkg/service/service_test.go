@@ -36,7 +36,7 @@ func (providersOnly) ListProviders(context.Context, *proxyv1.ListProvidersReques
 	return &proxyv1.ListProvidersResponse{Providers: []*proxyv1.Provider{{Name: "local", Type: "local"}}}, nil
 }
 
-// With a certificate, gRPC and HTTP (gateway included, which dials the
+// With a certificate, gRPC and HTTP (REST layer included, which dials the
 // service's own TLS port) are served over TLS.
 func TestTLS(t *testing.T) {
 	t.Parallel()
@@ -49,7 +49,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, providersOnly{})
-	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+	s.MountREST(proxyv1.RegisterProxyServiceHandler)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 
@@ -78,7 +78,7 @@ func TestTLS(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"name":"local"`) {
-		t.Errorf("gateway over TLS = %d %s", resp.StatusCode, body)
+		t.Errorf("REST over TLS = %d %s", resp.StatusCode, body)
 	}
 	if resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + s.HTTPAddr() + "/healthz"); err == nil {
 		resp.Body.Close()
@@ -101,15 +101,15 @@ func TestTLSFlagsGoTogether(t *testing.T) {
 	}
 }
 
-// The REST gateway dials the service's own gRPC port like every client of
+// The REST layer dials the service's own gRPC port like every client of
 // the suite: it verifies the certificate with a CA file and a server name
 // (by default the service's own certificate and the first name it
 // carries). The certificates here name hosts, never the loopback address
-// the gateway dials; a CA or a name that does not verify stops the
+// the REST layer dials; a CA or a name that does not verify stops the
 // service at start, saying why.
-func TestGatewaySelfDialVerifiesTLS(t *testing.T) {
+func TestRESTSelfDialVerifiesTLS(t *testing.T) {
 	t.Parallel()
-	ca := tlstest.NewCA(t, "egress gateway test CA")
+	ca := tlstest.NewCA(t, "egress REST test CA")
 	other := tlstest.NewCA(t, "some other CA")
 	orchCert, orchKey := ca.Issue(t, "orchestrator.egress.test", "orchestrator")
 	ipCert, ipKey := ca.Issue(t, "192.0.2.7")
@@ -133,23 +133,23 @@ func TestGatewaySelfDialVerifiesTLS(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			s, err := New(ctx, Options{Name: "gateway-tls-test", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", LogLevel: "error",
-				TLSCertFile: tc.cert, TLSKeyFile: tc.key, GatewayCAFile: tc.caFile, GatewayServerName: tc.server, ShutdownTimeout: 5 * time.Second})
+			s, err := New(ctx, Options{Name: "rest-tls-test", GRPCListen: "127.0.0.1:0", HTTPListen: "127.0.0.1:0", LogLevel: "error",
+				TLSCertFile: tc.cert, TLSKeyFile: tc.key, RESTCAFile: tc.caFile, RESTServerName: tc.server, ShutdownTimeout: 5 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
 			proxyv1.RegisterProxyServiceServer(s.GRPC, providersOnly{})
-			s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+			s.MountREST(proxyv1.RegisterProxyServiceHandler)
 			done := make(chan error, 1)
 			go func() { done <- s.Run(ctx) }()
 			if tc.refused != "" {
 				select {
 				case err := <-done:
-					if err == nil || !strings.Contains(err.Error(), "REST gateway") || !strings.Contains(err.Error(), tc.refused) {
-						t.Errorf("Run: %v; want a refusal naming the REST gateway and %q", err, tc.refused)
+					if err == nil || !strings.Contains(err.Error(), "REST layer") || !strings.Contains(err.Error(), tc.refused) {
+						t.Errorf("Run: %v; want a refusal naming the REST layer and %q", err, tc.refused)
 					}
 				case <-time.After(20 * time.Second):
-					t.Fatal("the service serves with a gateway that cannot verify its gRPC port")
+					t.Fatal("the service serves with a REST layer that cannot verify its gRPC port")
 				}
 				return
 			}
@@ -173,9 +173,9 @@ func TestGatewaySelfDialVerifiesTLS(t *testing.T) {
 					err = fmt.Errorf("%d %s", resp.StatusCode, body)
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("REST through the gateway: %v", err)
+					t.Fatalf("REST through the REST layer: %v", err)
 				}
-				time.Sleep(50 * time.Millisecond) // Run marks the gateway ready after its check
+				time.Sleep(50 * time.Millisecond) // Run marks the REST layer ready after its check
 			}
 			cancel()
 			if err := <-done; err != nil {
@@ -185,20 +185,20 @@ func TestGatewaySelfDialVerifiesTLS(t *testing.T) {
 	}
 }
 
-// The gateway's TLS flags need TLS, and a CA file that cannot be used
+// The REST layer's TLS flags need TLS, and a CA file that cannot be used
 // stops the start.
-func TestGatewayTLSFlagsNeedTLS(t *testing.T) {
+func TestRESTTLSFlagsNeedTLS(t *testing.T) {
 	t.Parallel()
 	ca, certFile, keyFile := serverCert(t)
 	for name, o := range map[string]Options{
-		"CA without TLS":   {GatewayCAFile: ca.File},
-		"name without TLS": {GatewayServerName: "egress.test"},
-		"missing CA file":  {TLSCertFile: certFile, TLSKeyFile: keyFile, GatewayCAFile: ca.File + ".absent"},
-		"CA file not PEM":  {TLSCertFile: certFile, TLSKeyFile: keyFile, GatewayCAFile: keyFile},
+		"CA without TLS":   {RESTCAFile: ca.File},
+		"name without TLS": {RESTServerName: "egress.test"},
+		"missing CA file":  {TLSCertFile: certFile, TLSKeyFile: keyFile, RESTCAFile: ca.File + ".absent"},
+		"CA file not PEM":  {TLSCertFile: certFile, TLSKeyFile: keyFile, RESTCAFile: keyFile},
 	} {
 		o.Name, o.GRPCListen, o.HTTPListen = "x", "127.0.0.1:0", "127.0.0.1:0"
-		if _, err := New(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--gateway-") {
-			t.Errorf("%s: %v; want an error naming the gateway flag", name, err)
+		if _, err := New(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--rest-") {
+			t.Errorf("%s: %v; want an error naming the REST layer flag", name, err)
 		}
 	}
 }

@@ -3,7 +3,7 @@
 // ranges, printable text) is checked by one gRPC interceptor before any
 // handler runs, on every service, so the rules a client reads in the API are
 // exactly the rules applied. A violation is INVALID_ARGUMENT carrying a
-// google.rpc.BadRequest that names each offending field; the REST gateway
+// google.rpc.BadRequest that names each offending field; the REST layer
 // turns it into HTTP 400 with the same detail.
 //
 // Rules that need the running configuration or span several fields (a

@@ -33,6 +33,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/proxytest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store/storetest"
 )
@@ -216,19 +217,6 @@ func getText(t *testing.T, url string) string {
 	return string(body)
 }
 
-func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
-
 type checkingProvisioner struct {
 	provisionerv1.UnimplementedProvisionerServiceServer
 }
@@ -278,9 +266,9 @@ func TestFlow(t *testing.T) {
 			return ev != nil && ev.GetTransition().GetHealthy() == healthy
 		}
 	}
-	waitFor(t, 20*time.Second, verdict("uid-squid", true), "squid-backed proxy healthy")
-	waitFor(t, 20*time.Second, verdict("uid-go", true), "Go proxy healthy")
-	waitFor(t, 20*time.Second, verdict("uid-bad", false), "refusing proxy unhealthy")
+	waittest.For(t, 20*time.Second, "squid-backed proxy healthy", verdict("uid-squid", true))
+	waittest.For(t, 20*time.Second, "Go proxy healthy", verdict("uid-go", true))
+	waittest.For(t, 20*time.Second, "refusing proxy unhealthy", verdict("uid-bad", false))
 	if tr := events.last("uid-go").GetTransition(); tr.GetProviderId() != "local/vm-1" || tr.GetProxyName() != "via-go" || tr.GetReason() != "ProbeSucceeded" {
 		t.Errorf("via-go transition = %v", tr)
 	}
@@ -298,9 +286,9 @@ func TestFlow(t *testing.T) {
 			Address      string `json:"address"`
 		} `json:"health"`
 	}
-	waitFor(t, 10*time.Second, func() bool {
+	waittest.For(t, 10*time.Second, "GET /v1/health/proxies/via-squid healthy", func() bool {
 		return getJSON(t, base+"/v1/health/proxies/via-squid", &one) == http.StatusOK && one.Health.Healthy
-	}, "GET /v1/health/proxies/via-squid healthy")
+	})
 	if !one.Health.VerdictKnown || one.Health.Prober != "replica-a" || one.Health.Address != sq.Addr() {
 		t.Errorf("GET via-squid = %+v", one.Health)
 	}
@@ -309,9 +297,9 @@ func TestFlow(t *testing.T) {
 			ProxyName string `json:"proxyName"`
 		} `json:"proxies"`
 	}
-	waitFor(t, 10*time.Second, func() bool {
+	waittest.For(t, 10*time.Second, "three proxies listed", func() bool {
 		return getJSON(t, base+"/v1/health/proxies", &list) == http.StatusOK && len(list.Proxies) == 3
-	}, "three proxies listed")
+	})
 	if got := []string{list.Proxies[0].ProxyName, list.Proxies[1].ProxyName, list.Proxies[2].ProxyName}; strings.Join(got, ",") != "refusing,via-go,via-squid" {
 		t.Errorf("listed %v, want name order", got)
 	}
@@ -343,7 +331,7 @@ func TestFlow(t *testing.T) {
 
 	// The Go proxy starts refusing: after the failure threshold it flips.
 	good.SetBehaviour(proxytest.Behaviour{Status: http.StatusBadGateway})
-	waitFor(t, 20*time.Second, verdict("uid-go", false), "Go proxy unhealthy after it breaks")
+	waittest.For(t, 20*time.Second, "Go proxy unhealthy after it breaks", verdict("uid-go", false))
 	if tr := events.last("uid-go").GetTransition(); tr.GetReason() != "BadStatus" {
 		t.Errorf("flip reason = %s, want BadStatus", tr.GetReason())
 	}
@@ -392,16 +380,16 @@ func TestFlow(t *testing.T) {
 
 	// Deleted: pruned from probing, the API and the metrics.
 	e.publish(t, proxyv1.ChangeType_CHANGE_TYPE_DELETED, external(t, "uid-bad", "refusing", refusing.Addr()))
-	waitFor(t, 10*time.Second, func() bool {
+	waittest.For(t, 10*time.Second, "the deleted proxy gone from the API and /metrics", func() bool {
 		return getJSON(t, base+"/v1/health/proxies/refusing", nil) == http.StatusNotFound &&
 			!strings.Contains(getText(t, base+"/metrics"), `proxy="refusing"`)
-	}, "the deleted proxy gone from the API and /metrics")
+	})
 	before := refusing.Requests()
-	waitFor(t, 10*time.Second, func() bool { return good.Requests() > 0 && events.last("uid-squid") != nil }, "still running")
+	waittest.For(t, 10*time.Second, "still running", func() bool { return good.Requests() > 0 && events.last("uid-squid") != nil })
 	// No probe of the deleted proxy after it was pruned: give the engine a
 	// few intervals by waiting for the other proxies' probes.
 	base0 := good.Requests()
-	waitFor(t, 10*time.Second, func() bool { return good.Requests() >= base0+5 }, "five more probes of via-go")
+	waittest.For(t, 10*time.Second, "five more probes of via-go", func() bool { return good.Requests() >= base0+5 })
 	if after := refusing.Requests(); after > before+1 {
 		t.Errorf("the deleted proxy was probed %d more times", after-before)
 	}

@@ -8,6 +8,7 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/proxytest"
 )
 
@@ -44,7 +45,7 @@ func TestReplicaSplit(t *testing.T) {
 		for _, p := range proxies {
 			p.ResetAgents()
 		}
-		waitFor(t, 20*time.Second, func() bool {
+		waittest.For(t, 20*time.Second, "every proxy probed four times", func() bool {
 			for _, p := range proxies {
 				total := 0
 				for _, c := range p.Agents() {
@@ -55,7 +56,7 @@ func TestReplicaSplit(t *testing.T) {
 				}
 			}
 			return true
-		}, "every proxy probed four times")
+		})
 		out := make([]map[string]int, n)
 		for i, p := range proxies {
 			out[i] = p.Agents()
@@ -82,14 +83,14 @@ func TestReplicaSplit(t *testing.T) {
 	// Kill a: b takes every proxy within the TTL (2s) plus a heartbeat.
 	killed := time.Now()
 	a.Kill(t)
-	waitFor(t, 15*time.Second, func() bool {
+	waittest.For(t, 15*time.Second, "replica-b probing every proxy", func() bool {
 		for _, p := range proxies {
 			if p.Agents()[uaB] == 0 {
 				return false
 			}
 		}
 		return true
-	}, "replica-b probing every proxy")
+	})
 	took := time.Since(killed)
 	for i, agents := range observe() {
 		if len(agents) != 1 || agents[uaB] == 0 {

@@ -26,6 +26,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
 )
 
@@ -87,7 +88,7 @@ func TestTwoReplicasNeverOverLease(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	lt.Eventually(t, 10*time.Second, "both replicas see the 30 proxies", func() bool {
+	waittest.For(t, 10*time.Second, "both replicas see the 30 proxies", func() bool {
 		for _, c := range conns {
 			resp, err := leasev1.NewLeaseServiceClient(c).ListProxies(ctx, &leasev1.ListProxiesRequest{})
 			if err != nil || len(resp.GetProxies()) != 30 {
@@ -203,7 +204,7 @@ func TestTwoReplicasNeverOverLease(t *testing.T) {
 		t.Error(err)
 	}
 	// Let the sweeps end the leases left to expire, still sampling.
-	lt.Eventually(t, 15*time.Second, "every lease has ended", func() bool {
+	waittest.For(t, 15*time.Second, "every lease has ended", func() bool {
 		var active int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM lease.leases WHERE end_time IS NULL`).Scan(&active) == nil && active == 0
 	})

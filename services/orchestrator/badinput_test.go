@@ -109,6 +109,11 @@ func TestRESTBadInput(t *testing.T) {
 		{Name: "watch: NUL in the provider filter", Method: "GET", Path: "/v1/proxies:watch?provider=%00", Status: 400, Field: "provider"},
 		{Name: "watch: negative revision", Method: "GET", Path: "/v1/proxies:watch?sinceRevision=-1", Status: 400, Field: "since_revision"},
 		{Name: "watch: revision not a number", Method: "GET", Path: "/v1/proxies:watch?sinceRevision=x", Status: 400, Field: "since_revision"},
+		// ListProxyChanges
+		{Name: "changes: upper-case name", Method: "GET", Path: "/v1/proxies/P1/changes", Status: 400, Field: "name"},
+		{Name: "changes: page size 5000", Method: "GET", Path: "/v1/proxies/p1/changes?pageSize=5000", Status: 400, Field: "page_size"},
+		{Name: "changes: negative revision", Method: "GET", Path: "/v1/proxies/p1/changes?beforeRevision=-1", Status: 400, Field: "before_revision"},
+		{Name: "changes: revision not a number", Method: "GET", Path: "/v1/proxies/p1/changes?beforeRevision=x", Status: 400, Field: "before_revision"},
 		// ListProviders takes nothing; a body on a GET is ignored, a wrong
 		// method is the router's 405 in the same shape.
 		{Name: "providers: wrong method", Method: "DELETE", Path: "/v1/providers", Status: 405},

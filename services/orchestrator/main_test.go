@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
 
@@ -54,7 +56,7 @@ func TestBinaryLifecycle(t *testing.T) {
 	}
 }
 
-// The REST gateway over the real binary: bearer tokens required except on
+// The REST layer over the real binary: bearer tokens required except on
 // /healthz and /metrics; validation and status codes as a REST client sees
 // them.
 func TestRESTWithAuth(t *testing.T) {
@@ -134,18 +136,21 @@ func TestRESTWithAuth(t *testing.T) {
 	// Reconciles are counted once a worker claimed the proxy, which may
 	// not have happened yet.
 	var raw []byte
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	waittest.ForErr(t, 20*time.Second, "a reconcile counted on /metrics", func() error {
 		metrics, err := http.Get(base + "/metrics")
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		raw, _ = io.ReadAll(metrics.Body)
+		raw, err = io.ReadAll(metrics.Body)
 		metrics.Body.Close()
-		if strings.Contains(string(raw), "egress_orchestrator_reconciles_total") || time.Now().After(deadline) {
-			break
+		if err != nil {
+			return err
 		}
-		time.Sleep(50 * time.Millisecond) // polling /metrics
-	}
+		if !strings.Contains(string(raw), "egress_orchestrator_reconciles_total") {
+			return errors.New("egress_orchestrator_reconciles_total not there yet")
+		}
+		return nil
+	})
 	// The proxy is Pending, or Provisioning once a worker claimed it.
 	if !strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PENDING"} 1`) &&
 		!strings.Contains(string(raw), `egress_orchestrator_proxies{phase="PROXY_PHASE_PROVISIONING"} 1`) {
@@ -317,25 +322,27 @@ func TestKilledWithCommandInFlight(t *testing.T) {
 	defer conn.Close()
 	client := proxyv1.NewProxyServiceClient(conn)
 	var last *proxyv1.GetProxyResponse
-	for {
+	deadline, _ := ctx.Deadline()
+	err = waittest.Until(time.Until(deadline), func() error {
 		got, err := client.GetProxy(ctx, &proxyv1.GetProxyRequest{Name: "p1"})
-		if err == nil {
-			last = got
+		if err != nil {
+			return err
 		}
-		if err == nil && got.GetProxy().GetStatus().GetPhase() == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING {
-			if got.GetProxy().GetStatus().GetProviderId() != "local/"+cmd.GetProxyUid() {
-				t.Errorf("providerID %q", got.GetProxy().GetStatus().GetProviderId())
-			}
-			break
+		last = got
+		if got.GetProxy().GetStatus().GetPhase() != proxyv1.ProxyPhase_PROXY_PHASE_RUNNING {
+			return errors.New("not Running yet")
 		}
-		if ctx.Err() != nil {
-			if c, err := js.Consumer(context.Background(), names.ResultStream(), names.OrchestratorConsumer()); err == nil {
-				ci, _ := c.Info(context.Background())
-				t.Logf("results consumer: %+v", ci)
-			}
-			t.Fatalf("p1 did not converge after the restart: %v %v\n%s", last, err, second.Output())
+		return nil
+	})
+	if err != nil {
+		if c, err := js.Consumer(context.Background(), names.ResultStream(), names.OrchestratorConsumer()); err == nil {
+			ci, _ := c.Info(context.Background())
+			t.Logf("results consumer: %+v", ci)
 		}
-		time.Sleep(50 * time.Millisecond)
+		t.Fatalf("p1 did not converge after the restart: %v %v\n%s", last, err, second.Output())
+	}
+	if got := last.GetProxy().GetStatus().GetProviderId(); got != "local/"+cmd.GetProxyUid() {
+		t.Errorf("providerID %q", got)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -19,6 +20,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
 
@@ -155,39 +157,38 @@ func TestOneTracePerProxyAcrossProcesses(t *testing.T) {
 		Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "local"}}); err != nil {
 		t.Fatal(err)
 	}
-	for {
+	waittest.ForErr(t, 60*time.Second, "traced Running", func() error {
 		resp, err := client.GetProxy(ctx, &proxyv1.GetProxyRequest{Name: "traced"})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if resp.GetProxy().GetStatus().GetPhase() == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING {
-			break
+		if st := resp.GetProxy().GetStatus(); st.GetPhase() != proxyv1.ProxyPhase_PROXY_PHASE_RUNNING {
+			return fmt.Errorf("status %v", st)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("not Running within 60s: %v", resp.GetProxy().GetStatus())
-		}
-		time.Sleep(50 * time.Millisecond) // polling the proxy's phase
-	}
+		return nil
+	})
 
 	// Each link, parent to child, as soon as the batch exporters sent it.
 	one := func(name string, parent *span, service string) span {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		var found span
+		err := waittest.Until(30*time.Second, func() error {
 			for _, s := range recv.find(name, parent) {
 				if s.service == service {
-					return s
+					found = s
+					return nil
 				}
 			}
-			if time.Now().After(deadline) {
-				under := "any parent"
-				if parent != nil {
-					under = parent.name + " " + parent.spanID
-				}
-				t.Fatalf("no %s span of %s under %s; received:\n%s", name, service, under, recv.dump())
+			return errors.New("not received")
+		})
+		if err != nil {
+			under := "any parent"
+			if parent != nil {
+				under = parent.name + " " + parent.spanID
 			}
-			time.Sleep(50 * time.Millisecond) // polling the receiver
+			t.Fatalf("no %s span of %s under %s; received:\n%s", name, service, under, recv.dump())
 		}
+		return found
 	}
 	api := one("egress.proxy.v1.ProxyService/CreateProxy", nil, "orchestrator")
 	claim := one("reconcile.claim", &api, "orchestrator")

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,14 +27,12 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner/provisionertest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
 )
 
-const (
-	tokenUser   = "proxy-operator@pve!operator"
-	tokenSecret = "7d3c1b2a-0e9f-4a8b-b6c5-5ec4e75ec4e7"
-	cloudSecret = "cl0ud-1n1t-pr0c3ss-s3cr3t"
-)
+const cloudSecret = "cl0ud-1n1t-pr0c3ss-s3cr3t"
 
 // cluster is a fake Proxmox, NATS and the providers file for processes.
 type cluster struct {
@@ -51,39 +48,11 @@ type cluster struct {
 
 func newCluster(t testing.TB) *cluster {
 	t.Helper()
-	fake, err := pvefake.Start(pvefake.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fake.Close)
-	fake.AddToken(tokenUser, tokenSecret, fake.OperatorACL())
-	fake.AddTemplate(9001, "pv1-1", pvefake.DebianTemplate(), false)
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	token := write("token", tokenUser+"="+tokenSecret+"\n")
-	ca := write("ca.pem", string(fake.CAPEM))
-	cfg := write("providers.yaml", fmt.Sprintf(`providers:
-  - name: pve
-    type: proxmox
-    proxmox:
-      url: %s
-      tokenFile: %s
-      caFile: %s
-      nodes: [pv1-1]
-      isoStorage: proxy-seeds
-      vlanTag: 4
-      templates: {debian-13: {vmid: 9001}}
-      machineTypes: {small: {cores: 1, memoryMiB: 1024}}
-`, fake.URL, token, ca))
+	p := newPVE(t)
 	ns := natstest.New(t)
-	c := &cluster{fake: fake, nats: ns, js: ns.JetStream(t), names: bus.Names{Prefix: "it"}, config: cfg,
-		apiTokens: write("api-tokens", "health svc-token service\nops ops-token admin\nfleet crawler-token crawler,viewer\n")}
+	c := &cluster{fake: p.Server, nats: ns, js: ns.JetStream(t), names: bus.Names{Prefix: "it"},
+		config:    provisionertest.ProvidersFile(t, provisionertest.Provider{Name: "pve", Type: "proxmox", Block: p.block(p.URL)}),
+		apiTokens: provisionertest.WriteFile(t, "api-tokens", "health svc-token service\nops ops-token admin\nfleet crawler-token crawler,viewer\n")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := bus.EnsureStreams(ctx, c.js, c.names); err != nil {
@@ -255,7 +224,7 @@ func TestKilledMidCreateIsFinishedByTheOther(t *testing.T) {
 	// it waits on the lock (reading the VM's config) until the clone ends.
 	configReads := func() int { return c.fake.Calls()["GET /nodes/{node}/qemu/{vmid}/config"] }
 	before := configReads()
-	waitFor(t, 60*time.Second, "b reading the locked VM's config", func() bool { return configReads() > before })
+	waittest.For(t, 60*time.Second, "b reading the locked VM's config", func() bool { return configReads() > before })
 	if v := c.fake.VMs()[vmid]; v.Config["lock"] != "clone" {
 		t.Fatalf("VM %d is not locked by its clone: %v", vmid, v.Config)
 	}
@@ -277,19 +246,6 @@ func TestKilledMidCreateIsFinishedByTheOther(t *testing.T) {
 		t.Errorf("b handled delivery %v, want a redelivery", handled["deliveries"])
 	}
 	assertNoSecrets(t, c, a, b)
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %s", what, timeout)
-		}
-		<-tick.C
-	}
 }
 
 // The same backend over gRPC: CheckBackend for the health service, and the
@@ -397,7 +353,7 @@ func TestSIGTERMHandsTheInFlightCreateToTheOther(t *testing.T) {
 	a.WaitLog(t, time.Second, proctest.Msg("handing an unfinished command back for redelivery"))
 	configReads := func() int { return c.fake.Calls()["GET /nodes/{node}/qemu/{vmid}/config"] }
 	before := configReads()
-	waitFor(t, 60*time.Second, "b waiting on the clone's lock", func() bool { return configReads() > before })
+	waittest.For(t, 60*time.Second, "b waiting on the clone's lock", func() bool { return configReads() > before })
 	c.fake.ReleaseClones()
 	res := c.results(t, 1, 60*time.Second)[0]
 	if res.GetHandledBy() != "b" || res.GetError() != nil || res.GetCreate().GetInstance().GetProviderId() != fmt.Sprintf("vms/%d/proxy-0f3a6c1e-2b4d-4c8e-9a7f-0000000000aa", vmid) {

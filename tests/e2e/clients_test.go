@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // The crawler clients against the whole suite: the Go example crawler
@@ -29,7 +30,7 @@ func TestCrawlerClients(t *testing.T) {
 	// the Go crawl meets 2, the Scrapy crawl 3.
 	s.createProxies("crawl", 8)
 	s.waitAll("crawl", 8, "Ready and healthy", 3*time.Minute, ready)
-	waitFor(t, "the lease service offers the 8 proxies", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "the lease service offers the 8 proxies", func() bool {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+s.lease.HTTP+"/v1/leasable-proxies", nil)
 		req.Header.Set("Authorization", "Bearer "+crawlerToken)
 		resp, err := http.DefaultClient.Do(req)

@@ -24,6 +24,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // The whole flow: 20 proxies Ready and healthy, leased over gRPC and REST
@@ -127,7 +128,7 @@ func TestFlow(t *testing.T) {
 	if _, err := c.DeleteProxy(ctx(t, 10*time.Second), &proxyv1.DeleteProxyRequest{Name: "flow-07"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "flow-07 gone with its instance", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "flow-07 gone with its instance", func() bool {
 		_, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "flow-07"})
 		_, statErr := os.Stat(filepath.Join(s.stateDir, uid07))
 		return status.Code(err) == codes.NotFound && os.IsNotExist(statErr)
@@ -135,21 +136,10 @@ func TestFlow(t *testing.T) {
 	if _, err := s.fetchThrough(rest.Lease.Address.Host, rest.Lease.Address.Port, "/after-delete"); err == nil {
 		t.Error("the deleted proxy still forwards")
 	}
-	waitFor(t, "the lease on the deleted proxy ended", 10*time.Second, func() bool {
+	waittest.For(t, 10*time.Second, "the lease on the deleted proxy ended", func() bool {
 		_, err := leases.RenewLease(ctx(t, 10*time.Second), &leasev1.RenewLeaseRequest{LeaseId: rest.Lease.LeaseID})
 		return err != nil
 	})
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s within %s", what, timeout)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // The provisioner dies in the middle of Creates; a second replica finishes
@@ -160,7 +150,7 @@ func TestProvisionerKilledMidCreates(t *testing.T) {
 	first := s.startProvisioner("prov-1", "--max-concurrent=1")
 	s.startOrchestrator()
 	s.createProxies("kill", 10)
-	waitFor(t, "a first instance", time.Minute, func() bool { return len(s.instanceDirs()) > 0 })
+	waittest.For(t, time.Minute, "a first instance", func() bool { return len(s.instanceDirs()) > 0 })
 	first.Kill(t)
 	atKill := len(s.instanceDirs())
 	t.Logf("provisioner killed with %d of 10 instances made", atKill)
@@ -203,7 +193,7 @@ func TestOrchestratorRestartMidFlight(t *testing.T) {
 	s.startProvisioner("prov-1")
 	orch := s.startOrchestrator()
 	s.createProxies("restart", 10)
-	waitFor(t, "a first instance", time.Minute, func() bool { return len(s.instanceDirs()) > 0 })
+	waittest.For(t, time.Minute, "a first instance", func() bool { return len(s.instanceDirs()) > 0 })
 	orch.Kill(t)
 	t.Logf("orchestrator killed with %d of 10 instances made", len(s.instanceDirs()))
 	s.startOrchestrator()
@@ -229,7 +219,7 @@ func TestNATSOutage(t *testing.T) {
 	s.nats.Restart(t)
 	s.waitAll("restart", 3, "Ready and healthy after a NATS restart", 3*time.Minute, ready)
 	leases := s.leases()
-	waitFor(t, "a lease on a proxy created around the restart", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "a lease on a proxy created around the restart", func() bool {
 		resp, err := leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{
 			Ttl: durationpb.New(time.Minute), Selector: &leasev1.ProxySelector{Labels: map[string]string{"id": "restart-01"}},
 		})
@@ -254,7 +244,7 @@ func TestHealthReplicaKilled(t *testing.T) {
 	// and made by health-2.
 	killed := time.Now()
 	client := s.health(a2.GRPC)
-	waitFor(t, "every proxy probed by health-2 after the kill", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "every proxy probed by health-2 after the kill", func() bool {
 		resp, err := client.ListProxyHealth(ctx(t, 10*time.Second), &healthv1.ListProxyHealthRequest{PageSize: 100})
 		if err != nil {
 			return false
@@ -288,7 +278,7 @@ func TestOrphanGC(t *testing.T) {
 	if _, err := conn.Exec(context.Background(), "DELETE FROM orchestrator.proxies WHERE uid = $1", victim); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the orphan deleted", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "the orphan deleted", func() bool {
 		_, err := os.Stat(filepath.Join(s.stateDir, victim))
 		return os.IsNotExist(err)
 	})
@@ -305,7 +295,7 @@ func TestProxmoxBackend(t *testing.T) {
 	fake := proctest.Start(t, proctest.Build(t, "../../services/provisioner-proxmox/internal/pvefake/cmd/pvefake"),
 		[]string{"--listen=127.0.0.1:0", "--dir=" + s.dir})
 	var pveURL string
-	waitFor(t, "the fake Proxmox VE API", 30*time.Second, func() bool {
+	waittest.For(t, 30*time.Second, "the fake Proxmox VE API", func() bool {
 		for _, line := range strings.Split(fake.Output(), "\n") {
 			if u, ok := strings.CutPrefix(strings.TrimSpace(line), "url: "); ok {
 				pveURL = u
@@ -343,7 +333,7 @@ func TestProxmoxBackend(t *testing.T) {
 	}
 	// Orphan GC sweeps every 2 s with a 1 s grace: the live VM must survive
 	// a few sweeps.
-	waitFor(t, "three GC sweeps of pve-fake", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "three GC sweeps of pve-fake", func() bool {
 		return metricAtLeast(t, "http://"+s.orchestrator.HTTP+"/metrics", `egress_orchestrator_gc_sweeps_total{provider="pve-fake"}`, 3)
 	})
 	if got, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "pve-00"}); err != nil || !running(got.GetProxy()) {
@@ -352,7 +342,7 @@ func TestProxmoxBackend(t *testing.T) {
 	if _, err := c.DeleteProxy(ctx(t, 10*time.Second), &proxyv1.DeleteProxyRequest{Name: "pve-00"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "pve-00 gone", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "pve-00 gone", func() bool {
 		_, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "pve-00"})
 		return status.Code(err) == codes.NotFound
 	})

@@ -17,6 +17,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // The orchestrator and provisioner-gcp agree on the contract, against the
@@ -30,7 +31,7 @@ func TestGCPBackend(t *testing.T) {
 	fake := proctest.Start(t, proctest.Build(t, "../../services/provisioner-gcp/internal/gcpfake/cmd/gcpfake"),
 		[]string{"--listen=127.0.0.1:0", "--project=egress-e2e", "--zones=" + okZone + "," + quotaZone, "--quota-zones=" + quotaZone})
 	var apiURL string
-	waitFor(t, "the fake Compute API", 30*time.Second, func() bool {
+	waittest.For(t, 30*time.Second, "the fake Compute API", func() bool {
 		for _, line := range strings.Split(fake.Output(), "\n") {
 			if u, ok := strings.CutPrefix(strings.TrimSpace(line), "url: "); ok {
 				apiURL = u
@@ -106,7 +107,7 @@ func TestGCPBackend(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"gce-00", "quota-00"} {
-		waitFor(t, name+" gone", time.Minute, func() bool {
+		waittest.For(t, time.Minute, name+" gone", func() bool {
 			_, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: name})
 			return status.Code(err) == codes.NotFound
 		})

@@ -18,6 +18,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kubetest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // The orchestrator and provisioner-kubernetes agree on the contract, as
@@ -95,7 +96,7 @@ func TestKubernetesBackend(t *testing.T) {
 		t.Errorf("the proxy's pod: labels %v annotations %v on %q", pod.Labels, pod.Annotations, pod.Spec.NodeName)
 	}
 
-	waitFor(t, "the orphan pod deleted by GC", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "the orphan pod deleted by GC", func() bool {
 		_, err := cp.Client.CoreV1().Pods(ns).Get(bg, orphan, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
@@ -109,7 +110,7 @@ func TestKubernetesBackend(t *testing.T) {
 	if _, err := c.DeleteProxy(ctx(t, 10*time.Second), &proxyv1.DeleteProxyRequest{Name: "kube-00"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "kube-00 gone", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "kube-00 gone", func() bool {
 		_, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "kube-00"})
 		return status.Code(err) == codes.NotFound
 	})

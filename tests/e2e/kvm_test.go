@@ -14,6 +14,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/libvirttest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // The orchestrator and provisioner-kvm against the machine's real libvirtd
@@ -68,7 +69,7 @@ func TestKVMBackend(t *testing.T) {
 		env.RemoveDomain(name)
 	})
 	created := time.Now()
-	waitFor(t, "domain "+name+" running on the host", 2*time.Minute, func() bool { return env.DomainState(name) == "running" })
+	waittest.For(t, 2*time.Minute, "domain "+name+" running on the host", func() bool { return env.DomainState(name) == "running" })
 	if x := env.DomainXML(name); !strings.Contains(x, "<egress:uid>"+resp.GetProxy().GetUid()+"</egress:uid>") {
 		t.Errorf("domain lacks the proxy's mark:\n%s", x)
 	}
@@ -92,7 +93,7 @@ func TestKVMBackend(t *testing.T) {
 	if _, err := c.DeleteProxy(ctx(t, 10*time.Second), &proxyv1.DeleteProxyRequest{Name: "kvm-00"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "kvm-00 gone", 2*time.Minute, func() bool {
+	waittest.For(t, 2*time.Minute, "kvm-00 gone", func() bool {
 		_, err := c.GetProxy(ctx(t, 10*time.Second), &proxyv1.GetProxyRequest{Name: "kvm-00"})
 		return status.Code(err) == codes.NotFound
 	})

@@ -22,6 +22,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // poolSuite is a suite whose orchestrator and lease service run with the
@@ -79,7 +80,7 @@ func (s *suite) poolProxies(pool string) (poolCounts, error) {
 func (s *suite) waitPool(pool, what string, timeout time.Duration, cond func(poolCounts) bool) poolCounts {
 	s.t.Helper()
 	var last poolCounts
-	waitFor(s.t, pool+" "+what, timeout, func() bool {
+	waittest.For(s.t, timeout, pool+" "+what, func() bool {
 		c, err := s.poolProxies(pool)
 		last = c
 		return err == nil && cond(c)
@@ -148,7 +149,7 @@ func TestPoolScalesOnLeaseLoad(t *testing.T) {
 	leases := s.leases()
 	sel := &leasev1.ProxySelector{Pool: "crawl"}
 	var held []*leasev1.Lease
-	waitFor(t, "three leases from the pool", 3*time.Minute, func() bool {
+	waittest.For(t, 3*time.Minute, "three leases from the pool", func() bool {
 		resp, err := leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{TargetHost: "shop.example", Selector: sel, Ttl: durationpb.New(10 * time.Minute)})
 		if err == nil {
 			held = append(held, resp.GetLease())
@@ -355,7 +356,7 @@ func TestPoolSpreadFollowsProviderHealth(t *testing.T) {
 	if err := os.WriteFile(stateB, []byte("not a directory"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "local-b NOT_READY and local READY", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "local-b NOT_READY and local READY", func() bool {
 		return providerReadiness("local-b") == healthv1.ProviderReadiness_PROVIDER_READINESS_NOT_READY &&
 			providerReadiness("local") == healthv1.ProviderReadiness_PROVIDER_READINESS_READY
 	})
@@ -394,14 +395,14 @@ func TestPoolSpreadFollowsProviderHealth(t *testing.T) {
 	if err := os.Rename(stateB+".away", stateB); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "local-b READY again", time.Minute, func() bool {
+	waittest.For(t, time.Minute, "local-b READY again", func() bool {
 		return providerReadiness("local-b") == healthv1.ProviderReadiness_PROVIDER_READINESS_READY
 	})
 	c := s.waitPool("follow", "4 Ready, 2 on each provider", 3*time.Minute, func(c poolCounts) bool {
 		return c.ready == 4 && c.byProvider["local"] == 2 && c.byProvider["local-b"] == 2 && c.draining == 0
 	})
 	t.Logf("spread after recovery: %v", c.byProvider)
-	waitFor(t, "ProviderDegraded FALSE", 30*time.Second, func() bool {
+	waittest.For(t, 30*time.Second, "ProviderDegraded FALSE", func() bool {
 		return condition(s.getPool("follow"), "ProviderDegraded").GetStatus() == proxyv1.ConditionStatus_CONDITION_STATUS_FALSE
 	})
 }

@@ -18,6 +18,7 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // The whole suite with TLS and authentication on everywhere: every
@@ -47,7 +48,7 @@ func TestSecureSuite(t *testing.T) {
 	// Leased over gRPC (TLS), and used.
 	leases := s.leases()
 	var l *leasev1.Lease
-	waitFor(t, "a lease on the Ready proxy", 30*time.Second, func() bool {
+	waittest.For(t, 30*time.Second, "a lease on the Ready proxy", func() bool {
 		resp, err := leases.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{
 			TargetHost: "shop.example", Ttl: durationpb.New(time.Minute),
 			Selector: &leasev1.ProxySelector{Labels: map[string]string{"id": "tls-00"}},
@@ -78,7 +79,7 @@ func TestSecureSuite(t *testing.T) {
 	}
 
 	// Health reached the provisioner over TLS with the service token.
-	waitFor(t, "the local provider checked ready", 45*time.Second, func() bool {
+	waittest.For(t, 45*time.Second, "the local provider checked ready", func() bool {
 		r, err := s.health(health.GRPC).GetProviderHealth(ctx(t, 10*time.Second), &healthv1.GetProviderHealthRequest{Provider: "local"})
 		return err == nil && r.GetHealth().GetReadiness() == healthv1.ProviderReadiness_PROVIDER_READINESS_READY
 	})

@@ -156,9 +156,9 @@ func (s *suite) serving() []string {
 			s.caFile = ca.File
 			s.certFile, s.keyFile = ca.Issue(s.t, serverName)
 		}
-		// The REST gateway verifies its own gRPC port like every client.
+		// The REST layer verifies its own gRPC port like every client.
 		args = append(args, "--tls-cert-file="+s.certFile, "--tls-key-file="+s.keyFile,
-			"--gateway-ca-file="+s.caFile, "--gateway-server-name="+serverName)
+			"--rest-ca-file="+s.caFile, "--rest-server-name="+serverName)
 	}
 	return args
 }

@@ -187,7 +187,7 @@ func (l *Lease) lose(err *LostError) {
 		return
 	}
 	l.c.log.Warn("WARNING: proxy lease lost; requests through it stop",
-		"lease_id", l.ID, "proxy", l.ProxyName, "target", l.Target, "error", err.Cause)
+		"lease_id", l.ID, "proxy_name", l.ProxyName, "target", l.Target, "error", err.Cause)
 	// A lease whose proxy stopped being leasable still holds its slot on
 	// the service until released.
 	l.releaseOnce.Do(func() { l.releaseErr = l.releaseCall() })
@@ -223,7 +223,7 @@ func (l *Lease) releaseCall() error {
 	}, backoff.WithBackOff(backoff.NewExponentialBackOff()))
 	if err != nil {
 		l.c.log.Warn("WARNING: releasing a proxy lease failed; it ends at its expiry",
-			"lease_id", l.ID, "proxy", l.ProxyName, "expire_time", l.Expiry(), "error", err)
+			"lease_id", l.ID, "proxy_name", l.ProxyName, "expire_time", l.Expiry(), "error", err)
 		return fmt.Errorf("egress: release lease %s: %w", l.ID, err)
 	}
 	return nil

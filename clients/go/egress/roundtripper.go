@@ -124,7 +124,7 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		rt.forget(host, l)
 		if _, rerr := l.Report(context.WithoutCancel(ctx), v.Outcome, v.options()...); rerr != nil {
 			l.c.log.Warn("WARNING: reporting a ban failed; the proxy may be offered for this target again",
-				"lease_id", l.ID, "proxy", l.ProxyName, "target", host, "outcome", v.Outcome.String(), "error", rerr)
+				"lease_id", l.ID, "proxy_name", l.ProxyName, "target", host, "outcome", v.Outcome.String(), "error", rerr)
 		}
 		_ = l.Release()
 		retry := attempt < attempts && ctx.Err() == nil && replayable(req) && (err == nil || idempotent(req))

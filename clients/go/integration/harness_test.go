@@ -34,6 +34,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 func TestMain(m *testing.M) {
@@ -75,7 +76,7 @@ func newSuiteTLS(t *testing.T, n int, tf *tlsFiles, extraArgs ...string) *suite 
 	}
 	args := []string{
 		"--database-url=" + dsn, "--nats-url=" + s.nats.URL(), "--auth-token-file=" + tokens,
-		"--min-ttl=1s", "--sweep-interval=200ms", "--pool-refresh-interval=200ms",
+		"--min-ttl=1s", "--sweep-interval=200ms", "--mirror-refresh-interval=200ms",
 	}
 	args = append(args, extraArgs...)
 	creds := insecure.NewCredentials()
@@ -129,7 +130,7 @@ func (s *suite) publish(p *proxyv1.Proxy, revision int64) {
 // waitLeasable waits until the service offers n proxies.
 func (s *suite) waitLeasable(n int) {
 	s.t.Helper()
-	waitFor(s.t, fmt.Sprintf("%d proxies leasable", n), 20*time.Second, func() bool {
+	waittest.For(s.t, 20*time.Second, fmt.Sprintf("%d proxies leasable", n), func() bool {
 		return len(s.list()) == n
 	})
 }
@@ -300,18 +301,6 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c
-}
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
 }
 
 // get fetches url through rt and returns status and body.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/clients/go/egress"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // A lease with a 1s TTL is still held, and its proxy still unavailable to
@@ -33,7 +34,7 @@ func TestRenewKeepsLeasePastTTL(t *testing.T) {
 	// The service sweeps expired leases every 200ms: once the local
 	// expiry moved 3s past the first one, the lease has lived through
 	// several TTLs only by renewals.
-	waitFor(t, "renewals moved the expiry 3s on", 10*time.Second, func() bool { return l.Expiry().Sub(first) > 3*time.Second })
+	waittest.For(t, 10*time.Second, "renewals moved the expiry 3s on", func() bool { return l.Expiry().Sub(first) > 3*time.Second })
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease Err = %v after renewals", err)
 	}
@@ -151,7 +152,7 @@ func TestLostLeaseIsReported(t *testing.T) {
 			// is leasable again, it is free.
 			s.publish(proxySnapshot(0, s.proxies[0]), 3)
 			s.waitLeasable(1)
-			waitFor(t, "no active lease on the service", 5*time.Second, func() bool { return s.activeLeases() == 0 })
+			waittest.For(t, 5*time.Second, "no active lease on the service", func() bool { return s.activeLeases() == 0 })
 			again, err := c.TryAcquire(ctx(t), "example.com", egress.Selector{}, 2*time.Second)
 			if err != nil {
 				t.Fatalf("acquire after the loss: %v", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/clients/go/egress"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // The RoundTripper reports a banned answer, leaves that proxy for another
@@ -173,7 +174,7 @@ func TestRoundTripperWaitsForAProxy(t *testing.T) {
 		code, _, err := get(t, rt, "https://example.com/when-free")
 		done <- result{code, err}
 	}()
-	waitFor(t, "the RoundTripper retried twice", 10*time.Second, func() bool { return waits.Load() >= 2 })
+	waittest.For(t, 10*time.Second, "the RoundTripper retried twice", func() bool { return waits.Load() >= 2 })
 	select {
 	case r := <-done:
 		t.Fatalf("GET returned while the only proxy was held: %v", r)
@@ -231,7 +232,7 @@ func TestRoundTripperReleasesIdleLeases(t *testing.T) {
 	if first == nil {
 		t.Fatal("no lease held after the first GET")
 	}
-	waitFor(t, "the idle lease released", 10*time.Second, func() bool {
+	waittest.For(t, 10*time.Second, "the idle lease released", func() bool {
 		return len(rt.Leases()) == 0 && s.activeLeases() == 0
 	})
 	if !errors.Is(first.Err(), egress.ErrReleased) {
@@ -250,7 +251,7 @@ func TestRoundTripperReleasesIdleLeases(t *testing.T) {
 	<-s.site.slow
 	held := rt.Leases()["example.com"]
 	start := time.Now()
-	waitFor(t, "five idle periods passed", 10*time.Second, func() bool { return time.Since(start) > 5*idle })
+	waittest.For(t, 10*time.Second, "five idle periods passed", func() bool { return time.Since(start) > 5*idle })
 	if l := rt.Leases()["example.com"]; l == nil || l != held || l.Err() != nil || s.activeLeases() != 1 {
 		t.Fatalf("the lease of a request in flight was released: %v", l)
 	}
@@ -258,5 +259,5 @@ func TestRoundTripperReleasesIdleLeases(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "released once idle", 10*time.Second, func() bool { return s.activeLeases() == 0 })
+	waittest.For(t, 10*time.Second, "released once idle", func() bool { return s.activeLeases() == 0 })
 }

@@ -22,12 +22,13 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	validatev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 )
 
-var services = []protoreflect.FullName{"egress.proxy.v1.ProxyService", "egress.proxy.v1.ProxyPoolService", "egress.lease.v1.LeaseService", "egress.health.v1.HealthService"}
+var services = []protoreflect.FullName{"egress.proxy.v1.ProxyService", "egress.proxy.v1.ProxyPoolService", "egress.lease.v1.LeaseService", "egress.health.v1.HealthService", "egress.identity.v1.IdentityService"}
 
 func main() {
 	if len(os.Args) != 2 {

@@ -7,15 +7,15 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/egress-proxies/egress-proxies/pkg/gateway"
+	"github.com/egress-proxies/egress-proxies/pkg/rest"
 )
 
-// Decode fills m from data as gRPC (protobuf binary) or the REST gateway
+// Decode fills m from data as gRPC (protobuf binary) or the REST layer
 // (JSON, asJSON) decodes a request; false when they would refuse it before
 // any validation.
 func Decode(data []byte, asJSON bool, m proto.Message) bool {
 	if asJSON {
-		return gateway.Marshaler().Unmarshal(data, m) == nil
+		return rest.Marshaler().Unmarshal(data, m) == nil
 	}
 	return proto.Unmarshal(data, m) == nil
 }

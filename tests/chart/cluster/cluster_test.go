@@ -34,6 +34,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/tests/chart"
 )
 
@@ -133,7 +134,7 @@ func createSecrets(t *testing.T, cp *controlPlane) {
 		must(t, err)
 	}
 	// Pods are refused until the namespace's default ServiceAccount exists.
-	waitFor(t, "default ServiceAccount", 60*time.Second, func() error {
+	waittest.ForErr(t, 60*time.Second, "default ServiceAccount", func() error {
 		_, err := cp.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err
 	})
@@ -199,12 +200,13 @@ func TestChartLifecycle(t *testing.T) {
 	t.Run("upgrade rolls the readers of the providers config", func(t *testing.T) {
 		checkDeploymentsAvailable(t, cp, minPods)
 		rs1 := replicaSets(t, cp)
-		if len(rs0) != 8 || len(rs1) != 8 {
+		if len(rs0) != 9 || len(rs1) != 9 {
 			t.Fatalf("ReplicaSets before %v after %v, want one per Deployment", rs0, rs1)
 		}
 		for name := range before {
 			rolled := rs1[name] != rs0[name]
-			if wantRoll := name != relName+"-lease"; rolled != wantRoll {
+			// Lease and the console do not read the providers config.
+			if wantRoll := name != relName+"-lease" && name != relName+"-console"; rolled != wantRoll {
 				t.Errorf("%s: rolled to a new ReplicaSet %v (%s -> %s), want %v", name, rolled, rs0[name], rs1[name], wantRoll)
 			}
 		}
@@ -292,8 +294,9 @@ func checkObjectsExist(t *testing.T, cp *controlPlane, manifest string) {
 	}
 	// all-kinds.yaml without the monitoring CRDs, which this cluster lacks
 	// (the test installs with them off: see allKindsValues).
-	want := map[string]int{"ServiceAccount": 1, "ConfigMap": 2, "Service": 8, "Deployment": 8,
-		"HorizontalPodAutoscaler": 2, "PodDisruptionBudget": 7, "NetworkPolicy": 8}
+	// The Secret is the console's session key, which the chart makes.
+	want := map[string]int{"ServiceAccount": 1, "ConfigMap": 2, "Service": 9, "Deployment": 9,
+		"HorizontalPodAutoscaler": 2, "PodDisruptionBudget": 8, "NetworkPolicy": 9, "Secret": 1}
 	for k, n := range want {
 		if kinds[k] != n {
 			t.Errorf("%d %s objects in the cluster, want %d (all: %v)", kinds[k], k, n, kinds)
@@ -308,7 +311,7 @@ func checkDeploymentsAvailable(t *testing.T, cp *controlPlane, wantPods int) []s
 	t.Helper()
 	ctx := context.Background()
 	var names []string
-	waitFor(t, "Deployments Available", 3*time.Minute, func() error {
+	waittest.ForErr(t, 3*time.Minute, "Deployments Available", func() error {
 		list, err := cp.Client.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + relName})
 		if err != nil {
 			return err
@@ -327,8 +330,8 @@ func checkDeploymentsAvailable(t *testing.T, cp *controlPlane, wantPods int) []s
 				return fmt.Errorf("%s: available %v, %d/%d ready, %d updated, %d total", d.Name, avail, d.Status.ReadyReplicas, want, d.Status.UpdatedReplicas, d.Status.Replicas)
 			}
 		}
-		if len(list.Items) != 8 {
-			return fmt.Errorf("%d Deployments, want 8", len(list.Items))
+		if len(list.Items) != 9 {
+			return fmt.Errorf("%d Deployments, want 9", len(list.Items))
 		}
 		pods, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + relName})
 		if err != nil {
@@ -387,9 +390,9 @@ func checksums(t *testing.T, cp *controlPlane) map[string]string {
 }
 
 // minPods is the pods all-kinds.yaml runs before any autoscaling: 2
-// orchestrator, 1+ lease, 2 health, 3 pve-a, 1+ pve-b, 2 kvm-lab, 2 gcp-eu,
-// 1 local.
-const minPods = 14
+// orchestrator, 1+ lease, 2 health, 2 console, 3 pve-a, 1+ pve-b, 2
+// kvm-lab, 2 gcp-eu, 1 local.
+const minPods = 16
 
 // allKindsValues are testdata/all-kinds.yaml without the prometheus-operator
 // objects, whose CRDs this cluster does not have.
@@ -422,7 +425,7 @@ func checkNothingLeft(t *testing.T, cp *controlPlane) {
 	t.Helper()
 	ctx := context.Background()
 	sel := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + relName}
-	waitFor(t, "nothing left after uninstall", 2*time.Minute, func() error {
+	waittest.ForErr(t, 2*time.Minute, "nothing left after uninstall", func() error {
 		var left []string
 		add := func(kind string, n int, err error) {
 			if err != nil {

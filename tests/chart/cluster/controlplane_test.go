@@ -4,7 +4,6 @@ package cluster
 
 import (
 	"testing"
-	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/kubetest"
 )
@@ -13,11 +12,6 @@ import (
 type controlPlane = kubetest.ControlPlane
 
 func startControlPlane(t *testing.T) *controlPlane { return kubetest.Start(t) }
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() error) {
-	t.Helper()
-	kubetest.WaitFor(t, what, timeout, cond)
-}
 
 func must(t *testing.T, err error) {
 	t.Helper()

@@ -14,9 +14,10 @@ providers config).
 {{- else -}}
 {{- $authEnv = "- name: EGRESS_AUTH_TOKEN_FILE\n  value: /etc/egress/auth/tokens\n" -}}
 {{- end -}}
-{{- $db := include "egress.databaseEnv" . -}}
+{{- /* Every service with a database: its URL, and --migrate off (the migration hook runs `<service> migrate` first). */ -}}
+{{- $db := printf "%s\n- name: EGRESS_MIGRATE\n  value: \"false\"" (include "egress.databaseEnv" .) -}}
 {{- $out := list -}}
-{{- $orchEnv := printf "%s\n%s- name: EGRESS_AUTO_MIGRATE\n  value: \"false\"\n- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n" $db $authEnv -}}
+{{- $orchEnv := printf "%s\n%s- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n" $db $authEnv -}}
 {{- if $v.cloudInit.keysSecret -}}
 {{- $orchEnv = printf "%s- name: EGRESS_CLOUD_INIT_KEY_FILE\n  value: /etc/egress/cloud-init/keys.yaml\n" $orchEnv -}}
 {{- end -}}
@@ -26,17 +27,25 @@ providers config).
 {{- $orchEnv = printf "%s- name: EGRESS_HEALTH_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $orchEnv -}}
 {{- end -}}
 {{- $out = append $out (dict "component" "orchestrator" "image" "orchestrator" "grpcPort" $v.orchestrator.grpcPort "httpPort" $v.orchestrator.httpPort "replicas" $v.orchestrator.replicas "autoscaling" dict "resources" $v.orchestrator.resources "env" $v.orchestrator.env "envBlock" $orchEnv "providers" true "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled) "cloudInitKeys" ($v.cloudInit.keysSecret | default "")) -}}
-{{- $leaseEnv := printf "%s\n%s- name: EGRESS_MIGRATE\n  value: \"false\"\n- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $db $authEnv .Release.Name $v.orchestrator.grpcPort -}}
+{{- $leaseEnv := printf "%s\n%s- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $db $authEnv .Release.Name $v.orchestrator.grpcPort -}}
 {{- if not $v.auth.disabled -}}
 {{- $leaseEnv = printf "%s- name: EGRESS_ORCHESTRATOR_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $leaseEnv -}}
 {{- end -}}
 {{- $out = append $out (dict "component" "lease" "image" "lease" "grpcPort" $v.lease.grpcPort "httpPort" $v.lease.httpPort "replicas" $v.lease.replicas "autoscaling" $v.lease.autoscaling "resources" $v.lease.resources "env" $v.lease.env "envBlock" $leaseEnv "providers" false "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled)) -}}
-{{- $healthEnv := printf "%s\n%s- name: EGRESS_MIGRATE\n  value: \"false\"\n- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n- name: EGRESS_PROBE_TARGET\n  value: %s\n- name: EGRESS_PROVISIONER\n  value: %s\n" $db $authEnv ($v.health.probeTarget | quote) (include "egress.provisionerAddrs" . | quote) -}}
+{{- $healthEnv := printf "%s\n%s- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n- name: EGRESS_PROBE_TARGET\n  value: %s\n- name: EGRESS_PROVISIONER\n  value: %s\n" $db $authEnv ($v.health.probeTarget | quote) (include "egress.provisionerAddrs" . | quote) -}}
 {{- $healthEnv = printf "%s- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $healthEnv .Release.Name $v.orchestrator.grpcPort -}}
 {{- if not $v.auth.disabled -}}
 {{- $healthEnv = printf "%s- name: EGRESS_ORCHESTRATOR_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n- name: EGRESS_PROVISIONER_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $healthEnv -}}
 {{- end -}}
 {{- $out = append $out (dict "component" "health" "image" "health" "grpcPort" $v.health.grpcPort "httpPort" $v.health.httpPort "replicas" $v.health.replicas "autoscaling" dict "resources" $v.health.resources "env" $v.health.env "envBlock" $healthEnv "providers" true "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled)) -}}
+{{- if $v.console.enabled -}}
+{{- /* The console needs no token of its own: it calls with each user's. */ -}}
+{{- $consoleEnv := printf "- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n- name: EGRESS_LEASE_ADDR\n  value: \"%s-lease:%v\"\n- name: EGRESS_HEALTH_ADDR\n  value: \"%s-health:%v\"\n- name: EGRESS_SESSION_KEY_FILE\n  value: /etc/egress/console/session-keys\n- name: EGRESS_SECURE_COOKIES\n  value: %s\n" .Release.Name $v.orchestrator.grpcPort .Release.Name $v.lease.grpcPort .Release.Name $v.health.grpcPort ($v.console.secureCookies | quote) -}}
+{{- with $v.console.gatewayMetricsURL -}}
+{{- $consoleEnv = printf "%s- name: EGRESS_GATEWAY_METRICS_URL\n  value: %s\n" $consoleEnv (. | quote) -}}
+{{- end -}}
+{{- $out = append $out (dict "component" "console" "image" "console" "grpcPort" $v.console.grpcPort "httpPort" $v.console.httpPort "replicas" $v.console.replicas "autoscaling" dict "resources" $v.console.resources "env" $v.console.env "envBlock" $consoleEnv "providers" false "auth" false "credentials" false "sessionKeys" ($v.console.sessionKeySecret | default (printf "%s-console-session" .Release.Name))) -}}
+{{- end -}}
 {{- range $v.provisioners -}}
 {{- $env := printf "%s- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n- name: EGRESS_PROVIDER\n  value: %s\n" $authEnv (.name | quote) -}}
 {{- if and (eq .type "gcp") .existingSecret -}}

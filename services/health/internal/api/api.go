@@ -34,7 +34,7 @@ type Server struct {
 	Store *store.Store
 	Hub   *transitions.Hub
 	// Providers are the configured providers, in config order.
-	Providers []Provider
+	Providers func() []Provider
 	Log       *slog.Logger
 	// Stopping, when closed, ends every watch (the service is shutting
 	// down: a graceful stop waits for streams, and watches never end on
@@ -164,9 +164,10 @@ func (s *Server) WatchProxyHealth(req *healthv1.WatchProxyHealthRequest, stream 
 // GetProviderHealth returns one provider's latest check.
 func (s *Server) GetProviderHealth(ctx context.Context, req *healthv1.GetProviderHealthRequest) (*healthv1.GetProviderHealthResponse, error) {
 	var cfg *Provider
-	for i := range s.Providers {
-		if s.Providers[i].Name == req.GetProvider() {
-			cfg = &s.Providers[i]
+	provs := s.Providers()
+	for i := range provs {
+		if provs[i].Name == req.GetProvider() {
+			cfg = &provs[i]
 		}
 	}
 	if cfg == nil {
@@ -191,7 +192,7 @@ func (s *Server) ListProviderHealth(ctx context.Context, _ *healthv1.ListProvide
 		return nil, s.internal(ctx, "reading provider health", err)
 	}
 	resp := &healthv1.ListProviderHealthResponse{}
-	for _, p := range s.Providers {
+	for _, p := range s.Providers() {
 		h, ok := all[p.Name]
 		if !ok {
 			h = &healthv1.ProviderHealth{Provider: p.Name, Type: p.Type}

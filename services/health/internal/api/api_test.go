@@ -45,7 +45,9 @@ func newFixture(t *testing.T) *fixture {
 
 	srv := grpctest.NewServer(t)
 	healthv1.RegisterHealthServiceServer(srv, &api.Server{Store: st, Hub: hub, Log: log,
-		Providers: []api.Provider{{Name: "pve", Type: "proxmox"}, {Name: "kvm-home", Type: "kvm"}}})
+		Providers: func() []api.Provider {
+			return []api.Provider{{Name: "pve", Type: "proxmox"}, {Name: "kvm-home", Type: "kvm"}}
+		}})
 	t.Cleanup(func() {
 		cancel()
 		<-hubDone
@@ -99,7 +101,7 @@ func TestGetProxyHealth(t *testing.T) {
 			t.Errorf("GetProxyHealth(%q) = %v, want %s", tc.name, err, tc.code)
 		}
 	}
-	if err := f.st.DeleteProxy(ctx, "u1"); err != nil {
+	if err := f.st.DeleteProxy(ctx, "u1", 1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.client.GetProxyHealth(ctx, &healthv1.GetProxyHealthRequest{ProxyName: "alpha"}); status.Code(err) != codes.NotFound {

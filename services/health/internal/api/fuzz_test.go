@@ -12,7 +12,7 @@ import (
 )
 
 // FuzzListProxyHealthRequest feeds ListProxyHealthRequests, as protobuf and
-// as the JSON the REST gateway decodes, through the contract's rules and
+// as the JSON the REST layer decodes, through the contract's rules and
 // the page-token decoding: nothing panics, errors keep the one shape naming
 // their field, and a token this service issues decodes back to where it
 // stopped. Seeds: testdata/fuzz/FuzzListProxyHealthRequest.

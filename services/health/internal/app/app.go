@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"strings"
@@ -42,16 +41,16 @@ import (
 
 // Config is the service's own configuration.
 type Config struct {
-	DatabaseURL        string
-	NATSURL            string
-	NATSPrefix         string
-	NATSStreamReplicas int
-	ProvidersConfig    string
+	Database        postgres.Flags
+	NATS            bus.Flags
+	ProvidersConfig string
 
-	ProbeTarget   string
-	ProbeCAFile   string
-	Defaults      engine.Defaults
-	MaxConcurrent int
+	ProbeTarget        string
+	ProbeCAFile        string
+	ProbeTLSMaxVersion string
+	Defaults           engine.Defaults
+	FastInterval       time.Duration
+	MaxConcurrent      int
 
 	// Orchestrator is where resyncs list the proxies to probe; an empty
 	// Addr means events only.
@@ -69,7 +68,6 @@ type Config struct {
 	MembershipTTL      time.Duration
 	StateFlushInterval time.Duration
 	Retention          time.Duration
-	MigrateAtStart     bool
 	TraceProbes        bool
 }
 
@@ -106,17 +104,19 @@ func (p *provisionerFlag) Set(v string) error {
 // RegisterFlags adds the service's flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	host, _ := os.Hostname()
-	fs.StringVar(&c.DatabaseURL, "database-url", "", "PostgreSQL URL (schema health); required")
-	fs.StringVar(&c.NATSURL, "nats-url", nats.DefaultURL, "NATS server URL")
-	fs.StringVar(&c.NATSPrefix, "nats-prefix", bus.DefaultPrefix, "prefix of the NATS subjects and streams")
-	fs.IntVar(&c.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
+	c.Database.Register(fs)
+	c.NATS.Register(fs)
 	fs.StringVar(&c.ProvidersConfig, "providers-config", "", "providers YAML file (names and types); empty: no providers")
 	fs.StringVar(&c.ProbeTarget, "probe-target", "", "URL fetched through every proxy: https:// for a CONNECT tunnel with TLS, http:// for a plain forward. Required: a URL the operator runs, never a third-party site")
 	fs.StringVar(&c.ProbeCAFile, "probe-ca-file", "", "PEM file of CAs that verify the probe target (default: system roots)")
+	fs.StringVar(&c.ProbeTLSMaxVersion, "probe-tls-max-version", "1.2",
+		"highest TLS version a probe offers the target: 1.2 (a resumed handshake costs no key exchange) or 1.3 (for a target that refuses 1.2; more CPU per probe)")
 	fs.DurationVar(&c.Defaults.Interval, "probe-interval", engine.DefaultDefaults.Interval, "default time between probes of a proxy")
 	fs.DurationVar(&c.Defaults.Timeout, "probe-timeout", engine.DefaultDefaults.Timeout, "default limit of one probe; at most --probe-interval")
 	fs.IntVar(&c.Defaults.SuccessThreshold, "success-threshold", engine.DefaultDefaults.SuccessThreshold, "default successes in a row before a proxy is healthy")
 	fs.IntVar(&c.Defaults.FailureThreshold, "failure-threshold", engine.DefaultDefaults.FailureThreshold, "default failures in a row before a healthy proxy is unhealthy")
+	fs.DurationVar(&c.FastInterval, "probe-fast-interval", 250*time.Millisecond,
+		"time between probes of a proxy whose verdict is unsettled (none yet, or its last probe disagrees with it), at most its interval; 0: every proxy at its interval")
 	fs.IntVar(&c.MaxConcurrent, "max-concurrent-probes", 4096, "most probes in flight at once")
 	fs.StringVar(&c.Orchestrator.Addr, "orchestrator-addr", "",
 		"gRPC address of the orchestrator (host:port), whose ListProxies checks the proxies learnt from events; empty: events only")
@@ -127,19 +127,16 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ProviderCheckInterval, "provider-check-interval", time.Minute, "time between provider backend checks; 0 turns them off, otherwise at least 10s")
 	fs.DurationVar(&c.ProviderCheckTimeout, "provider-check-timeout", 0, "limit of one round of provider checks: 15s, or the interval when shorter; at most the interval")
 	fs.StringVar(&c.ReplicaID, "replica-id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's name in the replica set")
-	fs.DurationVar(&c.MembershipTTL, "membership-ttl", 10*time.Second, "how long a replica that stopped heartbeating keeps its proxies")
+	fs.DurationVar(&c.MembershipTTL, "membership-ttl", 0,
+		"how long a replica that stopped heartbeating keeps its proxies; 0: --probe-interval, at least 1s (the same on every replica)")
 	fs.DurationVar(&c.StateFlushInterval, "state-flush-interval", 2*time.Second, "how often changed proxy states are written for the read API")
 	fs.DurationVar(&c.Retention, "transition-retention", 7*24*time.Hour, "how long transitions are kept for WatchProxyHealth")
-	fs.BoolVar(&c.MigrateAtStart, "migrate", true, "apply the database migrations at start")
 	fs.BoolVar(&c.TraceProbes, "trace-health-probes", false, "emit one trace span per probe; off by default: probes run about once a second per proxy and would dominate trace volume")
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
-	var errs []error
-	if c.DatabaseURL == "" {
-		errs = append(errs, errors.New("--database-url is required"))
-	}
+	errs := []error{c.Database.Validate(), c.NATS.Validate()}
 	if _, err := probe.ParseTarget(c.ProbeTarget); err != nil {
 		errs = append(errs, err)
 	}
@@ -149,8 +146,14 @@ func (c *Config) Validate() error {
 	if err := providerhealth.ValidateSchedule(c.ProviderCheckInterval, c.ProviderCheckTimeout); err != nil {
 		errs = append(errs, err)
 	}
-	if c.MembershipTTL < time.Second {
-		errs = append(errs, errors.New("--membership-ttl must be at least 1s"))
+	if c.MembershipTTL != 0 && c.MembershipTTL < time.Second {
+		errs = append(errs, errors.New("--membership-ttl must be 0 (from --probe-interval) or at least 1s"))
+	}
+	if c.FastInterval != 0 && c.FastInterval < engine.MinInterval {
+		errs = append(errs, fmt.Errorf("--probe-fast-interval must be 0 (off) or at least %s, got %s", engine.MinInterval, c.FastInterval))
+	}
+	if _, err := tlsVersion(c.ProbeTLSMaxVersion); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StateFlushInterval <= 0 {
 		errs = append(errs, errors.New("--state-flush-interval must be positive"))
@@ -164,19 +167,28 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Migrate applies the migrations (the migrate subcommand).
-func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
-	if c.DatabaseURL == "" {
-		return errors.New("--database-url is required")
+// membershipTTL is --membership-ttl, or the probe interval (at least 1s):
+// a dead replica's proxies are then taken over within two intervals.
+func (c *Config) membershipTTL() time.Duration {
+	if c.MembershipTTL != 0 {
+		return c.MembershipTTL
 	}
-	return store.Migrate(ctx, c.DatabaseURL, log)
+	return max(c.Defaults.Interval, time.Second)
 }
 
-// lockKey is the advisory lock of the provider-check singleton.
-func lockKey(prefix string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("egress-health/provider-checks/" + prefix))
-	return int64(h.Sum64() >> 1)
+func tlsVersion(v string) (uint16, error) {
+	switch v {
+	case "1.2":
+		return tls.VersionTLS12, nil
+	case "1.3":
+		return tls.VersionTLS13, nil
+	}
+	return 0, fmt.Errorf("--probe-tls-max-version must be 1.2 or 1.3, got %q", v)
+}
+
+// Migrate applies the migrations (the migrate subcommand).
+func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
+	return c.Database.RunMigrations(ctx, store.Migrate, log)
 }
 
 // Setup builds everything and registers it on s.
@@ -185,21 +197,21 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 	log := s.Log
-	var provCfg *providers.Config
+	var provs providers.Source = providers.Static(&providers.Config{})
 	if c.ProvidersConfig != "" {
-		var err error
-		if provCfg, err = providers.LoadFile(c.ProvidersConfig); err != nil {
+		f, err := providers.Open(c.ProvidersConfig, log, s.Metrics)
+		if err != nil {
 			return err
 		}
-	} else {
-		provCfg = &providers.Config{}
+		provs = f
 	}
 	for name := range c.Provisioners {
-		if _, ok := provCfg.Get(name); !ok {
+		if _, ok := provs.Current().Get(name); !ok {
 			return fmt.Errorf("--provisioner %s: no such provider in the providers config", name)
 		}
 	}
-	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	maxVersion, _ := tlsVersion(c.ProbeTLSMaxVersion) // checked by Validate
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, MaxVersion: maxVersion}
 	if c.ProbeCAFile != "" {
 		pem, err := os.ReadFile(c.ProbeCAFile)
 		if err != nil {
@@ -216,17 +228,12 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 
-	if c.MigrateAtStart {
-		if err := store.Migrate(ctx, c.DatabaseURL, log); err != nil {
-			return err
-		}
-	}
-	pool, err := postgres.Connect(ctx, c.DatabaseURL)
+	pool, err := c.Database.Open(ctx, store.Migrate, log)
 	if err != nil {
 		return err
 	}
-	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "health " + c.ReplicaID, Names: names, StreamReplicas: c.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
+	names := c.NATS.Names()
+	nc, js, err := c.NATS.Connect(ctx, "health "+c.ReplicaID, s.Log, s.Metrics)
 	if err != nil {
 		pool.Close()
 		return err
@@ -258,11 +265,12 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		OnResult:      metrics.Observe,
 		OnRemove:      metrics.Forget,
 		MaxConcurrent: c.MaxConcurrent,
+		FastInterval:  c.FastInterval,
 	})
 	rec.State = eng.Get
-	mem := &membership.Membership{ID: c.ReplicaID, TTL: c.MembershipTTL, Log: log}
+	mem := &membership.Membership{ID: c.ReplicaID, TTL: c.membershipTTL(), Log: log}
 	var gone goneList
-	fl := &fleet.Fleet{Engine: eng, Defaults: c.Defaults, Owns: mem.Owns, Gone: gone.add, Log: log,
+	fl := &fleet.Fleet{Engine: eng, Defaults: c.Defaults, Self: c.ReplicaID, Gone: gone.add, Log: log,
 		Prior: func(uids []string) map[string]fleet.Prior {
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
@@ -277,7 +285,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 			}
 			return out
 		}}
-	mem.OnChange = func([]string) { fl.Rebalance() }
+	mem.OnChange = fl.Rebalance
 
 	var resync *proxysync.Loop
 	var orch *grpc.ClientConn
@@ -305,34 +313,51 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		log.Warn("WARNING: no orchestrator address configured; the probed proxies are learnt from events alone, and proxies deleted while events were missed (or after a reset of the orchestrator's database) keep being probed")
 	}
 
-	var targets []providerhealth.Target
-	var apiProviders []api.Provider
+	// A --provisioner names a provider's address for good; the providers
+	// checked and listed are those of the config in effect (reloaded on
+	// change), so a provider added later is listed (and checked, given a
+	// --provisioner) and one removed is no longer.
+	checkers := map[string]providerhealth.Checker{}
 	var conns []*grpc.ClientConn
-	for _, p := range provCfg.Providers {
-		t := providerhealth.Target{Name: p.Name, Type: p.Type}
-		if addr, ok := c.Provisioners[p.Name]; ok {
-			client := c.ProvisionerClient
-			client.Addr = addr
-			conn, err := client.Dial()
-			if err != nil {
-				return fmt.Errorf("--provisioner %s: %w", p.Name, err)
+	for name, addr := range c.Provisioners {
+		client := c.ProvisionerClient
+		client.Addr = addr
+		conn, err := client.Dial()
+		if err != nil {
+			for _, conn := range conns {
+				_ = conn.Close()
 			}
-			conns = append(conns, conn)
-			t.Checker = providerhealth.NewGRPCChecker(p.Name, addr, conn)
+			return fmt.Errorf("--provisioner %s: %w", name, err)
 		}
-		targets = append(targets, t)
-		apiProviders = append(apiProviders, api.Provider{Name: p.Name, Type: p.Type})
+		conns = append(conns, conn)
+		checkers[name] = providerhealth.NewGRPCChecker(name, addr, conn)
+	}
+	targets := func() []providerhealth.Target {
+		cfg := provs.Current()
+		out := make([]providerhealth.Target, 0, len(cfg.Providers))
+		for _, p := range cfg.Providers {
+			out = append(out, providerhealth.Target{Name: p.Name, Type: p.Type, Checker: checkers[p.Name]})
+		}
+		return out
+	}
+	apiProviders := func() []api.Provider {
+		cfg := provs.Current()
+		out := make([]api.Provider, 0, len(cfg.Providers))
+		for _, p := range cfg.Providers {
+			out = append(out, api.Provider{Name: p.Name, Type: p.Type})
+		}
+		return out
 	}
 	mon := &providerhealth.Monitor{
 		Store: st, Targets: targets, Interval: c.ProviderCheckInterval, Timeout: c.ProviderCheckTimeout,
-		Log: log, Lock: pool, LockKey: lockKey(names.Prefix), Retry: min(c.ProviderCheckInterval, 10*time.Second),
+		Log: log, Lock: pool, LockKey: postgres.LockKey("health", "provider-checks"), Retry: min(c.ProviderCheckInterval, 10*time.Second),
 	}
 	s.Metrics.MustRegister(providerhealth.Collector{M: mon})
 
 	// ctx ends at SIGTERM, before the graceful stop that waits for streams.
 	srv := &api.Server{Store: st, Hub: hub, Providers: apiProviders, Log: log, Stopping: ctx.Done()}
 	healthv1.RegisterHealthServiceServer(s.GRPC, srv)
-	s.MountGateway(healthv1.RegisterHealthServiceHandler)
+	s.MountREST(healthv1.RegisterHealthServiceHandler)
 
 	// Workers; the last one closes the connections once all others ended.
 	var wg sync.WaitGroup
@@ -374,28 +399,34 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return nil
 	})
 	log.Info("health configured", "replica", c.ReplicaID, "probe_target", prober.Target(),
-		"providers", len(targets), "provisioners", len(c.Provisioners), "provider_check_interval", c.ProviderCheckInterval)
+		"providers", len(targets()), "provisioners", len(c.Provisioners), "provider_check_interval", c.ProviderCheckInterval)
 	return nil
 }
 
-// goneList holds proxies whose stored health must go; the flusher deletes
-// them after its writes, so a write in flight cannot bring one back.
+// goneList holds proxies whose stored health must go, each with the
+// revision of the snapshot that said so; the flusher deletes them after its
+// writes, so a write in flight cannot bring one back.
 type goneList struct {
-	mu   sync.Mutex
-	uids []string
+	mu    sync.Mutex
+	proxy []goneProxy
 }
 
-func (g *goneList) add(uid string) {
+type goneProxy struct {
+	uid      string
+	revision int64
+}
+
+func (g *goneList) add(uid string, revision int64) {
 	g.mu.Lock()
-	g.uids = append(g.uids, uid)
+	g.proxy = append(g.proxy, goneProxy{uid, revision})
 	g.mu.Unlock()
 }
 
-func (g *goneList) take() []string {
+func (g *goneList) take() []goneProxy {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := g.uids
-	g.uids = nil
+	out := g.proxy
+	g.proxy = nil
 	return out
 }
 
@@ -408,20 +439,28 @@ func flushStates(ctx context.Context, every time.Duration, st *store.Store, eng 
 			return nil
 		case <-t.C:
 		}
-		if err := st.SaveStates(ctx, eng.TakeDirty(), prober); err != nil && ctx.Err() == nil {
-			log.Warn("WARNING: saving proxy states failed; the next flush writes newer ones", "error", err)
-		}
-		uids := gone.take()
-		for i, uid := range uids {
-			if err := st.DeleteProxy(ctx, uid); err != nil {
-				if ctx.Err() == nil {
-					log.Warn("WARNING: removing a gone proxy's health failed; retrying", "error", err)
-				}
-				for _, u := range uids[i:] {
-					gone.add(u)
-				}
-				break
+		flushOnce(ctx, st, eng, gone, prober, log)
+	}
+}
+
+// flushOnce writes the states that changed, then forgets the gone proxies'
+// health as of the snapshot that made each go: a proxy probeable again
+// since (a Pending proxy that turned Running and got its verdict within
+// one flush interval) keeps the state written for it.
+func flushOnce(ctx context.Context, st *store.Store, eng *engine.Engine, gone *goneList, prober string, log *slog.Logger) {
+	if err := st.SaveStates(ctx, eng.TakeDirty(), prober); err != nil && ctx.Err() == nil {
+		log.Warn("WARNING: saving proxy states failed; the next flush writes newer ones", "error", err)
+	}
+	proxies := gone.take()
+	for i, p := range proxies {
+		if err := st.DeleteProxy(ctx, p.uid, p.revision); err != nil {
+			if ctx.Err() == nil {
+				log.Warn("WARNING: removing a gone proxy's health failed; retrying", "error", err)
 			}
+			for _, q := range proxies[i:] {
+				gone.add(q.uid, q.revision)
+			}
+			return
 		}
 	}
 }

@@ -4,11 +4,14 @@
 // results for an instance that was replaced while its probe ran.
 //
 // The engine holds only the proxies this replica owns; whoever feeds it
-// (the fleet) adds and removes them. Scheduling is a heap of due times:
-// every proxy starts at a random point of its first interval, so probes
-// spread evenly and never synchronise, then runs at a fixed rate. A probe
-// still running when its proxy is due again is not doubled; that round is
-// skipped.
+// (the fleet) adds and removes them. Scheduling is one heap of due times
+// and one timer for all proxies: every proxy starts at a random point of
+// its first round, so probes spread evenly and never synchronise, then
+// runs at a fixed rate. The rate adapts (Config.FastInterval): a proxy
+// whose verdict is unsettled — none yet, or its latest probes disagree
+// with it — is probed at the fast interval, a steady one at its own
+// interval, which is never exceeded. A probe still running when its proxy
+// is due again is not doubled; that round is skipped.
 package engine
 
 import (
@@ -36,6 +39,11 @@ type Spec struct {
 	FailureThreshold int
 	// LatencyThreshold: a slower probe is a failure (TooSlow); 0 is none.
 	LatencyThreshold time.Duration
+	// Revision is the revision of the proxy snapshot this spec came from;
+	// it is stored with the proxy's state, so that forgetting a proxy's
+	// health as of one snapshot never removes what was written for a later
+	// one.
+	Revision int64
 }
 
 // Defaults fill what a proxy's health_check leaves unset.
@@ -51,6 +59,9 @@ var DefaultDefaults = Defaults{Interval: time.Second, Timeout: time.Second, Succ
 
 // MinInterval is the shortest probe interval a proxy may ask for.
 const MinInterval = 100 * time.Millisecond
+
+// DefaultTick is the engine's batching of probe starts (Config.Tick).
+const DefaultTick = 25 * time.Millisecond
 
 // Validate checks the defaults.
 func (d Defaults) Validate() error {
@@ -180,6 +191,19 @@ type Config struct {
 	OnRemove func(s Spec)
 	// MaxConcurrent bounds the probes in flight; 0 means 4096.
 	MaxConcurrent int
+	// Tick batches probes: the engine wakes at most once a Tick and starts
+	// every probe due before its next wake, up to one Tick early — never
+	// late, so no proxy waits longer than its interval. Probes started
+	// together keep the process (and the network stack) busy instead of
+	// waking it for each one (BenchmarkProbeAt1Hz measures the engine as
+	// the service runs it). 0 means 25ms.
+	Tick time.Duration
+	// FastInterval is how often a proxy whose verdict is unsettled is
+	// probed (at most its own interval): one with no verdict yet, a healthy
+	// one whose last probe failed, an unhealthy one whose last probe
+	// passed. A steady proxy is probed at its interval. 0: every proxy at
+	// its interval (a fixed cadence).
+	FastInterval time.Duration
 	// Now and Jitter are the clock and the random source; tests set them.
 	Now    func() time.Time
 	Jitter func(d time.Duration) time.Duration
@@ -197,9 +221,13 @@ type Engine struct {
 }
 
 type entry struct {
-	spec     Spec
-	epoch    uint64
-	next     time.Time
+	spec  Spec
+	epoch uint64
+	next  time.Time
+	// started is when the latest probe was started; cadence the current
+	// time between probes.
+	started  time.Time
+	cadence  time.Duration
 	index    int // in the heap
 	inflight bool
 	dirty    bool
@@ -229,26 +257,41 @@ func New(cfg Config) *Engine {
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 4096
 	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = DefaultTick
+	}
 	return &Engine{cfg: cfg, proxies: map[string]*entry{}, wake: make(chan struct{}, 1)}
 }
 
 // Upsert adds a proxy or updates its spec. A new proxy, or a new instance
 // (provider ID or address changed), starts over: no verdict, counters at
-// zero, first probe at a random point of the first interval; a probe of
-// the old instance still running is dropped when it returns.
+// zero, first probe at a random point of its first round; a probe of the
+// old instance still running is dropped when it returns.
 func (e *Engine) Upsert(s Spec) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.upsertLocked(s)
+	e.upsertLocked(s, nil)
 }
 
-func (e *Engine) upsertLocked(s Spec) {
+func (e *Engine) upsertLocked(s Spec, prior *Verdict) {
 	now := e.cfg.Now()
 	en, ok := e.proxies[s.UID]
 	switch {
 	case !ok:
-		en = &entry{spec: s, next: now.Add(e.cfg.Jitter(s.Interval)), dirty: true}
+		en = &entry{spec: s, dirty: true}
 		en.st.Spec = s
+		window := s.Interval
+		if prior != nil {
+			// Seeded under the same lock as the insert, so no flush ever
+			// sees the proxy without its verdict. Taken over from a replica
+			// that stopped probing it, it is due soon: within half an
+			// interval, so that a replica's death leaves its proxies
+			// unprobed for less than two intervals (docs/health.md).
+			en.st.VerdictKnown, en.st.Healthy, en.st.LastTransition = true, prior.Healthy, prior.LastTransition
+			window = s.Interval / 2
+		}
+		en.cadence = e.cadence(en)
+		en.next = now.Add(e.cfg.Jitter(min(window, en.cadence)))
 		e.proxies[s.UID] = en
 		heap.Push(&e.queue, en)
 	case en.spec.ProviderID != s.ProviderID || en.spec.Address != s.Address:
@@ -257,20 +300,37 @@ func (e *Engine) upsertLocked(s Spec) {
 		en.inflight = false
 		en.st = State{Spec: s}
 		en.dirty = true
-		en.next = now.Add(e.cfg.Jitter(s.Interval))
+		en.cadence = e.cadence(en)
+		en.next = now.Add(e.cfg.Jitter(en.cadence))
 		heap.Fix(&e.queue, en.index)
 	default:
 		en.spec = s
 		en.st.Spec = s
-		if latest := now.Add(s.Interval); en.next.After(latest) {
-			en.next = now.Add(e.cfg.Jitter(s.Interval))
+		en.cadence = e.cadence(en)
+		if latest := now.Add(en.cadence); en.next.After(latest) {
+			en.next = now.Add(e.cfg.Jitter(en.cadence))
 			heap.Fix(&e.queue, en.index)
 		}
 	}
+	e.wakeUp()
+}
+
+func (e *Engine) wakeUp() {
 	select {
 	case e.wake <- struct{}{}:
 	default:
 	}
+}
+
+// cadence is the time between en's probes: its interval when its verdict
+// is steady, the fast interval (at most its interval) while unsettled.
+func (e *Engine) cadence(en *entry) time.Duration {
+	st := &en.st
+	unsettled := !st.VerdictKnown || (st.Healthy && st.ConsecutiveFailures > 0) || (!st.Healthy && st.ConsecutiveSuccesses > 0)
+	if e.cfg.FastInterval > 0 && unsettled {
+		return min(e.cfg.FastInterval, en.spec.Interval)
+	}
+	return en.spec.Interval
 }
 
 // Verdict is a verdict reached earlier, possibly by another replica.
@@ -286,15 +346,7 @@ type Verdict struct {
 func (e *Engine) Adopt(s Spec, v *Verdict) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, held := e.proxies[s.UID]
-	e.upsertLocked(s)
-	if held || v == nil {
-		return
-	}
-	// Seeded under the same lock as the insert, so no flush ever sees the
-	// proxy without its verdict.
-	en := e.proxies[s.UID]
-	en.st.VerdictKnown, en.st.Healthy, en.st.LastTransition = true, v.Healthy, v.LastTransition
+	e.upsertLocked(s, v)
 }
 
 // Remove drops a proxy; a probe of it still running is dropped when it
@@ -351,16 +403,17 @@ func (e *Engine) Due(now time.Time) []Job {
 		}
 		// Fixed rate from the proxy's own phase; rounds missed while the
 		// process stalled are skipped, not caught up in a burst.
-		en.next = en.next.Add(en.spec.Interval)
+		en.next = en.next.Add(en.cadence)
 		if !en.next.After(now) {
-			missed := now.Sub(en.next)/en.spec.Interval + 1
-			en.next = en.next.Add(missed * en.spec.Interval)
+			missed := now.Sub(en.next)/en.cadence + 1
+			en.next = en.next.Add(missed * en.cadence)
 		}
 		heap.Fix(&e.queue, 0)
 		if en.inflight {
 			continue
 		}
 		en.inflight = true
+		en.started = now
 		jobs = append(jobs, Job{Spec: en.spec, entry: en, epoch: en.epoch})
 	}
 	return jobs
@@ -386,8 +439,31 @@ func (e *Engine) Complete(j Job, r probe.Result) bool {
 		return false
 	}
 	en.inflight = false
-	tr, flipped := evaluate(&en.st, en.spec, r, e.cfg.Now())
+	now := e.cfg.Now()
+	tr, flipped := evaluate(&en.st, en.spec, r, now)
 	en.dirty = true
+	if c := e.cadence(en); c != en.cadence {
+		// The next round counts from this probe's start at the new
+		// cadence: one fast interval when the verdict became unsettled; a
+		// random point of the interval once it settled, so that proxies
+		// that settled together (a thousand added at once, all failing
+		// when the target went down) spread over the interval again
+		// instead of keeping the fast interval's narrow phases.
+		settled := c > en.cadence
+		en.cadence = c
+		next := en.started.Add(c)
+		if settled {
+			next = en.started.Add(e.cfg.Jitter(c))
+		}
+		if next.Before(now) {
+			next = now
+		}
+		if !next.Equal(en.next) {
+			en.next = next
+			heap.Fix(&e.queue, en.index)
+			e.wakeUp()
+		}
+	}
 	spec := en.spec
 	e.mu.Unlock()
 	if e.cfg.OnResult != nil {
@@ -447,8 +523,8 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer timer.Stop()
 	defer e.running.Wait()
 	for {
-		now := e.cfg.Now()
-		for _, j := range e.Due(now) {
+		jobs, wait := e.step(e.cfg.Now())
+		for _, j := range jobs {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -469,10 +545,6 @@ func (e *Engine) Run(ctx context.Context) error {
 				e.Complete(j, r)
 			}()
 		}
-		wait := time.Hour
-		if next, ok := e.NextDue(); ok {
-			wait = max(next.Sub(e.cfg.Now()), 0)
-		}
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -481,6 +553,20 @@ func (e *Engine) Run(ctx context.Context) error {
 		case <-timer.C:
 		}
 	}
+}
+
+// step is one wake of Run at now: the probes to start (those due within a
+// tick) and how long to sleep — until a tick before the next due probe,
+// and never less than a tick, so that what falls due meanwhile starts
+// together.
+func (e *Engine) step(now time.Time) ([]Job, time.Duration) {
+	tick := e.cfg.Tick
+	jobs := e.Due(now.Add(tick))
+	wait := time.Hour
+	if next, ok := e.NextDue(); ok {
+		wait = max(next.Sub(now)-tick, tick)
+	}
+	return jobs, wait
 }
 
 // release marks a job's probe as no longer running without a result.

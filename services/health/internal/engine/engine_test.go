@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/probe"
 )
 
@@ -219,6 +222,195 @@ func TestEngine_scheduling(t *testing.T) {
 	}
 }
 
+// simulate drives e on clock in 5ms steps until the end, completing each
+// probe at once with result(uid, time) and returning each proxy's probe
+// times.
+func simulate(e *Engine, clock *fakeClock, end time.Time, result func(uid string, at time.Time) probe.Result) map[string][]time.Time {
+	probes := map[string][]time.Time{}
+	for now := clock.Now(); !now.After(end); now = clock.Add(5 * time.Millisecond) {
+		for _, j := range e.Due(now) {
+			probes[j.Spec.UID] = append(probes[j.Spec.UID], now)
+			e.Complete(j, result(j.Spec.UID, now))
+		}
+	}
+	return probes
+}
+
+func gaps(ts []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(ts); i++ {
+		out = append(out, ts[i].Sub(ts[i-1]))
+	}
+	return out
+}
+
+// The adaptive cadence: an unsettled proxy (no verdict yet, or failing
+// while healthy, or passing while unhealthy) is probed at the fast
+// interval; a steady one at its interval, never less often.
+func TestEngine_adaptiveCadence(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{now: t0}
+	rec := &recorder{}
+	cfg := rec.config(clock, nil)
+	cfg.FastInterval = 250 * time.Millisecond
+	e := New(cfg)
+	e.Upsert(spec("a")) // first probe at +125ms: half of its first, fast, round
+
+	// Healthy until +3s, failing until +8s, then healthy again.
+	probes := simulate(e, clock, t0.Add(12*time.Second), func(_ string, at time.Time) probe.Result {
+		if at.Sub(t0) >= 3*time.Second && at.Sub(t0) < 8*time.Second {
+			return fail
+		}
+		return pass
+	})["a"]
+	ms := func(d time.Duration) string { return fmt.Sprint(d.Milliseconds()) }
+	var got []string
+	for _, g := range gaps(probes) {
+		got = append(got, ms(g))
+	}
+	// +125, +375 (healthy: settled, so the next probe falls at a random
+	// point of the interval — here its middle), +875, +1875, +2875, +3875
+	// (fails: fast), +4125, +4375 (third failure: unhealthy, settled),
+	// +4875, +5875 ... +7875, +8875 (passes: fast), +9125 (healthy
+	// again, settled), +9625, +10625, +11625.
+	want := []string{"250", "500", "1000", "1000", "1000", "250", "250", "500", "1000", "1000", "1000", "1000", "250", "500", "1000", "1000"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("gaps between probes (ms) = %v, want %v", got, want)
+	}
+	trs := rec.transitions()
+	var flips []string
+	for _, tr := range trs {
+		flips = append(flips, fmt.Sprintf("%v@%s", tr.Healthy, ms(tr.Time.Sub(t0))))
+	}
+	if want := "[true@375 false@4375 true@9125]"; fmt.Sprint(flips) != want {
+		t.Errorf("transitions %v, want %s: each confirmed at the fast interval", flips, want)
+	}
+}
+
+// Proxies that settle together — a thousand added at once, confirmed at
+// the fast interval — spread over their interval again instead of
+// keeping the narrow phases of their first fast rounds.
+func TestEngine_settledProxiesSpreadOverTheInterval(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{now: t0}
+	e := New(Config{Now: clock.Now, FastInterval: 250 * time.Millisecond}) // the real random jitter
+	const n = 1000
+	for i := range n {
+		e.Upsert(spec(fmt.Sprint(i)))
+	}
+	// Two fast rounds: every proxy healthy, settled, by +500ms.
+	slots := map[int]int{}
+	for now := clock.Now(); now.Before(t0.Add(5 * time.Second)); now = clock.Add(5 * time.Millisecond) {
+		for _, j := range e.Due(now) {
+			if at := now.Sub(t0); at >= 2*time.Second && at < 3*time.Second {
+				slots[int(at/(100*time.Millisecond))]++
+			}
+			e.Complete(j, pass)
+		}
+	}
+	// In a steady second every 100ms slot holds about a tenth.
+	for slot := 20; slot < 30; slot++ {
+		if c := slots[slot]; c < n/20 || c > n/5 {
+			t.Errorf("slot %d of the third second holds %d of %d probes, want about %d", slot, c, n, n/10)
+		}
+	}
+}
+
+// A fixed cadence (no fast interval) probes at the interval whatever the
+// verdict: the baseline of the adaptive one.
+func TestEngine_fixedCadence(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{now: t0}
+	e := New((&recorder{}).config(clock, nil))
+	e.Upsert(spec("a"))
+	probes := simulate(e, clock, t0.Add(6*time.Second), func(_ string, at time.Time) probe.Result {
+		if at.Sub(t0) >= 2*time.Second {
+			return fail
+		}
+		return pass
+	})["a"]
+	for _, g := range gaps(probes) {
+		if g != time.Second {
+			t.Fatalf("gaps %v, want every probe a second apart", gaps(probes))
+		}
+	}
+}
+
+// A proxy taken over with a known verdict is steady, but it went
+// unprobed while its owner died: its first probe falls within half an
+// interval.
+func TestEngine_takenOverProbedWithinHalfAnInterval(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{now: t0}
+	cfg := (&recorder{}).config(clock, nil)
+	cfg.Jitter = func(d time.Duration) time.Duration { return d - time.Millisecond } // the latest
+	cfg.FastInterval = 250 * time.Millisecond
+	e := New(cfg)
+	e.Adopt(spec("a"), &Verdict{Healthy: true})
+	if next, _ := e.NextDue(); next.Sub(t0) >= spec("a").Interval/2 {
+		t.Errorf("first probe of a taken-over proxy at +%s, want within half an interval", next.Sub(t0))
+	}
+	e.Adopt(spec("b"), nil) // no verdict: its first round is fast
+	for _, j := range e.Due(t0.Add(250 * time.Millisecond)) {
+		if j.Spec.UID == "b" {
+			return
+		}
+	}
+	t.Error("a proxy without a verdict was not probed within the fast interval")
+}
+
+// Run's wakes: each starts the probes due within a tick (up to a tick
+// early, never late) and sleeps until a tick before the next one, at least
+// a tick.
+func TestEngine_stepBatchesByTick(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{now: t0}
+	due := map[string]time.Duration{"a": 10 * time.Millisecond, "b": 30 * time.Millisecond, "c": 40 * time.Millisecond, "d": 200 * time.Millisecond}
+	e := New(Config{Now: clock.Now, Tick: 25 * time.Millisecond})
+	for uid := range due {
+		e.Upsert(spec(uid))
+	}
+	e.mu.Lock()
+	for uid, d := range due {
+		en := e.proxies[uid]
+		en.next = t0.Add(d)
+		heap.Fix(&e.queue, en.index)
+	}
+	e.mu.Unlock()
+
+	type wake struct {
+		at    time.Duration
+		start []string
+		sleep time.Duration
+	}
+	var got []wake
+	now := t0
+	for now.Before(t0.Add(300 * time.Millisecond)) {
+		jobs, wait := e.step(now)
+		var started []string
+		for _, j := range jobs {
+			started = append(started, j.Spec.UID)
+			if d := due[j.Spec.UID]; now.Sub(t0) > d {
+				t.Errorf("%s due at +%s started late, at +%s", j.Spec.UID, d, now.Sub(t0))
+			}
+		}
+		slices.Sort(started)
+		got = append(got, wake{now.Sub(t0), started, wait})
+		now = now.Add(wait)
+		if len(got) == 3 {
+			break
+		}
+	}
+	want := []wake{
+		{0, []string{"a"}, 25 * time.Millisecond},                           // b due in 30ms: wake in a tick
+		{25 * time.Millisecond, []string{"b", "c"}, 150 * time.Millisecond}, // both within the tick; d's at 200 - 25
+		{175 * time.Millisecond, []string{"d"}, 810 * time.Millisecond},     // a's next round at 1010 - 25
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("wakes %v, want %v", got, want)
+	}
+}
+
 func TestEngine_jitterSpreadsProxies(t *testing.T) {
 	t.Parallel()
 	clock := &fakeClock{now: t0}
@@ -420,7 +612,7 @@ func TestEngine_Run(t *testing.T) {
 	b.Interval, b.Timeout, b.Address = 100*time.Millisecond, 100*time.Millisecond, "10.0.0.2:3128"
 	e.Upsert(b)
 
-	waitFor(t, func() bool {
+	waittest.For(t, 10*time.Second, "a healthy and b unhealthy", func() bool {
 		trs := rec.transitions()
 		var up, down bool
 		for _, tr := range trs {
@@ -428,14 +620,14 @@ func TestEngine_Run(t *testing.T) {
 			down = down || (tr.UID == "b" && !tr.Healthy)
 		}
 		return up && down
-	}, "a healthy and b unhealthy")
+	})
 
 	e.Remove("b")
 	mu.Lock()
 	before := probes["10.0.0.2:3128"]
 	mu.Unlock()
 	// a keeps being probed; b never again (at most one already in flight).
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return probes["10.0.0.1:3128"] > 10 }, "a probed ten more times")
+	waittest.For(t, 10*time.Second, "a probed ten more times", func() bool { mu.Lock(); defer mu.Unlock(); return probes["10.0.0.1:3128"] > 10 })
 	mu.Lock()
 	if after := probes["10.0.0.2:3128"]; after > before+1 {
 		t.Errorf("b probed %d more times after removal", after-before)
@@ -455,19 +647,6 @@ func TestEngine_Run(t *testing.T) {
 		if tr.Reason == "NoDeadline" {
 			t.Fatal("a probe ran without a deadline")
 		}
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
 	}
 }
 

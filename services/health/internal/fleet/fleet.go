@@ -3,7 +3,10 @@
 // periodically, after NATS outages), and decides which of them this
 // replica probes: it keeps the latest snapshot of every proxy (newest
 // revision wins), and hands the engine those that are probeable and owned
-// by this replica. It re-decides when the replica set changes.
+// by this replica. It re-decides when the replica set changes, moving only
+// the proxies whose owner changed: a replica that joins can take only the
+// proxies it now outweighs, one that leaves gives up only its own, so a
+// change costs one hash per proxy rather than one per proxy and member.
 package fleet
 
 import (
@@ -11,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,6 +25,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/membership"
 )
 
 // Engine is what the fleet drives.
@@ -43,11 +49,14 @@ type Prior struct {
 type Fleet struct {
 	Engine   Engine
 	Defaults engine.Defaults
-	// Owns says whether this replica probes uid; nil means all.
-	Owns func(uid string) bool
+	// Self is this replica's ID in the replica set: it probes the proxies
+	// the set's rendezvous hashing gives it (membership), none before the
+	// first Rebalance. Empty: it probes every proxy.
+	Self string
 	// Gone is called when a proxy is deleted or stops being probeable, so
-	// its stored health goes too.
-	Gone func(uid string)
+	// its stored health goes too: what was stored for its snapshots up to
+	// revision (every snapshot when the orchestrator no longer lists it).
+	Gone func(uid string, revision int64)
 	// Prior, when set, seeds proxies taken over with their earlier verdict.
 	Prior PriorFunc
 	Log   *slog.Logger
@@ -58,6 +67,8 @@ type Fleet struct {
 	mu      sync.Mutex
 	proxies map[string]*known
 	seq     uint64 // counts applied snapshots
+	members []string
+	ring    membership.Ring
 }
 
 type known struct {
@@ -66,6 +77,10 @@ type known struct {
 	spec     engine.Spec
 	probe    bool // probeable
 	owned    bool // handed to the engine
+	// owner is the member that probes it under ring, and its weight; ""
+	// while not probeable (decided when it becomes so).
+	owner  string
+	weight uint64
 }
 
 // Apply applies one event; it returns false for an event older than what
@@ -96,13 +111,14 @@ func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
 		k.probe = false
 	} else {
 		k.spec, k.probe = engine.SpecFor(ev.GetProxy(), f.Defaults)
+		k.spec.Revision = k.revision
 	}
-	f.syncAll(map[string]*known{uid: k})
+	f.syncAll(map[string]*known{uid: k}, true)
 	// Stored health goes when a proxy stops being probed, and also when
 	// the first event seen says it is not probed: the service may have
 	// been down when it went.
 	if !k.probe && (wasProbe || !ok) && f.Gone != nil {
-		f.Gone(uid)
+		f.Gone(uid, k.revision)
 	}
 	// A deleted proxy is remembered (its revision guards against replays
 	// of older events) but holds nothing else.
@@ -142,22 +158,48 @@ func (f *Fleet) Resync(ctx context.Context, l proxysync.Lister) (listed, changed
 			gone[uid] = k
 		}
 	}
-	f.syncAll(gone)
+	f.syncAll(gone, false)
 	for uid := range gone {
 		f.Log.Info("proxy gone from the orchestrator's listing; no longer probed", "proxy_uid", uid)
 		if f.Gone != nil {
-			f.Gone(uid)
+			f.Gone(uid, math.MaxInt64)
 		}
 	}
 	return len(seen), changed, len(gone), nil
 }
 
-// Rebalance re-decides ownership of every proxy, after the replica set
-// changed.
-func (f *Fleet) Rebalance() {
+// Rebalance re-decides ownership for a new replica set (members includes
+// this replica). Proxies owned by a member that left get the owner of
+// the new set; the others change hands only to a member that joined and
+// outweighs their owner.
+func (f *Fleet) Rebalance(members []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.syncAll(f.proxies)
+	var added, left []string
+	for _, id := range members {
+		if !slices.Contains(f.members, id) {
+			added = append(added, id)
+		}
+	}
+	for _, id := range f.members {
+		if !slices.Contains(members, id) {
+			left = append(left, id)
+		}
+	}
+	f.members, f.ring = slices.Clone(members), membership.NewRing(members)
+	joined := membership.NewRing(added)
+	for uid, k := range f.proxies {
+		switch {
+		case !k.probe:
+		case k.owner == "" || slices.Contains(left, k.owner):
+			k.owner, k.weight = f.ring.Owner(uid)
+		case len(added) > 0:
+			if id, w := joined.Owner(uid); membership.Beats(w, id, k.weight, k.owner) {
+				k.owner, k.weight = id, w
+			}
+		}
+	}
+	f.syncAll(f.proxies, false)
 }
 
 // Owned counts the proxies handed to the engine.
@@ -174,18 +216,24 @@ func (f *Fleet) Owned() int {
 }
 
 // syncAll hands the engine the given proxies this replica owns and takes
-// back those it no longer owns. Proxies new to the engine start from their
-// prior verdict when there is one for the same instance.
-func (f *Fleet) syncAll(ks map[string]*known) {
+// back those it no longer owns; with specs set, it also passes the engine
+// the current spec of those it keeps. Proxies new to the engine start from
+// their prior verdict when there is one for the same instance.
+func (f *Fleet) syncAll(ks map[string]*known, specs bool) {
 	var taking []string
 	for uid, k := range ks {
-		own := k.probe && (f.Owns == nil || f.Owns(uid))
+		if !k.probe {
+			k.owner = ""
+		} else if k.owner == "" && len(f.members) > 0 {
+			k.owner, k.weight = f.ring.Owner(uid)
+		}
+		own := k.probe && (f.Self == "" || k.owner == f.Self)
 		switch {
 		case own && !k.owned:
 			taking = append(taking, uid)
-		case own:
+		case own && specs:
 			f.Engine.Adopt(k.spec, nil)
-		case k.owned:
+		case !own && k.owned:
 			f.Engine.Remove(uid)
 			k.owned = false
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -16,8 +17,10 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/fleet"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/membership"
 )
 
 func TestMain(m *testing.M) {
@@ -94,39 +97,47 @@ func TestFleet_Apply(t *testing.T) {
 	tests := []struct {
 		name     string
 		events   []*busv1.ProxyEvent
-		wantAddr string // "" means not probed
-		wantGone int    // calls of Gone
+		wantAddr string  // "" means not probed
+		wantRev  int64   // the revision the engine's spec carries
+		wantGone []int64 // the revisions of Gone's calls
 	}{
-		{name: "pending is not probed", events: []*busv1.ProxyEvent{event(1, created, proxy("u", pending, ""))}, wantGone: 1},
-		{name: "pending stays pending", events: []*busv1.ProxyEvent{event(1, created, proxy("u", pending, "")), event(2, updated, proxy("u", pending, ""))}, wantGone: 1},
+		{name: "pending is not probed", events: []*busv1.ProxyEvent{event(1, created, proxy("u", pending, ""))}, wantGone: []int64{1}},
+		{name: "pending stays pending", events: []*busv1.ProxyEvent{event(1, created, proxy("u", pending, "")), event(2, updated, proxy("u", pending, ""))}, wantGone: []int64{1}},
 		{name: "running is probed", events: []*busv1.ProxyEvent{event(1, created, proxy("u", pending, "")), event(2, updated, proxy("u", running, "10.0.0.1"))},
-			wantAddr: "10.0.0.1:3128", wantGone: 1}, // the pending state was first seen
+			wantAddr: "10.0.0.1:3128", wantRev: 2, wantGone: []int64{1}}, // the pending state was first seen
 		{name: "an older revision is ignored", events: []*busv1.ProxyEvent{event(5, updated, proxy("u", running, "10.0.0.2")), event(4, updated, proxy("u", running, "10.0.0.1"))},
-			wantAddr: "10.0.0.2:3128"},
+			wantAddr: "10.0.0.2:3128", wantRev: 5},
 		{name: "a replayed revision is ignored", events: []*busv1.ProxyEvent{event(5, updated, proxy("u", ready, "10.0.0.2")), event(5, deleted, proxy("u", ready, "10.0.0.2"))},
-			wantAddr: "10.0.0.2:3128"},
+			wantAddr: "10.0.0.2:3128", wantRev: 5},
+		{name: "ready keeps the instance, takes the revision", events: []*busv1.ProxyEvent{event(3, updated, proxy("u", running, "10.0.0.2")), event(4, updated, proxy("u", ready, "10.0.0.2"))},
+			wantAddr: "10.0.0.2:3128", wantRev: 4},
 		{name: "deleted is pruned", events: []*busv1.ProxyEvent{event(1, updated, proxy("u", ready, "10.0.0.1")), event(2, deleted, proxy("u", ready, "10.0.0.1"))},
-			wantGone: 1},
+			wantGone: []int64{2}},
 		{name: "first seen deleted: stored health goes too", events: []*busv1.ProxyEvent{event(2, deleted, proxy("u", ready, "10.0.0.1")), event(1, updated, proxy("u", ready, "10.0.0.1"))},
-			wantGone: 1},
+			wantGone: []int64{2}},
 		{name: "back to provisioning is pruned", events: []*busv1.ProxyEvent{event(1, updated, proxy("u", ready, "10.0.0.1")), event(2, updated, proxy("u", proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, ""))},
-			wantGone: 1},
+			wantGone: []int64{2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			eng := &fakeEngine{}
-			var gone []string
-			f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Gone: func(uid string) { gone = append(gone, uid) }}
+			var gone []int64
+			f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Gone: func(uid string, rev int64) {
+				if uid != "u" {
+					t.Errorf("Gone(%q)", uid)
+				}
+				gone = append(gone, rev)
+			}}
 			for _, ev := range tc.events {
 				f.Apply(ev)
 			}
 			s, ok := eng.has("u")
-			if (tc.wantAddr != "") != ok || (ok && s.Address != tc.wantAddr) {
-				t.Errorf("engine holds %v (%v), want address %q", s, ok, tc.wantAddr)
+			if (tc.wantAddr != "") != ok || (ok && (s.Address != tc.wantAddr || s.Revision != tc.wantRev)) {
+				t.Errorf("engine holds %+v (%v), want address %q at revision %d", s, ok, tc.wantAddr, tc.wantRev)
 			}
-			if len(gone) != tc.wantGone || (len(gone) > 0 && slices.Compact(gone)[0] != "u") {
-				t.Errorf("Gone calls = %v, want %d for u", gone, tc.wantGone)
+			if !slices.Equal(gone, tc.wantGone) {
+				t.Errorf("Gone at revisions %v, want %v", gone, tc.wantGone)
 			}
 		})
 	}
@@ -135,22 +146,34 @@ func TestFleet_Apply(t *testing.T) {
 func TestFleet_ownershipAndRebalance(t *testing.T) {
 	t.Parallel()
 	eng := &fakeEngine{}
-	var mu sync.Mutex
-	mine := map[string]bool{"a": true}
-	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults,
-		Owns: func(uid string) bool { mu.Lock(); defer mu.Unlock(); return mine[uid] }}
-	for i, uid := range []string{"a", "b", "c"} {
-		f.Apply(event(int64(i+1), created, proxy(uid, ready, "10.0.0.1")))
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Self: "r1"}
+	var uids []string
+	for i := range 300 {
+		uids = append(uids, fmt.Sprintf("uid-%03d", i))
+		f.Apply(event(int64(i+1), created, proxy(uids[i], ready, "10.0.0.1")))
 	}
-	if _, ok := eng.has("b"); ok || eng.count() != 1 {
-		t.Fatalf("engine holds %d proxies, want only a", eng.count())
+	if eng.count() != 0 {
+		t.Fatalf("engine holds %d proxies before any replica set, want none", eng.count())
 	}
-	mu.Lock()
-	mine = map[string]bool{"b": true, "c": true}
-	mu.Unlock()
-	f.Rebalance()
-	if _, ok := eng.has("a"); ok || eng.count() != 2 || f.Owned() != 2 {
-		t.Fatalf("after rebalance engine holds %d, owned %d; want b and c", eng.count(), f.Owned())
+	// Joins and leaves in turn: after each, this replica holds exactly the
+	// proxies rendezvous hashing over the whole set gives it, and a proxy
+	// that moves goes to or comes from the member that joined or left.
+	steps := [][]string{{"r1"}, {"r1", "r2"}, {"r1", "r2", "r3", "r4"}, {"r1", "r3", "r4"}, {"r1", "r4", "r5"}, {"r1"}}
+	for _, members := range steps {
+		f.Rebalance(members)
+		want := 0
+		for _, uid := range uids {
+			mine := membership.Owner(members, uid) == "r1"
+			if mine {
+				want++
+			}
+			if _, held := eng.has(uid); held != mine {
+				t.Fatalf("members %v: engine holds %s = %v, want %v", members, uid, held, mine)
+			}
+		}
+		if f.Owned() != want || eng.count() != want {
+			t.Fatalf("members %v: owned %d, engine %d, want %d", members, f.Owned(), eng.count(), want)
+		}
 	}
 }
 
@@ -213,30 +236,17 @@ func TestFleet_Follow(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- f.Follow(fctx, js, names) }()
 
-	waitFor(t, func() bool { _, a := eng.has("a"); _, c := eng.has("c"); return a && c }, "a and c from history")
+	waittest.For(t, 10*time.Second, "a and c from history", func() bool { _, a := eng.has("a"); _, c := eng.has("c"); return a && c })
 	if _, ok := eng.has("b"); ok {
 		t.Error("b was deleted before start but is probed")
 	}
 	publish(event(6, deleted, proxy("a", running, "10.0.0.1")))
 	publish(event(7, created, proxy("d", running, "10.0.0.4")))
-	waitFor(t, func() bool { _, a := eng.has("a"); _, d := eng.has("d"); return !a && d }, "a pruned and d added")
+	waittest.For(t, 10*time.Second, "a pruned and d added", func() bool { _, a := eng.has("a"); _, d := eng.has("d"); return !a && d })
 
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
 	}
 }
 
@@ -262,7 +272,12 @@ func TestFleet_Resync(t *testing.T) {
 	t.Parallel()
 	eng := &fakeEngine{}
 	var gone []string
-	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Log: slog.New(slog.DiscardHandler), Gone: func(uid string) { gone = append(gone, uid) }}
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Log: slog.New(slog.DiscardHandler), Gone: func(uid string, rev int64) {
+		if rev != math.MaxInt64 {
+			t.Errorf("Gone(%s) through revision %d, want every revision: the listing lacks it", uid, rev)
+		}
+		gone = append(gone, uid)
+	}}
 	f.Apply(event(50, created, proxy("old-a", running, "10.0.0.1")))
 	f.Apply(event(60, created, proxy("old-b", ready, "10.0.0.2")))
 	l := &lister{revision: 3, proxies: []*proxyv1.Proxy{proxy("new-c", running, "10.0.0.3")},

@@ -1,17 +1,18 @@
 // Package membership splits the proxies across the live health replicas.
 // Each replica keeps a key in a JetStream key-value bucket whose entries
 // expire after TTL, refreshing it every TTL/3; a replica that dies stops
-// refreshing and its key ages out, one that stops cleanly deletes it. Every
-// replica watches the bucket, so all of them see the same member set
-// within moments, and rendezvous hashing over that set names one owner per
+// refreshing and its key ages out (leaving a marker every watcher sees),
+// one that stops cleanly deletes it. Every replica watches the bucket, so
+// all of them see the same member set within moments, and rendezvous
+// hashing over that set names one owner per
 // proxy: a join or a death moves only the proxies that must move. There is
 // no election and no consensus of our own; JetStream is the shared truth.
 package membership
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"slices"
 	"strings"
@@ -37,11 +38,16 @@ type Membership struct {
 	ID  string
 	TTL time.Duration
 	Log *slog.Logger
-	// OnChange is called (from Run's goroutine) whenever the set changes.
+	// OnChange is called whenever the set changes, from a goroutine of
+	// its own: a rebalance of many proxies never delays the heartbeat (a
+	// late heartbeat would let this replica's key expire). Changes that
+	// arrive while it runs are coalesced into one more call.
 	OnChange func(members []string)
 
 	mu      sync.RWMutex
 	members []string
+	ring    Ring
+	changed chan struct{}
 }
 
 // Members is the current replica set, sorted; it always includes this
@@ -56,7 +62,8 @@ func (m *Membership) Members() []string {
 func (m *Membership) Owner(uid string) string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return Owner(m.members, uid)
+	id, _ := m.ring.Owner(uid)
+	return id
 }
 
 // Owns says whether this replica probes uid. Before the first member list
@@ -66,19 +73,57 @@ func (m *Membership) Owns(uid string) bool { return m.Owner(uid) == m.ID }
 // Owner picks uid's owner among members by rendezvous (highest random
 // weight) hashing.
 func Owner(members []string, uid string) string {
+	id, _ := NewRing(members).Owner(uid)
+	return id
+}
+
+// Ring is a member set ready for rendezvous hashing: each member's hash
+// state after its ID, so that an owner costs one pass over the UID per
+// member and no allocation.
+type Ring struct {
+	ids    []string
+	prefix []uint64
+}
+
+const fnvOffset, fnvPrime = 14695981039346656037, 1099511628211
+
+// NewRing prepares members.
+func NewRing(members []string) Ring {
+	r := Ring{ids: members, prefix: make([]uint64, len(members))}
+	for i, id := range members {
+		h := uint64(fnvOffset)
+		for j := 0; j < len(id); j++ {
+			h = (h ^ uint64(id[j])) * fnvPrime
+		}
+		r.prefix[i] = h * fnvPrime // the zero byte between ID and UID
+	}
+	return r
+}
+
+// Owner is the member with the highest weight for uid, and that weight;
+// "" with no members. The weight is FNV-1a of the member, a zero byte and
+// the UID, mixed — written out rather than through hash/fnv, the same
+// weights (TestWeight_isFNV1a), so replicas of either version agree on
+// every owner.
+func (r Ring) Owner(uid string) (string, uint64) {
 	var best string
 	var bestW uint64
-	for _, id := range members {
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(id))
-		_, _ = h.Write([]byte{0})
-		_, _ = h.Write([]byte(uid))
-		w := mix(h.Sum64())
-		if best == "" || w > bestW || (w == bestW && id < best) {
+	for i, id := range r.ids {
+		h := r.prefix[i]
+		for j := 0; j < len(uid); j++ {
+			h = (h ^ uint64(uid[j])) * fnvPrime
+		}
+		if w := mix(h); best == "" || Beats(w, id, bestW, best) {
 			best, bestW = id, w
 		}
 	}
-	return best
+	return best, bestW
+}
+
+// Beats says whether member id with weight w wins a proxy over member
+// other with weight otherW: the higher weight, then the lower ID.
+func Beats(w uint64, id string, otherW uint64, other string) bool {
+	return w > otherW || (w == otherW && id < other)
 }
 
 // mix is the splitmix64 finaliser; FNV alone spreads similar keys poorly.
@@ -98,18 +143,47 @@ func (m *Membership) Run(ctx context.Context, js jetstream.JetStream, names bus.
 	if m.TTL < time.Second {
 		return fmt.Errorf("membership TTL must be at least 1s, got %s", m.TTL)
 	}
+	m.changed = make(chan struct{}, 1)
+	var notify sync.WaitGroup
+	defer notify.Wait()
+	nctx, stop := context.WithCancel(ctx)
+	defer stop()
+	notify.Go(func() {
+		for {
+			select {
+			case <-nctx.Done():
+				return
+			case <-m.changed:
+				if m.OnChange != nil {
+					m.OnChange(m.Members())
+				}
+			}
+		}
+	})
 	_ = bus.Retry(ctx, m.Log, "joining the replica set", func(ctx context.Context) error { return m.run(ctx, js, names) })
 	return nil
 }
 
 func (m *Membership) run(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	cfg := jetstream.KeyValueConfig{
 		Bucket:      Bucket(names),
 		Description: "live health replicas; each key expires unless its replica refreshes it",
 		TTL:         m.TTL,
 		History:     1,
 		Storage:     jetstream.MemoryStorage,
-	})
+		// A key that expires leaves a marker, so watchers see a death as
+		// soon as JetStream does instead of at their next listing.
+		LimitMarkerTTL: max(m.TTL, time.Second),
+	}
+	// Without markers (a server before 2.11) deaths are seen when the
+	// watcher is rebuilt from the live keys, as often as a heartbeat.
+	rebuildEvery := 3 * m.TTL
+	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
+		m.Log.Warn("WARNING: this NATS server keeps no markers of expired keys (before 2.11); a dead replica's proxies are taken over when the replica set is next read")
+		cfg.LimitMarkerTTL, rebuildEvery = 0, m.TTL/3
+		kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+	}
 	if err != nil {
 		return fmt.Errorf("membership bucket: %w", err)
 	}
@@ -126,56 +200,94 @@ func (m *Membership) run(ctx context.Context, js jetstream.JetStream, names bus.
 			m.Log.Warn("leaving the replica set failed; the key expires on its own", "error", err)
 		}
 	}()
-	m.refresh(ctx, kv)
 
-	// The watcher makes joins and clean leaves visible at once; the
-	// heartbeat's listing catches expiries, and covers a watcher that broke
-	// until it is rebuilt.
-	var updates <-chan jetstream.KeyValueEntry
-	var w jetstream.KeyWatcher
-	watch := func() {
-		var err error
-		if w, err = kv.WatchAll(ctx, jetstream.UpdatesOnly()); err != nil {
-			if ctx.Err() == nil {
-				m.Log.Warn("WARNING: watching the replica set failed; relying on the heartbeat", "error", err)
+	// The heartbeat runs on its own, so that nothing else this replica
+	// does (a slow NATS answer, a burst of changes) delays it past the
+	// TTL; kick asks for one at once (this replica's key expired).
+	kick := make(chan struct{}, 1)
+	var beat sync.WaitGroup
+	bctx, stopBeat := context.WithCancel(ctx)
+	defer func() { stopBeat(); beat.Wait() }() // before the purge above
+	beat.Go(func() {
+		t := time.NewTicker(m.TTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-bctx.Done():
+				return
+			case <-t.C:
+			case <-kick:
 			}
-			w, updates = nil, nil
-			return
+			pctx, cancel := context.WithTimeout(bctx, m.TTL/3)
+			_, err := kv.Put(pctx, key, []byte(m.ID))
+			cancel()
+			if err != nil && bctx.Err() == nil {
+				m.Log.Warn("WARNING: refreshing this replica's membership failed", "error", err)
+			}
 		}
-		updates = w.Updates()
-	}
-	watch()
-	defer func() {
-		if w != nil {
-			_ = w.Stop()
-		}
-	}()
+	})
 
-	beat := time.NewTicker(m.TTL / 3)
-	defer beat.Stop()
+	// The watcher keeps the view: first every live key, then joins, clean
+	// leaves and expiries (their markers) as they happen. It is rebuilt
+	// every rebuildEvery from the keys then live, which also covers a
+	// watcher that silently fell behind.
+	rebuild := time.NewTicker(rebuildEvery)
+	defer rebuild.Stop()
+	for ctx.Err() == nil {
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				m.Log.Warn("WARNING: watching the replica set failed; retrying", "error", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(m.TTL / 3):
+			}
+			continue
+		}
+		m.follow(ctx, w, key, kick, rebuild.C)
+		_ = w.Stop()
+	}
+	return nil
+}
+
+// follow builds the member set from w's entries until ctx ends, w closes
+// or rebuild ticks.
+func (m *Membership) follow(ctx context.Context, w jetstream.KeyWatcher, key string, kick chan<- struct{}, rebuild <-chan time.Time) {
+	keys := map[string]string{} // key -> replica ID
+	initial := true
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case e, ok := <-updates:
+			return
+		case <-rebuild:
+			if !initial {
+				return
+			}
+		case e, ok := <-w.Updates():
 			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				updates = nil
+				return
+			}
+			if e == nil { // the end of the live keys
+				initial = false
+				m.publish(keys)
 				continue
 			}
-			if e != nil {
-				m.refresh(ctx, kv)
+			if e.Operation() == jetstream.KeyValuePut {
+				keys[e.Key()] = string(e.Value())
+			} else { // deleted, purged, or expired
+				delete(keys, e.Key())
+				if e.Key() == key {
+					// This replica stalled past the TTL: back at once.
+					select {
+					case kick <- struct{}{}:
+					default:
+					}
+				}
 			}
-		case <-beat.C:
-			if updates == nil {
-				watch()
+			if !initial {
+				m.publish(keys)
 			}
-			if _, err := kv.Put(ctx, key, []byte(m.ID)); err != nil && ctx.Err() == nil {
-				m.Log.Warn("WARNING: refreshing this replica's membership failed", "error", err)
-			}
-			m.refresh(ctx, kv)
 		}
 	}
 }
@@ -194,36 +306,26 @@ func keyFor(id string) string {
 	return b.String()
 }
 
-// refresh lists the live keys (expired ones are gone from the bucket).
-func (m *Membership) refresh(ctx context.Context, kv jetstream.KeyValue) {
-	lister, err := kv.ListKeys(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			m.Log.Warn("WARNING: listing the replica set failed", "error", err)
-		}
-		return
-	}
-	var ids []string
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		ids = append(ids, string(e.Value()))
-	}
-	if !slices.Contains(ids, m.ID) {
-		ids = append(ids, m.ID)
+// publish makes the replicas in keys, and this one, the current member
+// set, telling OnChange when it changed.
+func (m *Membership) publish(keys map[string]string) {
+	ids := []string{m.ID}
+	for _, id := range keys {
+		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	m.mu.Lock()
 	changed := !slices.Equal(ids, m.members)
-	m.members = ids
+	if changed {
+		m.members, m.ring = ids, NewRing(ids)
+	}
 	m.mu.Unlock()
 	if changed {
 		m.Log.Info("health replica set changed", "members", ids, "self", m.ID)
-		if m.OnChange != nil {
-			m.OnChange(ids)
+		select {
+		case m.changed <- struct{}{}:
+		default: // a call is pending; it reads the latest set
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/membership"
 )
 
@@ -91,7 +92,7 @@ func TestMembership_joinLeaveDie(t *testing.T) {
 	a, stopA, doneA := start("a", ns.Connect(t))
 	b, stopB, doneB := start("b", ns.Connect(t))
 	both := []string{"a", "b"}
-	waitFor(t, func() bool { return slices.Equal(a.Members(), both) && slices.Equal(b.Members(), both) }, "both to see both")
+	waittest.For(t, 20*time.Second, "both to see both", func() bool { return slices.Equal(a.Members(), both) && slices.Equal(b.Members(), both) })
 
 	ownedBy := func(m *membership.Membership) int {
 		n := 0
@@ -112,7 +113,7 @@ func TestMembership_joinLeaveDie(t *testing.T) {
 	if err := <-doneB; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return slices.Equal(a.Members(), []string{"a"}) }, "a to see b leave")
+	waittest.For(t, 20*time.Second, "a to see b leave", func() bool { return slices.Equal(a.Members(), []string{"a"}) })
 	if took := time.Since(left); took > 1500*time.Millisecond {
 		t.Errorf("a clean leave took %s to be seen, want well under the TTL", took)
 	}
@@ -127,11 +128,11 @@ func TestMembership_joinLeaveDie(t *testing.T) {
 	}
 	c, stopC, doneC := start("c", cConn)
 	defer stopC()
-	waitFor(t, func() bool {
+	waittest.For(t, 20*time.Second, "a and c to see each other", func() bool {
 		return slices.Equal(a.Members(), []string{"a", "c"}) && slices.Equal(c.Members(), []string{"a", "c"})
-	}, "a and c to see each other")
+	})
 	cConn.Close()
-	waitFor(t, func() bool { return slices.Equal(a.Members(), []string{"a"}) }, "a to see c expire")
+	waittest.For(t, 20*time.Second, "a to see c expire", func() bool { return slices.Equal(a.Members(), []string{"a"}) })
 	stopC()
 	<-doneC
 
@@ -141,15 +142,50 @@ func TestMembership_joinLeaveDie(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+// A bucket made by an earlier version (no expiry markers) is updated in
+// place: replicas join it, and a dead one is still seen to expire.
+func TestMembership_bucketFromBeforeMarkers(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	names := bus.Names{Prefix: "old"}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	js := ns.JetStream(t)
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: membership.Bucket(names), TTL: 2 * time.Second, History: 1, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	start := func(id string, nc *nats.Conn) (*membership.Membership, context.CancelFunc, chan error) {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
 		}
-		<-tick.C
+		m := &membership.Membership{ID: id, TTL: 2 * time.Second, Log: slog.New(slog.DiscardHandler)}
+		mctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- m.Run(mctx, js, names) }()
+		return m, stop, done
+	}
+	a, stopA, doneA := start("a", ns.Connect(t))
+	defer func() { stopA(); <-doneA }()
+	bConn, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stopB, doneB := start("b", bConn)
+	waittest.For(t, 20*time.Second, "a to see b", func() bool { return slices.Equal(a.Members(), []string{"a", "b"}) })
+	bConn.Close()
+	waittest.For(t, 20*time.Second, "a to see b expire", func() bool { return slices.Equal(a.Members(), []string{"a"}) })
+	stopB()
+	<-doneB
+	kv, err := js.KeyValue(ctx, membership.Bucket(names))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.(*jetstream.KeyValueBucketStatus).LimitMarkerTTL() == 0 {
+		t.Error("the bucket keeps no expiry markers after the update")
 	}
 }

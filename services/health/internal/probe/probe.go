@@ -3,20 +3,24 @@
 // handshake with the target through the tunnel and one request, all under
 // the caller's deadline. For an http:// target the probe is a plain-HTTP
 // forward instead: the proxy is asked for the absolute URL.
+//
+// A probe runs thousands of times a second, so its path is kept lean (see
+// docs/health.md, "The probe"): requests are built once, writes wait for
+// the next read so that each round trip is one segment, responses are read
+// into a pooled buffer, and TLS resumes sessions without a key exchange.
 package probe
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -50,9 +54,12 @@ type Result struct {
 type Prober struct {
 	target    *url.URL
 	redacted  string
+	hostPort  string
 	tlsConfig *tls.Config
-	userAgent string
 	dialer    net.Dialer
+	// The requests, built once: CONNECT, then GET through the tunnel (or
+	// the absolute-URL GET of a plain forward).
+	connect, get []byte
 }
 
 // Options configure a Prober.
@@ -61,7 +68,8 @@ type Options struct {
 	// tunnel, http:// for a plain forward.
 	Target string
 	// TLSConfig verifies the target; nil means the system roots. Its
-	// ServerName defaults to the target's host.
+	// ServerName defaults to the target's host, its MaxVersion to TLS 1.2
+	// (see New).
 	TLSConfig *tls.Config
 	// UserAgent is sent on the CONNECT and on the request; it names the
 	// health replica so a proxy's access log tells who probed it.
@@ -81,10 +89,19 @@ func New(o Options) (*Prober, error) {
 	if cfg.ServerName == "" {
 		cfg.ServerName = u.Hostname()
 	}
+	if cfg.MaxVersion == 0 {
+		// TLS 1.2 by default: its resumed handshake is symmetric crypto
+		// only, where a TLS 1.3 resumption (Go's client offers psk_dhe_ke
+		// alone) still runs an X25519 exchange — 30% of a probe's CPU in
+		// the profile. A probe carries no secret; it tests that the proxy
+		// tunnels TLS, which either version shows.
+		cfg.MaxVersion = tls.VersionTLS12
+	}
 	if cfg.CurvePreferences == nil {
-		// Classical key exchange only: the hybrid post-quantum default
-		// (X25519MLKEM768) costs a third of a probe's CPU and protects
-		// nothing here — a probe carries no secret.
+		// Classical key exchange only, for the full handshakes (the first,
+		// and TLS 1.3 when allowed): the hybrid post-quantum default
+		// (X25519MLKEM768) costs a third of a handshake's CPU and protects
+		// nothing here.
 		cfg.CurvePreferences = []tls.CurveID{tls.X25519, tls.CurveP256}
 	}
 	if cfg.ClientSessionCache == nil {
@@ -101,7 +118,20 @@ func New(o Options) (*Prober, error) {
 	if u.RawQuery != "" {
 		redacted += "?…"
 	}
-	return &Prober{target: u, redacted: redacted, tlsConfig: cfg, userAgent: ua}, nil
+	p := &Prober{target: u, redacted: redacted, tlsConfig: cfg, hostPort: targetHostPort(u),
+		// Probes open one connection each and close it within a second:
+		// keep-alive probes would never fire, and setting them up is four
+		// system calls per connection.
+		dialer: net.Dialer{KeepAlive: -1}}
+	uri := u.RequestURI()
+	if u.Scheme == "https" {
+		p.connect = []byte("CONNECT " + p.hostPort + " HTTP/1.1\r\nHost: " + p.hostPort + "\r\nUser-Agent: " + ua + "\r\n\r\n")
+	} else {
+		uri = u.String()
+	}
+	p.get = []byte("GET " + uri + " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: " + ua +
+		"\r\nAccept: */*\r\nConnection: close\r\n\r\n")
+	return p, nil
 }
 
 // ParseTarget checks a probe target URL: http or https, a host, no user
@@ -133,15 +163,15 @@ func ParseTarget(raw string) (*url.URL, error) {
 // which could carry a token.
 func (p *Prober) Target() string { return p.redacted }
 
-func (p *Prober) targetHostPort() string {
-	port := p.target.Port()
+func targetHostPort(u *url.URL) string {
+	port := u.Port()
 	if port == "" {
 		port = "443"
-		if p.target.Scheme == "http" {
+		if u.Scheme == "http" {
 			port = "80"
 		}
 	}
-	return net.JoinHostPort(p.target.Hostname(), port)
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // Probe probes the proxy at proxyAddr (host:port). The caller's context
@@ -163,76 +193,106 @@ func (p *Prober) probe(ctx context.Context, proxyAddr string) Result {
 	}
 	defer conn.Close()
 	// The deadline covers every read and write; cancellation closes the
-	// connection, which ends any of them at once.
+	// connection, which ends any of them at once. So the TLS handshake
+	// needs no context of its own (with one, it would start a goroutine
+	// per probe to watch it).
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 
+	c := conns.Get().(*coalescing)
+	c.Conn = conn
+	defer c.release()
 	if p.target.Scheme == "http" {
-		return p.forward(ctx, conn)
+		return p.request(ctx, c, c.buf[:])
 	}
-	return p.tunnel(ctx, conn)
+	return p.tunnel(ctx, c)
 }
 
 // tunnel asks for a CONNECT tunnel, then talks TLS to the target through it.
-func (p *Prober) tunnel(ctx context.Context, conn net.Conn) Result {
-	hostPort := p.targetHostPort()
-	req := "CONNECT " + hostPort + " HTTP/1.1\r\nHost: " + hostPort + "\r\nUser-Agent: " + p.userAgent + "\r\n\r\n"
-	if _, err := io.WriteString(conn, req); err != nil {
-		return failure(ctx, ReasonConnectFailed, "sending CONNECT", err)
-	}
-	br := bufio.NewReaderSize(conn, 1024)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+func (p *Prober) tunnel(ctx context.Context, c *coalescing) Result {
+	_, _ = c.Write(p.connect)
+	h, err := readHead(c, c.buf[:], true)
 	if err != nil {
 		return failure(ctx, ReasonConnectFailed, "reading the CONNECT response", err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		_ = resp.Body.Close()
+	if h.code != 200 {
 		reason := ReasonBadStatus
-		switch resp.StatusCode {
-		case http.StatusForbidden, http.StatusMethodNotAllowed, http.StatusProxyAuthRequired:
+		switch h.code {
+		case 403, 405, 407:
 			reason = ReasonConnectRefused
 		}
-		return Result{Reason: reason, Message: "CONNECT " + hostPort + ": proxy answered " + resp.Status}
+		return Result{Reason: reason, Message: "CONNECT " + p.hostPort + ": proxy answered " + string(h.status)}
 	}
-	if br.Buffered() > 0 {
+	if h.extra {
 		return Result{Reason: ReasonBadStatus, Message: "proxy sent data after its CONNECT response"}
 	}
-
-	tc := tls.Client(conn, p.tlsConfig)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		return failure(ctx, ReasonTLSFailed, "TLS handshake with "+hostPort+" through the proxy", err)
+	tc := tls.Client(c, p.tlsConfig)
+	if err := tc.Handshake(); err != nil {
+		return failure(ctx, ReasonTLSFailed, "TLS handshake with "+p.hostPort+" through the proxy", err)
 	}
-	return p.request(ctx, tc, p.target.RequestURI())
+	return p.request(ctx, tc, c.buf[:])
 }
 
-// forward asks the proxy for the absolute URL of an http:// target.
-func (p *Prober) forward(ctx context.Context, conn net.Conn) Result {
-	return p.request(ctx, conn, p.target.String())
-}
-
-// request sends one GET for uri and reads the response status; 2xx and
-// 3xx pass.
-func (p *Prober) request(ctx context.Context, conn net.Conn, uri string) Result {
-	req := "GET " + uri + " HTTP/1.1\r\nHost: " + p.target.Host + "\r\nUser-Agent: " + p.userAgent +
-		"\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-	if _, err := io.WriteString(conn, req); err != nil {
+// request sends the GET and reads the response's status line; 2xx and 3xx
+// pass. The rest of the response is not read: the connection closes right
+// after.
+func (p *Prober) request(ctx context.Context, rw io.ReadWriter, buf []byte) Result {
+	if _, err := rw.Write(p.get); err != nil {
 		return failure(ctx, ReasonConnectFailed, "sending the request", err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 1024), &http.Request{Method: http.MethodGet})
+	h, err := readHead(rw, buf, false)
 	if err != nil {
 		return failure(ctx, ReasonConnectFailed, "reading the response", err)
 	}
-	// Read a little of the body so the server is not reset mid-write; the
-	// connection closes right after anyway.
-	_, _ = io.CopyN(io.Discard, resp.Body, 4096)
-	_ = resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 399 {
-		return Result{Reason: ReasonBadStatus, Message: "GET " + p.redacted + ": " + resp.Status}
+	if h.code < 200 || h.code > 399 {
+		return Result{Reason: ReasonBadStatus, Message: "GET " + p.redacted + ": " + string(h.status)}
 	}
-	return Result{OK: true, Reason: ReasonSucceeded, Message: resp.Status}
+	msg := "200 OK"
+	if h.code != 200 || string(h.status) != msg {
+		msg = string(h.status)
+	}
+	return Result{OK: true, Reason: ReasonSucceeded, Message: msg}
+}
+
+// coalescing holds writes until the next read, so that what a probe sends
+// before it waits for an answer leaves in one segment: the TLS client's
+// Finished and the GET, above all, which crypto/tls writes apart. Nothing
+// waits for data that is still held, so this never stalls a peer.
+type coalescing struct {
+	net.Conn
+	out []byte
+	// buf holds the CONNECT response head.
+	buf [headMax]byte
+}
+
+var conns = sync.Pool{New: func() any { return &coalescing{out: make([]byte, 0, 2048)} }}
+
+func (c *coalescing) Write(b []byte) (int, error) {
+	c.out = append(c.out, b...)
+	return len(b), nil
+}
+
+func (c *coalescing) Read(b []byte) (int, error) {
+	if len(c.out) > 0 {
+		_, err := c.Conn.Write(c.out)
+		c.out = c.out[:0]
+		if err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *coalescing) release() {
+	c.Conn = nil
+	if cap(c.out) > 16<<10 {
+		return // grown by an odd exchange; let it go
+	}
+	c.out = c.out[:0]
+	conns.Put(c)
 }
 
 // failure classifies err: a deadline (ours or the socket's) is Timeout,

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,6 +144,77 @@ func TestProbe_squid(t *testing.T) {
 		{name: "plain-http forward", proxy: viaSquid, target: func(tg *targets) string { return tg.plain.URL + "/ok" }, wantOK: true, wantReason: probe.ReasonSucceeded},
 		{name: "plain-http forward, target fails", proxy: viaSquid, target: func(tg *targets) string { return tg.plain.URL + "/fail" }, wantReason: probe.ReasonBadStatus, wantInMsg: "500"},
 	})
+}
+
+// Probes offer TLS 1.2 at most unless told otherwise (a resumed 1.2
+// handshake needs no key exchange): a target that refuses 1.2 fails them
+// with a message that says so, and passes with 1.3 allowed. Resumed
+// handshakes pass like full ones.
+func TestProbe_tlsVersions(t *testing.T) {
+	t.Parallel()
+	only13 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	only13.TLS = &tls.Config{MinVersion: tls.VersionTLS13}
+	only13.StartTLS()
+	t.Cleanup(only13.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(only13.Certificate())
+	proxy := proxytest.StartProxy(t, proxytest.Behaviour{}).Addr()
+	probeWith := func(maxVersion uint16) (*probe.Prober, func() probe.Result) {
+		p, err := probe.New(probe.Options{Target: only13.URL + "/ok", TLSConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12, MaxVersion: maxVersion}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, func() probe.Result {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return p.Probe(ctx, proxy)
+		}
+	}
+	_, run := probeWith(0)
+	if r := run(); r.Reason != probe.ReasonTLSFailed || !strings.Contains(r.Message, "protocol version") {
+		t.Errorf("default prober against a TLS 1.3-only target: %+v, want TLSFailed naming the protocol version", r)
+	}
+	_, run = probeWith(tls.VersionTLS13)
+	for i := range 3 { // the first handshake is full, the next ones resumed
+		if r := run(); !r.OK {
+			t.Fatalf("probe %d with TLS 1.3 allowed: %+v", i, r)
+		}
+	}
+}
+
+// Every probe after the first resumes its TLS 1.2 session: no key
+// exchange, no certificate chain.
+func TestProbe_resumesSessions(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var seen []string
+	target := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	target.TLS = &tls.Config{VerifyConnection: func(cs tls.ConnectionState) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%s resumed=%v", tls.VersionName(cs.Version), cs.DidResume))
+		return nil
+	}}
+	target.StartTLS()
+	t.Cleanup(target.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(target.Certificate())
+	p := newProber(t, target.URL+"/ok", roots)
+	proxy := proxytest.StartProxy(t, proxytest.Behaviour{}).Addr()
+	for i := range 4 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r := p.Probe(ctx, proxy)
+		cancel()
+		if !r.OK {
+			t.Fatalf("probe %d: %+v", i, r)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := "[TLS 1.2 resumed=false TLS 1.2 resumed=true TLS 1.2 resumed=true TLS 1.2 resumed=true]"
+	if fmt.Sprint(seen) != want {
+		t.Errorf("handshakes %v, want %s", seen, want)
+	}
 }
 
 func TestProbe_targetQueryNeverInMessages(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -76,8 +77,11 @@ type Result struct {
 	Type     string
 	// Supported is false when the provider has no check.
 	Supported bool
-	Targets   []TargetStatus
-	CheckedAt time.Time
+	// Unconfigured is set when nothing can check the provider: no
+	// provisioner address is configured for it.
+	Unconfigured bool
+	Targets      []TargetStatus
+	CheckedAt    time.Time
 }
 
 // Store keeps the results.
@@ -89,8 +93,10 @@ type Store interface {
 
 // Monitor checks the providers.
 type Monitor struct {
-	Store   Store
-	Targets []Target
+	Store Store
+	// Targets are the providers to check, in config order, asked at every
+	// round (the providers config is reloaded on change).
+	Targets func() []Target
 	// Interval between rounds; 0 turns checking off.
 	Interval time.Duration
 	// Timeout bounds each round; 0 means min(15s, Interval).
@@ -113,6 +119,25 @@ type Monitor struct {
 	// prev holds each target's previous verdict for transition logging.
 	// Only the checking goroutine touches it.
 	prev map[string]TargetStatus
+	// cleaned is the set of names the stored health was last cleaned up
+	// for; nil before the first round. Only the checking goroutine
+	// touches it.
+	cleaned []string
+}
+
+// cleanupFor removes the stored health of providers not among targets, at
+// the first round and whenever the configured set changes.
+func (m *Monitor) cleanupFor(ctx context.Context, targets []Target) {
+	keep := make([]string, 0, len(targets))
+	for _, t := range targets {
+		keep = append(keep, t.Name)
+	}
+	if m.cleaned != nil && slices.Equal(keep, m.cleaned) {
+		return
+	}
+	if m.cleanup(ctx, keep) {
+		m.cleaned = keep
+	}
 }
 
 // ValidateSchedule checks --provider-check-interval and
@@ -172,11 +197,7 @@ func (m *Monitor) Run(ctx context.Context) error {
 // lead cleans up unconfigured providers, then checks at once and every
 // Interval until ctx ends.
 func (m *Monitor) lead(ctx context.Context) error {
-	keep := make([]string, 0, len(m.Targets))
-	for _, t := range m.Targets {
-		keep = append(keep, t.Name)
-	}
-	m.cleanup(ctx, keep)
+	m.cleaned = nil // a new leader cleans up before its first round
 	m.CheckOnce(ctx)
 	t := time.NewTicker(m.Interval)
 	defer t.Stop()
@@ -190,17 +211,18 @@ func (m *Monitor) lead(ctx context.Context) error {
 	}
 }
 
-func (m *Monitor) cleanup(ctx context.Context, keep []string) {
+func (m *Monitor) cleanup(ctx context.Context, keep []string) bool {
 	gone, err := m.Store.DeleteProvidersExcept(ctx, keep)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.Log.Error("removing the health of unconfigured providers failed; retried at the next start", "error", err)
+			m.Log.Error("removing the health of unconfigured providers failed; retried at the next round", "error", err)
 		}
-		return
+		return false
 	}
 	for _, name := range gone {
 		m.Log.Info("removed the health of an unconfigured provider", "provider", name)
 	}
+	return true
 }
 
 // Snapshot returns the latest results in config order (empty on a replica
@@ -225,9 +247,11 @@ func (m *Monitor) CheckOnce(ctx context.Context) {
 	defer span.End()
 	checkCtx, cancel := context.WithTimeout(ctx, m.Timeout)
 	defer cancel()
-	results := make([]Result, len(m.Targets))
+	targets := m.Targets()
+	m.cleanupFor(ctx, targets)
+	results := make([]Result, len(targets))
 	var wg sync.WaitGroup
-	for i, t := range m.Targets {
+	for i, t := range targets {
 		wg.Go(func() { results[i] = m.run(checkCtx, t) })
 	}
 	wg.Wait()
@@ -264,7 +288,7 @@ func (m *Monitor) CheckOnce(ctx context.Context) {
 }
 
 func (m *Monitor) run(ctx context.Context, t Target) Result {
-	r := Result{Provider: t.Name, Type: t.Type}
+	r := Result{Provider: t.Name, Type: t.Type, Unconfigured: t.Checker == nil}
 	if t.Checker != nil {
 		ts, err := t.Checker.Check(ctx)
 		if !errors.Is(err, ErrNotImplemented) {
@@ -300,7 +324,8 @@ func (m *Monitor) logTransitions(r Result) {
 
 // BuildHealth derives a provider's record from its previous one (nil for
 // none) and a fresh result. A target keeps its last transition time while
-// ready does not flip.
+// ready does not flip, and the provider its readiness transition time
+// while its readiness stays the same.
 func BuildHealth(prev *healthv1.ProviderHealth, r Result) *healthv1.ProviderHealth {
 	now := timestamppb.New(r.CheckedAt)
 	out := &healthv1.ProviderHealth{Provider: r.Provider, Type: r.Type, LastCheckTime: now}
@@ -309,6 +334,7 @@ func BuildHealth(prev *healthv1.ProviderHealth, r Result) *healthv1.ProviderHeal
 		before[t.GetName()] = t
 	}
 	ready := 0
+	var failing []string
 	for _, ts := range r.Targets {
 		t := &healthv1.ProviderTarget{
 			Name: ts.Name, Address: ts.Address, Ready: ts.Ready, Reason: ts.Reason,
@@ -320,6 +346,8 @@ func BuildHealth(prev *healthv1.ProviderHealth, r Result) *healthv1.ProviderHeal
 		}
 		if ts.Ready {
 			ready++
+		} else {
+			failing = append(failing, ts.Name+": "+ts.Reason)
 		}
 		out.Targets = append(out.Targets, t)
 	}
@@ -329,12 +357,25 @@ func BuildHealth(prev *healthv1.ProviderHealth, r Result) *healthv1.ProviderHeal
 	switch {
 	case !r.Supported:
 		out.Readiness, out.Reason = healthv1.ProviderReadiness_PROVIDER_READINESS_UNKNOWN, ReasonChecksNotImplemented
+		out.Message = "the " + r.Type + " provisioner implements no backend check"
+		if r.Unconfigured {
+			out.Message = "no provisioner address is configured for this provider (--provisioner)"
+		}
 	case len(r.Targets) == 0:
-		out.Readiness, out.Reason = healthv1.ProviderReadiness_PROVIDER_READINESS_NOT_READY, ReasonNoTargets
-	case ready == len(r.Targets):
+		// Nothing was checked, so nothing is known: UNKNOWN, not a verdict
+		// that would steer pools away from the provider.
+		out.Readiness, out.Reason = healthv1.ProviderReadiness_PROVIDER_READINESS_UNKNOWN, ReasonNoTargets
+		out.Message = "the provider has nothing to check"
+	case len(failing) == 0:
 		out.Readiness, out.Reason = healthv1.ProviderReadiness_PROVIDER_READINESS_READY, ReasonAllTargetsReady
+		out.Message = fmt.Sprintf("%d of %d targets ready", ready, len(r.Targets))
 	default:
 		out.Readiness, out.Reason = healthv1.ProviderReadiness_PROVIDER_READINESS_NOT_READY, ReasonTargetsNotReady
+		out.Message = truncate(strings.Join(failing, "; "), maxMessageLen)
+	}
+	out.ReadinessTransitionTime = now
+	if prev.GetReadiness() == out.Readiness && prev.GetReadinessTransitionTime() != nil {
+		out.ReadinessTransitionTime = prev.GetReadinessTransitionTime()
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package providerhealth_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -20,12 +21,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/providerhealth"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store/storetest"
@@ -112,7 +115,7 @@ func newLogger(buf *logBuffer) *slog.Logger {
 func newMonitor(t *testing.T, st *store.Store, ts ...providerhealth.Target) (*providerhealth.Monitor, *logBuffer) {
 	t.Helper()
 	var logs logBuffer
-	return &providerhealth.Monitor{Store: st, Targets: ts, Interval: time.Minute, Timeout: 5 * time.Second, Log: newLogger(&logs)}, &logs
+	return &providerhealth.Monitor{Store: st, Targets: func() []providerhealth.Target { return ts }, Interval: time.Minute, Timeout: 5 * time.Second, Log: newLogger(&logs)}, &logs
 }
 
 func get(t *testing.T, st *store.Store, name string) *healthv1.ProviderHealth {
@@ -216,8 +219,15 @@ func TestMonitor_checkOnce_unknownWithoutCheck(t *testing.T) {
 	if unimplemented.calls.Load() != 1 {
 		t.Errorf("the provisioner was asked %d times, want once", unimplemented.calls.Load())
 	}
-	if h := get(t, st, "empty"); h.GetReadiness() != healthv1.ProviderReadiness_PROVIDER_READINESS_NOT_READY || h.GetReason() != providerhealth.ReasonNoTargets || h.GetTargetsReady() != "0/0" {
-		t.Errorf("empty = %v, want NOT_READY/NoTargets 0/0", h)
+	if h := get(t, st, "empty"); h.GetReadiness() != healthv1.ProviderReadiness_PROVIDER_READINESS_UNKNOWN || h.GetReason() != providerhealth.ReasonNoTargets ||
+		h.GetTargetsReady() != "0/0" || h.GetMessage() != "the provider has nothing to check" {
+		t.Errorf("empty = %v, want UNKNOWN/NoTargets 0/0: nothing checked, nothing known", h)
+	}
+	if h := get(t, st, "nowhere"); !strings.Contains(h.GetMessage(), "--provisioner") {
+		t.Errorf("nowhere's message %q does not say no provisioner is configured", h.GetMessage())
+	}
+	if h := get(t, st, "gcp-eu"); h.GetMessage() != "the gcp provisioner implements no backend check" {
+		t.Errorf("gcp-eu's message = %q", h.GetMessage())
 	}
 }
 
@@ -270,6 +280,83 @@ func TestMonitor_transitionTimeKeptUntilFlip(t *testing.T) {
 	}
 	if a, b := first.GetTargets()[1].GetLastTransitionTime().AsTime(), second.GetTargets()[1].GetLastTransitionTime().AsTime(); !b.After(a) {
 		t.Errorf("nas2 flipped but its transition time stayed: %s -> %s", a, b)
+	}
+	// The provider's own: set when readiness changed (READY -> NOT_READY),
+	// kept while it stays NOT_READY, whatever the targets do meanwhile.
+	if a, b := first.GetReadinessTransitionTime().AsTime(), second.GetReadinessTransitionTime().AsTime(); !b.After(a) || !b.Equal(second.GetLastCheckTime().AsTime()) {
+		t.Errorf("readiness flipped but its transition time went %s -> %s (check at %s)", a, b, second.GetLastCheckTime().AsTime())
+	}
+	if second.GetMessage() != "nas2: Timeout" {
+		t.Errorf("NOT_READY message = %q, want the failing target", second.GetMessage())
+	}
+	f.set(targets(down("nas1", "Unreachable"), down("nas2", "Timeout")))
+	m.CheckOnce(ctx)
+	third := get(t, st, "kvm-home")
+	if a, b := second.GetReadinessTransitionTime().AsTime(), third.GetReadinessTransitionTime().AsTime(); !a.Equal(b) {
+		t.Errorf("readiness stayed NOT_READY but its transition time moved: %s -> %s", a, b)
+	}
+	if third.GetMessage() != "nas1: Unreachable; nas2: Timeout" {
+		t.Errorf("NOT_READY message = %q, want both failing targets", third.GetMessage())
+	}
+}
+
+func TestBuildHealth_readiness(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 4, 4, 0, 0, 0, time.UTC)
+	t1 := t0.Add(time.Minute)
+	ready := func(names ...string) []providerhealth.TargetStatus {
+		var out []providerhealth.TargetStatus
+		for _, n := range names {
+			out = append(out, providerhealth.TargetStatus{Name: n, Ready: true, Reason: "Reachable"})
+		}
+		return out
+	}
+	readyAt := &healthv1.ProviderHealth{Readiness: healthv1.ProviderReadiness_PROVIDER_READINESS_READY, ReadinessTransitionTime: timestamppb.New(t0)}
+	tests := []struct {
+		name        string
+		prev        *healthv1.ProviderHealth
+		result      providerhealth.Result
+		want        healthv1.ProviderReadiness
+		wantReason  string
+		wantMessage string
+		wantSince   time.Time
+	}{
+		{name: "all ready", result: providerhealth.Result{Type: "kvm", Supported: true, Targets: ready("nas1", "nas2")},
+			want: healthv1.ProviderReadiness_PROVIDER_READINESS_READY, wantReason: providerhealth.ReasonAllTargetsReady, wantMessage: "2 of 2 targets ready", wantSince: t1},
+		{name: "still ready keeps its time", prev: readyAt, result: providerhealth.Result{Type: "kvm", Supported: true, Targets: ready("nas1")},
+			want: healthv1.ProviderReadiness_PROVIDER_READINESS_READY, wantReason: providerhealth.ReasonAllTargetsReady, wantMessage: "1 of 1 targets ready", wantSince: t0},
+		{name: "a target down names it", prev: readyAt, result: providerhealth.Result{Type: "kvm", Supported: true,
+			Targets: append(ready("nas1"), providerhealth.TargetStatus{Name: "nas2", Reason: "Unreachable"})},
+			want: healthv1.ProviderReadiness_PROVIDER_READINESS_NOT_READY, wantReason: providerhealth.ReasonTargetsNotReady, wantMessage: "nas2: Unreachable", wantSince: t1},
+		{name: "no targets is unknown", prev: readyAt, result: providerhealth.Result{Type: "kvm", Supported: true},
+			want: healthv1.ProviderReadiness_PROVIDER_READINESS_UNKNOWN, wantReason: providerhealth.ReasonNoTargets, wantMessage: "the provider has nothing to check", wantSince: t1},
+		{name: "no check", result: providerhealth.Result{Type: "gcp"},
+			want: healthv1.ProviderReadiness_PROVIDER_READINESS_UNKNOWN, wantReason: providerhealth.ReasonChecksNotImplemented, wantMessage: "the gcp provisioner implements no backend check", wantSince: t1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.result.Provider, tc.result.CheckedAt = "p", t1
+			h := providerhealth.BuildHealth(tc.prev, tc.result)
+			if h.GetReadiness() != tc.want || h.GetReason() != tc.wantReason || h.GetMessage() != tc.wantMessage {
+				t.Errorf("got %s/%s %q, want %s/%s %q", h.GetReadiness(), h.GetReason(), h.GetMessage(), tc.want, tc.wantReason, tc.wantMessage)
+			}
+			if got := h.GetReadinessTransitionTime().AsTime(); !got.Equal(tc.wantSince) {
+				t.Errorf("readiness transition time = %s, want %s", got, tc.wantSince)
+			}
+		})
+	}
+}
+
+func TestBuildHealth_messageOfManyFailingTargetsIsBounded(t *testing.T) {
+	t.Parallel()
+	var ts []providerhealth.TargetStatus
+	for i := range 200 {
+		ts = append(ts, providerhealth.TargetStatus{Name: fmt.Sprintf("node-%03d", i), Reason: "Unreachable"})
+	}
+	h := providerhealth.BuildHealth(nil, providerhealth.Result{Provider: "pve", Type: "proxmox", Supported: true, CheckedAt: time.Now(), Targets: ts})
+	if n := utf8.RuneCountInString(h.GetMessage()); n != 1024 || !strings.HasPrefix(h.GetMessage(), "node-000: Unreachable; node-001") {
+		t.Errorf("message of %d characters %q..., want the first failing targets in at most 1024", n, h.GetMessage()[:40])
 	}
 }
 
@@ -369,7 +456,7 @@ func TestMonitor_Run_singletonChecksAtOnceAndCleansUp(t *testing.T) {
 	actx, stopA := context.WithCancel(ctx)
 	doneA := make(chan error, 1)
 	go func() { doneA <- a.Run(actx) }()
-	waitFor(t, func() bool { return get(t, st, "kvm-home") != nil && len(a.Snapshot()) == 1 }, "the first replica's check")
+	waittest.For(t, 15*time.Second, "the first replica's check", func() bool { return get(t, st, "kvm-home") != nil && len(a.Snapshot()) == 1 })
 	if get(t, st, "retired") != nil {
 		t.Error("the unconfigured provider's record was kept")
 	}
@@ -394,7 +481,7 @@ func TestMonitor_Run_singletonChecksAtOnceAndCleansUp(t *testing.T) {
 	if len(a.Snapshot()) != 0 {
 		t.Error("a stopped replica still exports gauges")
 	}
-	waitFor(t, func() bool { return len(b.Snapshot()) == 1 && f.calls.Load() == 2 }, "the second replica to take over")
+	waittest.For(t, 15*time.Second, "the second replica to take over", func() bool { return len(b.Snapshot()) == 1 && f.calls.Load() == 2 })
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(providerhealth.Collector{M: b})
@@ -454,18 +541,5 @@ func TestBuildHealth_truncatesLongMessages(t *testing.T) {
 	}
 	if !strings.HasSuffix(msg, "…") {
 		t.Error("a truncated message does not end with an ellipsis")
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
 	}
 }

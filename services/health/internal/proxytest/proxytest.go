@@ -6,7 +6,6 @@ package proxytest
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -219,6 +218,8 @@ func FreePort(t testing.TB) int {
 type SquidOptions struct {
 	// DenyConnectPorts are target ports squid refuses to CONNECT to (403).
 	DenyConnectPorts []int
+	// Extra is appended to the generated configuration as it is.
+	Extra string
 }
 
 // Squid is a running squid.
@@ -284,7 +285,8 @@ dns_v4_first on
 acl localnet src 127.0.0.0/8
 %[3]shttp_access allow localnet
 http_access deny all
-`, port, dir, deny.String())
+%[4]s
+`, port, dir, deny.String(), o.Extra)
 	confPath := filepath.Join(dir, "squid.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -296,15 +298,26 @@ http_access deny all
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting squid: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// One Wait, whose end closes exited: the wait for squid to listen and
+	// the cleanup both read it, so an early exit seen by the first never
+	// leaves the second waiting forever.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
 	})
+	logs := func() string {
+		log, _ := os.ReadFile(filepath.Join(dir, "cache.log"))
+		return out.String() + "\n" + string(log)
+	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -314,12 +327,10 @@ http_access deny all
 			return &Squid{addr: addr}
 		}
 		select {
-		case err := <-exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "cache.log"))
-			t.Fatalf("squid exited (%v) before listening:\n%s\n%s", err, out.String(), log)
-		case <-ctx.Done():
-			log, _ := os.ReadFile(filepath.Join(dir, "cache.log"))
-			t.Fatalf("squid not listening on %s after 30s:\n%s\n%s", addr, out.String(), log)
+		case <-exited:
+			t.Fatalf("squid exited (%v) before listening:\n%s", waitErr, logs())
+		case <-deadline.C:
+			t.Fatalf("squid not listening on %s after 30s:\n%s", addr, logs())
 		case <-tick.C:
 		}
 	}

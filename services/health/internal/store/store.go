@@ -40,7 +40,7 @@ func Migrate(ctx context.Context, dsn string, log *slog.Logger) error {
 
 // transitionLock serialises transition inserts so sequences commit in
 // order (see the migration).
-const transitionLock = 0x6865616c74680001 // "health" + 1
+var transitionLock = postgres.LockKey(Schema, "transitions")
 
 // ErrNotFound is returned for a missing row.
 var ErrNotFound = errors.New("not found")
@@ -67,7 +67,7 @@ func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *
 	var seq int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		seq = 0
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(transitionLock)); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", transitionLock); err != nil {
 			return err
 		}
 		var lastProvider string
@@ -106,15 +106,15 @@ func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *
 
 const upsertStateSQL = `INSERT INTO health.proxy_health
 	(proxy_uid, proxy_name, provider_id, address, verdict_known, healthy, reason, message, latency_us,
-	 consecutive_successes, consecutive_failures, last_probe_time, last_transition_time, prober, updated_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, now())
+	 consecutive_successes, consecutive_failures, last_probe_time, last_transition_time, prober, revision, updated_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now())
 	ON CONFLICT (proxy_uid) DO UPDATE SET
 	 proxy_name = EXCLUDED.proxy_name, provider_id = EXCLUDED.provider_id, address = EXCLUDED.address,
 	 verdict_known = EXCLUDED.verdict_known, healthy = EXCLUDED.healthy, reason = EXCLUDED.reason,
 	 message = EXCLUDED.message, latency_us = EXCLUDED.latency_us,
 	 consecutive_successes = EXCLUDED.consecutive_successes, consecutive_failures = EXCLUDED.consecutive_failures,
 	 last_probe_time = EXCLUDED.last_probe_time, last_transition_time = EXCLUDED.last_transition_time,
-	 prober = EXCLUDED.prober, updated_at = now()
+	 prober = EXCLUDED.prober, revision = EXCLUDED.revision, updated_at = now()
 	WHERE health.proxy_health.provider_id <> EXCLUDED.provider_id
 	   OR health.proxy_health.last_probe_time IS NULL
 	   OR EXCLUDED.last_probe_time >= health.proxy_health.last_probe_time`
@@ -122,12 +122,19 @@ const upsertStateSQL = `INSERT INTO health.proxy_health
 func stateArgs(st engine.State, prober string) []any {
 	return []any{st.Spec.UID, st.Spec.Name, st.Spec.ProviderID, st.Spec.Address, st.VerdictKnown, st.Healthy,
 		st.Reason, st.Message, st.Latency.Microseconds(), st.ConsecutiveSuccesses, st.ConsecutiveFailures,
-		nullTime(st.LastProbe), nullTime(st.LastTransition), prober}
+		nullTime(st.LastProbe), nullTime(st.LastTransition), prober, st.Spec.Revision}
 }
 
 func upsertState(ctx context.Context, tx pgx.Tx, st engine.State, prober string) error {
 	_, err := tx.Exec(ctx, upsertStateSQL, stateArgs(st, prober)...)
 	return err
+}
+
+func nullTimestamp(ts *timestamppb.Timestamp) *time.Time {
+	if ts == nil {
+		return nil
+	}
+	return nullTime(ts.AsTime())
 }
 
 func nullTime(t time.Time) *time.Time {
@@ -188,10 +195,12 @@ type StoredVerdict struct {
 	LastTransition time.Time
 }
 
-// DeleteProxy forgets a proxy's current health (its transitions stay until
-// retention removes them).
-func (s *Store) DeleteProxy(ctx context.Context, uid string) error {
-	_, err := s.pool.Exec(ctx, "DELETE FROM health.proxy_health WHERE proxy_uid = $1", uid)
+// DeleteProxy forgets a proxy's current health as written for its
+// snapshots up to revision (its transitions stay until retention removes
+// them). A state written for a later snapshot stays: the proxy was
+// probeable again by then.
+func (s *Store) DeleteProxy(ctx context.Context, uid string, revision int64) error {
+	_, err := s.pool.Exec(ctx, "DELETE FROM health.proxy_health WHERE proxy_uid = $1 AND revision <= $2", uid, revision)
 	return err
 }
 
@@ -372,12 +381,14 @@ func (s *Store) SaveProvider(ctx context.Context, h *healthv1.ProviderHealth) er
 		return err
 	}
 	_, err = s.pool.Exec(ctx, `INSERT INTO health.provider_health
-		(provider, type, readiness, reason, targets, targets_ready, last_check_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		(provider, type, readiness, reason, targets, targets_ready, last_check_time, message, readiness_transition_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (provider) DO UPDATE SET type = EXCLUDED.type, readiness = EXCLUDED.readiness,
 		 reason = EXCLUDED.reason, targets = EXCLUDED.targets, targets_ready = EXCLUDED.targets_ready,
-		 last_check_time = EXCLUDED.last_check_time`,
-		h.GetProvider(), h.GetType(), int32(h.GetReadiness()), h.GetReason(), targets, h.GetTargetsReady(), h.GetLastCheckTime().AsTime())
+		 last_check_time = EXCLUDED.last_check_time, message = EXCLUDED.message,
+		 readiness_transition_time = EXCLUDED.readiness_transition_time`,
+		h.GetProvider(), h.GetType(), int32(h.GetReadiness()), h.GetReason(), targets, h.GetTargetsReady(), h.GetLastCheckTime().AsTime(),
+		h.GetMessage(), nullTimestamp(h.GetReadinessTransitionTime()))
 	if err != nil {
 		return fmt.Errorf("saving provider health of %s: %w", h.GetProvider(), err)
 	}
@@ -399,8 +410,8 @@ func (s *Store) DeleteProvidersExcept(ctx context.Context, keep []string) ([]str
 
 // Providers returns every stored provider's health by name.
 func (s *Store) Providers(ctx context.Context) (map[string]*healthv1.ProviderHealth, error) {
-	rows, err := s.pool.Query(ctx, `SELECT provider, type, readiness, reason, targets, targets_ready, last_check_time
-		FROM health.provider_health`)
+	rows, err := s.pool.Query(ctx, `SELECT provider, type, readiness, reason, targets, targets_ready, last_check_time,
+		message, readiness_transition_time FROM health.provider_health`)
 	if err != nil {
 		return nil, err
 	}
@@ -411,11 +422,15 @@ func (s *Store) Providers(ctx context.Context) (map[string]*healthv1.ProviderHea
 		var readiness int32
 		var targets []byte
 		var at time.Time
-		if err := rows.Scan(&h.Provider, &h.Type, &readiness, &h.Reason, &targets, &h.TargetsReady, &at); err != nil {
+		var changed *time.Time
+		if err := rows.Scan(&h.Provider, &h.Type, &readiness, &h.Reason, &targets, &h.TargetsReady, &at, &h.Message, &changed); err != nil {
 			return nil, err
 		}
 		h.Readiness = healthv1.ProviderReadiness(readiness)
 		h.LastCheckTime = timestamppb.New(at)
+		if changed != nil {
+			h.ReadinessTransitionTime = timestamppb.New(*changed)
+		}
 		var ts []targetJSON
 		if err := json.Unmarshal(targets, &ts); err != nil {
 			return nil, fmt.Errorf("provider %s targets: %w", h.Provider, err)

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/store"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/store/storetest"
 )
 
@@ -154,5 +156,30 @@ func TestSaveStates_neverRegresses(t *testing.T) {
 	save(state("vm-2", false, t0)) // a new instance replaces whatever was
 	if known() {
 		t.Error("a new instance's state was not written")
+	}
+}
+
+// DeleteProxy removes what was stored for the snapshots up to the given
+// revision, never a state written for a later one.
+func TestDeleteProxy_throughRevision(t *testing.T) {
+	t.Parallel()
+	_, st := storetest.New(t)
+	ctx := context.Background()
+	s := engine.State{Spec: engine.Spec{UID: "u1", Name: "p1", ProviderID: "vm-1", Address: "10.0.0.1:3128", Revision: 5},
+		VerdictKnown: true, Healthy: true, LastProbe: time.Now()}
+	if err := st.SaveStates(ctx, []engine.State{s}, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteProxy(ctx, "u1", 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetProxy(ctx, "p1"); err != nil {
+		t.Fatalf("a deletion as of revision 4 removed the state of revision 5: %v", err)
+	}
+	if err := st.DeleteProxy(ctx, "u1", 5); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := st.GetProxy(ctx, "p1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("after a deletion as of revision 5: %v, %v; want not found", h, err)
 	}
 }

@@ -79,7 +79,7 @@ func (r *Recorder) record(ctx context.Context, tr engine.Transition) {
 			return
 		}
 		wait := retryIn.NextBackOff()
-		r.Log.Warn("WARNING: storing a health transition failed; retrying", "proxy", tr.Name, "error", err, "retry_in", wait)
+		r.Log.Warn("WARNING: storing a health transition failed; retrying", "proxy_name", tr.Name, "error", err, "retry_in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -13,7 +13,7 @@ import (
 )
 
 // FuzzAcquireRequest feeds AcquireLeaseRequests, in the protobuf encoding
-// of gRPC and the JSON the REST gateway decodes, through the whole
+// of gRPC and the JSON the REST layer decodes, through the whole
 // validation an acquire gets (the contract's rules, then the Go checks):
 // nothing panics, errors keep the one shape, and whatever is accepted holds
 // no control character and a target host already in its canonical form.

@@ -1,11 +1,13 @@
 // Package api serves egress.lease.v1.LeaseService: it validates requests,
 // takes the client id from the bearer token, calls the store and maps its
-// results onto gRPC statuses (and, through the gateway error handler, onto
+// results onto gRPC statuses (and, through the REST layer error handler, onto
 // HTTP: RESOURCE_EXHAUSTED becomes 409 with the NoProxyAvailable detail).
 package api
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"time"
@@ -65,6 +67,10 @@ func DefaultConfig() Config {
 // Server implements leasev1.LeaseServiceServer.
 type Server struct {
 	leasev1.UnimplementedLeaseServiceServer
+	// Feed relays committed lease changes to WatchLeases; nil: WatchLeases
+	// is UNAVAILABLE.
+	Feed *Feed
+
 	st  *store.Store
 	cfg Config
 	met *metrics.Metrics
@@ -132,6 +138,76 @@ func (s *Server) ListProxies(ctx context.Context, req *leasev1.ListProxiesReques
 		resp.Proxies = append(resp.Proxies, lp)
 	}
 	return resp, nil
+}
+
+// ListLeases implements leasev1.LeaseServiceServer.
+func (s *Server) ListLeases(ctx context.Context, req *leasev1.ListLeasesRequest) (resp *leasev1.ListLeasesResponse, err error) {
+	defer s.observe("ListLeases", time.Now(), &err)
+	after := ""
+	if req.GetPageToken() != "" {
+		if after, err = leaseID(req.GetPageToken()); err != nil {
+			return nil, invalid("page_token", "is not a token of this listing")
+		}
+	}
+	target, err := targetHost(req.GetTargetHost())
+	if err != nil {
+		return nil, err
+	}
+	limit := pageSize(req.GetPageSize())
+	leases, err := s.st.ListLeases(ctx, store.LeaseFilter{
+		ClientID: req.GetClientId(), Pool: req.GetPool(), TargetHost: target, ProxyName: req.GetProxyName(),
+	}, after, limit+1)
+	if err != nil {
+		return nil, s.internal(ctx, "ListLeases", err)
+	}
+	resp = &leasev1.ListLeasesResponse{}
+	if len(leases) > limit {
+		leases = leases[:limit]
+		resp.NextPageToken = leases[limit-1].ID
+	}
+	for _, l := range leases {
+		resp.Leases = append(resp.Leases, lease(l))
+	}
+	return resp, nil
+}
+
+// ListCooldowns implements leasev1.LeaseServiceServer.
+func (s *Server) ListCooldowns(ctx context.Context, req *leasev1.ListCooldownsRequest) (resp *leasev1.ListCooldownsResponse, err error) {
+	defer s.observe("ListCooldowns", time.Now(), &err)
+	var after store.CooldownCursor
+	if t := req.GetPageToken(); t != "" {
+		raw, derr := base64.RawURLEncoding.DecodeString(t)
+		if derr != nil || json.Unmarshal(raw, &after) != nil {
+			return nil, invalid("page_token", "is not a token of this listing")
+		}
+	}
+	limit := pageSize(req.GetPageSize())
+	cs, err := s.st.ListCooldowns(ctx, req.GetProxyName(), req.GetPool(), after, limit+1)
+	if err != nil {
+		return nil, s.internal(ctx, "ListCooldowns", err)
+	}
+	resp = &leasev1.ListCooldownsResponse{}
+	if len(cs) > limit {
+		cs = cs[:limit]
+		last := cs[limit-1]
+		raw, _ := json.Marshal(store.CooldownCursor{ProxyName: last.ProxyName, ProxyUID: last.ProxyUID, TargetHost: last.TargetHost})
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(raw)
+	}
+	for _, c := range cs {
+		resp.Cooldowns = append(resp.Cooldowns, &leasev1.ProxyCooldown{
+			ProxyUid: c.ProxyUID, ProxyName: c.ProxyName, Pool: c.Pool, Cooldown: cooldown(c.Cooldown),
+		})
+	}
+	return resp, nil
+}
+
+// pageSize is a listing's page size: 0 means 100 (the contract bounds it
+// to 1000).
+func pageSize(n int32) int {
+	if n <= 0 {
+		return 100
+	}
+	return int(n)
 }
 
 // AcquireLease implements leasev1.LeaseServiceServer.
@@ -364,6 +440,7 @@ func lease(l store.Lease) *leasev1.Lease {
 		TargetHost:  l.TargetHost,
 		AcquireTime: timestamppb.New(l.AcquireTime),
 		ExpireTime:  timestamppb.New(l.ExpireTime),
+		Pool:        l.Pool,
 	}
 }
 

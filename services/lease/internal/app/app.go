@@ -1,5 +1,5 @@
 // Package app wires the lease service: its flags, the database, NATS, the
-// pool syncer, the expiry sweep, the API and its gateway, onto the common
+// proxy mirror's syncer, the expiry sweep, the API and its REST layer, onto the common
 // service frame.
 package app
 
@@ -12,31 +12,27 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/api"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/demand"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
-	"github.com/egress-proxies/egress-proxies/services/lease/internal/pool"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/mirror"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
 )
 
 // Config is everything the lease service is configured with beyond the
 // common service options.
 type Config struct {
-	DatabaseURL        string
-	DatabaseMaxConns   int
-	MigrateOnStart     bool
-	NATSURL            string
-	NATSPrefix         string
-	NATSStreamReplicas int
-	// Orchestrator is where full resyncs list the pool; an empty Addr
+	Database postgres.Flags
+	NATS     bus.Flags
+	// Orchestrator is where full resyncs list every proxy for the mirror; an empty Addr
 	// means events only.
 	Orchestrator   service.Client
 	ResyncInterval time.Duration
@@ -59,9 +55,8 @@ type Config struct {
 // DefaultConfig is the configuration the flags default to.
 func DefaultConfig() Config {
 	return Config{
-		MigrateOnStart:       true,
-		DatabaseMaxConns:     16,
-		NATSPrefix:           bus.DefaultPrefix,
+		Database:             postgres.DefaultFlags(),
+		NATS:                 bus.DefaultFlags(),
 		ResyncInterval:       5 * time.Minute,
 		InitialResyncTimeout: 10 * time.Second,
 		SweepInterval:        time.Second,
@@ -77,23 +72,18 @@ func DefaultConfig() Config {
 // RegisterFlags adds the lease service's flags to fs; each can also be set
 // through EGRESS_<NAME>.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL,
-		"PostgreSQL URL (postgres://user@host:5432/db). Required")
-	fs.IntVar(&c.DatabaseMaxConns, "database-max-conns", c.DatabaseMaxConns, "most connections this replica opens to PostgreSQL")
-	fs.BoolVar(&c.MigrateOnStart, "migrate", c.MigrateOnStart, "apply the database migrations at start (else run `lease migrate` first)")
-	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL for the proxy and health event streams. Required")
-	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of the NATS subjects and streams")
-	fs.IntVar(&c.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
+	c.Database.Register(fs)
+	c.NATS.Register(fs)
 	fs.DurationVar(&c.DemandInterval, "demand-interval", c.DemandInterval, "how often the lease demand on each proxy pool is published for the orchestrator's autoscaling and draining; 0 turns it off")
 	fs.StringVar(&c.Orchestrator.Addr, "orchestrator-addr", c.Orchestrator.Addr,
-		"gRPC address of the orchestrator, for full resyncs of the pool (host:port); empty: events only")
+		"gRPC address of the orchestrator, for full resyncs of the proxy mirror (host:port); empty: events only")
 	c.Orchestrator.RegisterFlags(fs, "orchestrator", "the orchestrator")
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "period of the safety-net full resync; 0 turns it off")
 	fs.DurationVar(&c.InitialResyncTimeout, "initial-resync-timeout", c.InitialResyncTimeout,
 		"how long the start waits for the first resync from the orchestrator before serving anyway; 0: do not wait")
 	fs.DurationVar(&c.SweepInterval, "sweep-interval", c.SweepInterval, "how often expired leases are ended and freed")
-	fs.DurationVar(&c.RefreshInterval, "pool-refresh-interval", c.RefreshInterval,
-		"how often this replica re-reads the pool (other replicas' leases and cooldowns) for choosing proxies; the database confirms every choice")
+	fs.DurationVar(&c.RefreshInterval, "mirror-refresh-interval", c.RefreshInterval,
+		"how often this replica re-reads the proxy mirror (other replicas' leases and cooldowns) for choosing proxies; the database confirms every choice")
 	fs.IntVar(&c.CommitRounds, "commit-rounds", c.CommitRounds,
 		"how many transactions of queued acquires, reports and releases this replica keeps in flight at once")
 	fs.DurationVar(&c.Retention, "lease-retention", c.Retention, "how long ended leases are kept so that late reports count")
@@ -156,13 +146,13 @@ func (f cooldownFlag) Set(v string) error {
 }
 
 func (c *Config) validate() error {
+	if err := c.Database.Validate(); err != nil {
+		return err
+	}
+	if err := c.NATS.Validate(); err != nil {
+		return err
+	}
 	switch {
-	case c.DatabaseURL == "":
-		return errors.New("--database-url is required")
-	case c.NATSURL == "":
-		return errors.New("--nats-url is required")
-	case c.DatabaseMaxConns < 1:
-		return errors.New("--database-max-conns must be at least 1")
 	case c.DefaultMaxLeases < 0:
 		return errors.New("--default-max-leases must be 0 (unlimited) or more")
 	case c.API.MinTTL <= 0 || c.API.MinTTL > c.API.MaxTTL:
@@ -174,7 +164,7 @@ func (c *Config) validate() error {
 	case c.CommitRounds < 1:
 		return errors.New("--commit-rounds must be at least 1")
 	case c.RefreshInterval <= 0:
-		return errors.New("--pool-refresh-interval must be positive")
+		return errors.New("--mirror-refresh-interval must be positive")
 	case (c.Orchestrator.TokenFile != "" || c.Orchestrator.CAFile != "") && c.Orchestrator.Addr == "":
 		return errors.New("--orchestrator-token-file and --orchestrator-ca-file need --orchestrator-addr")
 	}
@@ -183,16 +173,13 @@ func (c *Config) validate() error {
 
 // Migrate applies the migrations, for `lease migrate`.
 func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
-	if c.DatabaseURL == "" {
-		return errors.New("--database-url is required")
-	}
-	return store.Migrate(ctx, c.DatabaseURL, log)
+	return c.Database.RunMigrations(ctx, store.Migrate, log)
 }
 
 // Parts are the running pieces, for tests.
 type Parts struct {
 	Store  *store.Store
-	Syncer *pool.Syncer
+	Syncer *mirror.Syncer
 }
 
 // Setup connects the dependencies and registers the API and workers on s.
@@ -200,30 +187,27 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	if c.MigrateOnStart {
-		if err := store.Migrate(ctx, c.DatabaseURL, s.Log); err != nil {
-			return nil, err
-		}
-	}
-	db, err := connect(ctx, c.DatabaseURL, c.DatabaseMaxConns)
+	db, err := c.Database.Open(ctx, store.Migrate, s.Log)
 	if err != nil {
 		return nil, err
 	}
 	var met *metrics.Metrics // set before st.Run starts committing rounds
+	var feed *api.Feed       // set before st.Run starts committing rounds
 	st := store.New(db, store.Config{
 		DefaultMaxLeases: c.DefaultMaxLeases, Retention: c.Retention, RefreshInterval: c.RefreshInterval, Rounds: c.CommitRounds, Now: c.Now,
-		OnRound: func(ops int, d time.Duration) { met.ObserveRound(ops, d) },
+		OnRound:  func(ops int, d time.Duration) { met.ObserveRound(ops, d) },
+		OnChange: func(cs []store.Change) { feed.Publish(cs) },
 	})
 	met = metrics.New(s.Metrics, st, s.Log)
 
-	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "lease", Names: names, StreamReplicas: c.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
+	names := c.NATS.Names()
+	nc, js, err := c.NATS.Connect(ctx, "lease", s.Log, s.Metrics)
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
 
-	var lister pool.Lister
+	var lister mirror.Lister
 	var orch *grpc.ClientConn
 	if c.Orchestrator.Addr != "" {
 		orch, err = c.Orchestrator.Dial()
@@ -234,27 +218,37 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 		}
 		lister = proxyv1.NewProxyServiceClient(orch)
 	}
-	syncer := pool.New(st, js, pool.Config{Names: names, Lister: lister, ResyncInterval: c.ResyncInterval}, met, s.Log)
+	syncer := mirror.New(st, js, mirror.Config{Names: names, Lister: lister, ResyncInterval: c.ResyncInterval}, met, s.Log)
 	if lister != nil && c.InitialResyncTimeout > 0 {
-		// Learn the whole pool before serving, so the first acquires do
-		// not see a partial one; an unreachable orchestrator only delays
+		// Learn every proxy before serving, so the first acquires do
+		// not see a partial mirror; an unreachable orchestrator only delays
 		// the start, and the syncer keeps retrying in the background.
 		rctx, cancel := context.WithTimeout(ctx, c.InitialResyncTimeout)
 		err := syncer.Resync(rctx)
 		cancel()
 		if err != nil {
-			s.Log.Warn("WARNING: the initial resync from the orchestrator failed; serving with the pool the event streams hold and retrying in the background", "error", err)
+			s.Log.Warn("WARNING: the initial resync from the orchestrator failed; serving with the proxies the event streams hold and retrying in the background", "error", err)
 		}
+	}
+	feed = api.NewFeed(nc, names.LeaseChangesSubject(), s.Log)
+	if err := feed.Start(); err != nil {
+		nc.Close()
+		db.Close()
+		return nil, fmt.Errorf("subscribing to lease changes: %w", err)
 	}
 	nc.SetReconnectHandler(func(*nats.Conn) { syncer.RequestResync("NATS reconnected") })
 	nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) {
+		// Whatever was published meanwhile is lost to the watchers.
+		feed.Broken("NATS disconnected")
 		if err != nil {
-			s.Log.Warn("WARNING: disconnected from NATS; pool changes are not seen until it reconnects", "error", err)
+			s.Log.Warn("WARNING: disconnected from NATS; proxy changes are not seen until it reconnects", "error", err)
 		}
 	})
 
-	leasev1.RegisterLeaseServiceServer(s.GRPC, api.New(st, c.API, met, s.Log))
-	s.MountGateway(leasev1.RegisterLeaseServiceHandler)
+	srv := api.New(st, c.API, met, s.Log)
+	srv.Feed = feed
+	leasev1.RegisterLeaseServiceServer(s.GRPC, srv)
+	s.MountREST(leasev1.RegisterLeaseServiceHandler)
 
 	s.Go(st.Run)
 	s.Go(syncer.Run)
@@ -329,28 +323,8 @@ const flowWindow = 1 << 20
 // Options are the service options the lease service needs.
 func Options() []service.Option {
 	return []service.Option{
-		service.WithGatewayOptions(api.GatewayOptions()...),
+		service.WithRESTOptions(api.RESTOptions()...),
 		service.WithServerOptions(grpc.NumStreamWorkers(streamWorkers),
 			grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow)),
 	}
-}
-
-// connect opens the pool with at most maxConns connections and checks the
-// server answers.
-func connect(ctx context.Context, dsn string, maxConns int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, errors.New("--database-url: not a valid PostgreSQL URL")
-	}
-	cfg.MaxConns = int32(maxConns)
-	cfg.MinConns = int32(min(maxConns, 4))
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", cfg.ConnConfig.Host, err)
-	}
-	return pool, nil
 }

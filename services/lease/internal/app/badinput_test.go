@@ -22,7 +22,7 @@ func TestRESTBadInput(t *testing.T) {
 		t.Fatalf("acquire: %v", r.Status)
 	}
 	id := acq.GetLease().GetLeaseId()
-	unchanged := servicetest.Unchanged(t, env.Config.DatabaseURL, "the leases or cooldowns", `SELECT
+	unchanged := servicetest.Unchanged(t, env.Config.Database.URL, "the leases or cooldowns", `SELECT
 		(SELECT string_agg(l::text, ';' ORDER BY l::text) FROM lease.leases l) || '|' ||
 		coalesce((SELECT string_agg(c::text, ';') FROM lease.cooldowns c), '')`)
 
@@ -66,5 +66,17 @@ func TestRESTBadInput(t *testing.T) {
 		{Name: "report: wrong method", Method: "GET", Path: lease + ":report", Status: 405},
 	}
 	servicetest.CheckBadInput(t, "http://"+env.HTTPAddr, lt.Tokens["crawler-a"], cases)
+	// The operators' reads, with a viewer's token.
+	servicetest.CheckBadInput(t, "http://"+env.HTTPAddr, lt.ViewerToken, []servicetest.BadInput{
+		{Name: "leases: NUL in the client", Method: "GET", Path: "/v1/leases?clientId=a%00", Status: 400, Field: "client_id"},
+		{Name: "leases: upper-case pool", Method: "GET", Path: "/v1/leases?pool=Web", Status: 400, Field: "pool"},
+		{Name: "leases: URL as the target", Method: "GET", Path: "/v1/leases?targetHost=https%3A%2F%2Fshop.example%2F", Status: 400, Field: "target_host"},
+		{Name: "leases: page size 5000", Method: "GET", Path: "/v1/leases?pageSize=5000", Status: 400, Field: "page_size"},
+		{Name: "leases: forged page token", Method: "GET", Path: "/v1/leases?pageToken=abc", Status: 400, Field: "page_token"},
+		{Name: "cooldowns: bad proxy name", Method: "GET", Path: "/v1/cooldowns?proxyName=a_b", Status: 400, Field: "proxy_name"},
+		{Name: "cooldowns: negative page size", Method: "GET", Path: "/v1/cooldowns?pageSize=-1", Status: 400, Field: "page_size"},
+		{Name: "cooldowns: forged page token", Method: "GET", Path: "/v1/cooldowns?pageToken=%21%21", Status: 400, Field: "page_token"},
+		{Name: "watch: wrong method", Method: "POST", Path: "/v1/leases:watch", Body: `{}`, Status: 405},
+	})
 	unchanged()
 }

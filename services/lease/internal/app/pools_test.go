@@ -13,6 +13,7 @@ import (
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/app"
 	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
 )
@@ -30,7 +31,7 @@ func draining(p *proxyv1.Proxy) {
 func lastDemand(t *testing.T, env *lt.Env, pool string) *busv1.PoolDemandEvent {
 	t.Helper()
 	js := env.NATS.JetStream(t)
-	names := bus.Names{Prefix: env.Config.NATSPrefix}
+	names := bus.Names{Prefix: env.Config.NATS.Prefix}
 	s, err := js.Stream(context.Background(), names.DemandStream())
 	if err != nil {
 		return nil
@@ -75,13 +76,13 @@ func TestPoolSelectionDrainingAndDemand(t *testing.T) {
 	if _, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{Selector: web}); r.Code() != codes.ResourceExhausted {
 		t.Fatalf("third acquire in web: %v, want RESOURCE_EXHAUSTED", r.Status)
 	}
-	lt.Eventually(t, 10*time.Second, "web's demand shows 2 leases and the refusal", func() bool {
+	waittest.For(t, 10*time.Second, "web's demand shows 2 leases and the refusal", func() bool {
 		ev := lastDemand(t, env, "web")
 		d := ev.GetDemand()
 		return d.GetActiveLeases() == 2 && d.GetLeasableProxies() == 2 && d.GetCapacity() == 2 &&
 			ev.GetLeasesByProxy()[a1.GetUid()] == 1 && ev.GetLeasesByProxy()[a2.GetUid()] == 1 && d.GetRefusedAcquires() >= 1
 	})
-	lt.Eventually(t, 10*time.Second, "the refusal is reported once", func() bool {
+	waittest.For(t, 10*time.Second, "the refusal is reported once", func() bool {
 		return lastDemand(t, env, "web").GetDemand().GetRefusedAcquires() == 0
 	})
 
@@ -93,12 +94,12 @@ func TestPoolSelectionDrainingAndDemand(t *testing.T) {
 	if listed(t, c)["web-aaaa1"] {
 		t.Fatal("a draining proxy is listed as leasable")
 	}
-	lt.Eventually(t, 10*time.Second, "web's demand counts one leasable proxy and a1's lease", func() bool {
+	waittest.For(t, 10*time.Second, "web's demand counts one leasable proxy and a1's lease", func() bool {
 		ev := lastDemand(t, env, "web")
 		return ev.GetDemand().GetLeasableProxies() == 1 && ev.GetLeasesByProxy()[a1.GetUid()] == 1
 	})
 	// Proxies of no pool are reported under the empty pool.
-	lt.Eventually(t, 10*time.Second, "the demand of proxies of no pool", func() bool {
+	waittest.For(t, 10*time.Second, "the demand of proxies of no pool", func() bool {
 		ev := lastDemand(t, env, "")
 		return ev != nil && ev.GetDemand().GetLeasableProxies() == 1
 	})
@@ -107,7 +108,7 @@ func TestPoolSelectionDrainingAndDemand(t *testing.T) {
 	if _, r := c.Release(lt.Ctx(t), &leasev1.ReleaseLeaseRequest{LeaseId: got["web-aaaa1"]}); r.Code() != codes.OK {
 		t.Fatal(r.Status)
 	}
-	lt.Eventually(t, 10*time.Second, "a1 shows no lease", func() bool {
+	waittest.For(t, 10*time.Second, "a1 shows no lease", func() bool {
 		ev := lastDemand(t, env, "web")
 		_, held := ev.GetLeasesByProxy()[a1.GetUid()]
 		return !held && ev.GetDemand().GetActiveLeases() == 1

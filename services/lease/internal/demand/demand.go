@@ -8,7 +8,6 @@ package demand
 
 import (
 	"context"
-	"hash/fnv"
 	"log/slog"
 	"time"
 
@@ -45,15 +44,9 @@ func NewPublished(reg prometheus.Registerer) *prometheus.CounterVec {
 	return c
 }
 
-func lockKey(prefix string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("egress-lease/demand/" + prefix))
-	return int64(h.Sum64() >> 1)
-}
-
 // Run publishes while this replica holds the lock, until ctx ends.
 func (p *Publisher) Run(ctx context.Context) error {
-	s := &postgres.Singleton{Pool: p.Store.Pool(), Key: lockKey(p.Names.Prefix), Name: "pool demand publisher", Log: p.Log,
+	s := &postgres.Singleton{Pool: p.Store.Pool(), Key: postgres.LockKey("lease", "demand"), Name: "pool demand publisher", Log: p.Log,
 		Retry: max(p.Interval, time.Second)}
 	return s.Run(ctx, p.lead)
 }

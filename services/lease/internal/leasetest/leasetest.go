@@ -1,6 +1,6 @@
 // Package leasetest is the lease service's test harness: a database per
 // test, the service running in-process on the real service frame (gRPC,
-// gateway, auth, metrics), a fake clock, proxy snapshots and one client
+// REST, auth, metrics), a fake clock, proxy snapshots and one client
 // interface over both transports, so that every case runs over gRPC and
 // over REST.
 package leasetest
@@ -37,8 +37,9 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/app"
-	"github.com/egress-proxies/egress-proxies/services/lease/internal/pool"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/mirror"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
 )
 
@@ -82,14 +83,19 @@ func (c *Clock) Advance(d time.Duration) {
 // Tokens are the clients of the test token file: client id → token.
 var Tokens = map[string]string{"crawler-a": "token-a-0123456789", "crawler-b": "token-b-0123456789"}
 
+// ViewerToken is the token of client "ops", a viewer: it lists every
+// client's leases and watches them.
+const ViewerToken = "token-ops-0123456789"
+
 // TokenFile writes the token file of Tokens, each client a crawler, and
-// returns its path.
+// of ViewerToken, and returns its path.
 func TokenFile(t testing.TB) string {
 	t.Helper()
 	var b strings.Builder
 	for id, tok := range Tokens {
 		fmt.Fprintf(&b, "%s %s crawler\n", id, tok)
 	}
+	fmt.Fprintf(&b, "ops %s viewer\n", ViewerToken)
 	f := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(f, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
@@ -132,12 +138,12 @@ func Start(t testing.TB, o Options) *Env {
 		nsrv = natstest.New(t)
 	}
 	cfg := app.DefaultConfig()
-	cfg.DatabaseURL = o.DatabaseURL
-	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = Database(t)
+	cfg.Database.URL = o.DatabaseURL
+	if cfg.Database.URL == "" {
+		cfg.Database.URL = Database(t)
 	}
-	cfg.MigrateOnStart = false
-	cfg.NATSURL = nsrv.URL()
+	cfg.Database.Migrate = false
+	cfg.NATS.URL = nsrv.URL()
 	cfg.SweepInterval = time.Hour
 	cfg.Now = clock.Now
 	if o.Config != nil {
@@ -175,7 +181,7 @@ func Start(t testing.TB, o Options) *Env {
 		}
 	})
 	env := &Env{GRPCAddr: s.GRPCAddr(), HTTPAddr: s.HTTPAddr(), NATS: nsrv, Parts: parts, Clock: clock, Config: cfg}
-	Eventually(t, 10*time.Second, "the service is ready", func() bool {
+	waittest.For(t, 10*time.Second, "the service is ready", func() bool {
 		resp, err := http.Get("http://" + env.HTTPAddr + "/readyz")
 		if err != nil {
 			return false
@@ -189,18 +195,6 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	t.Cleanup(func() { env.conn.Close() })
 	return env
-}
-
-// Eventually waits for cond, failing the test after timeout.
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
-	}
 }
 
 // Proxy builds a Ready, healthy MANAGED proxy snapshot.
@@ -416,7 +410,7 @@ func (r *restClient) Report(ctx context.Context, req *leasev1.ReportOutcomeReque
 // Apply stores a proxy snapshot at revision, as applying its event would.
 func (e *Env) Apply(t testing.TB, p *proxyv1.Proxy, revision int64) {
 	t.Helper()
-	ps, err := pool.FromProxy(p, false)
+	ps, err := mirror.FromProxy(p, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +422,7 @@ func (e *Env) Apply(t testing.TB, p *proxyv1.Proxy, revision int64) {
 // PublishProxy publishes a ProxyEvent as the orchestrator does.
 func (e *Env) PublishProxy(t testing.TB, typ proxyv1.ChangeType, p *proxyv1.Proxy, revision int64) {
 	t.Helper()
-	PublishProxy(t, e.NATS, e.Config.NATSPrefix, typ, p, revision)
+	PublishProxy(t, e.NATS, e.Config.NATS.Prefix, typ, p, revision)
 }
 
 // PublishProxy publishes a ProxyEvent on nsrv under prefix.
@@ -447,7 +441,7 @@ func PublishProxy(t testing.TB, nsrv *natstest.Server, prefix string, typ proxyv
 func (e *Env) PublishHealth(t testing.TB, tr *healthv1.HealthTransition) {
 	t.Helper()
 	js := e.NATS.JetStream(t)
-	names := bus.Names{Prefix: e.Config.NATSPrefix}
+	names := bus.Names{Prefix: e.Config.NATS.Prefix}
 	if _, err := bus.Publish(context.Background(), js, names.HealthEventSubject(tr.GetProxyUid()), &busv1.HealthTransitionEvent{Transition: tr}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
 // Package metrics holds the lease service's Prometheus metrics: counters
-// fed by the API and the pool, and gauges read from the database at scrape
+// fed by the API and the proxy mirror, and gauges read from the database at scrape
 // time (so every replica reports the shared truth, and no gauge drifts).
 package metrics
 
@@ -80,7 +80,7 @@ func New(reg prometheus.Registerer, st *store.Store, log *slog.Logger) *Metrics 
 		}, []string{"kind", "result"}),
 		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "egress", Subsystem: "lease", Name: "resyncs_total",
-			Help: "Full resyncs of the pool from the orchestrator by result (ok, error).",
+			Help: "Full resyncs of the proxy mirror from the orchestrator by result (ok, error).",
 		}, []string{"result"}),
 		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "egress", Subsystem: "lease", Name: "skipped_total",

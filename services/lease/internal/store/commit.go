@@ -84,7 +84,7 @@ func (s *Store) submit(ctx context.Context, o *op) error {
 // Queued is how many operations wait for a round (not yet in flight).
 func (s *Store) Queued() int { return int(s.waiting.Load()) + len(s.queue) }
 
-// Invalidate makes the next round reload the pool: the pool changed.
+// Invalidate makes the next round reload the mirror: it changed.
 func (s *Store) Invalidate() { s.stale.Store(true) }
 
 // round is one transaction's worth of operations.
@@ -151,7 +151,7 @@ func (s *Store) Run(ctx context.Context) error {
 	}
 }
 
-// refresh reads the pool every RefreshInterval beside the committer and
+// refresh reads the mirror every RefreshInterval beside the committer and
 // hands it over, so that the periodic reload never delays a round.
 func (s *Store) refresh(ctx context.Context, fresh chan<- *snapshot) {
 	t := time.NewTicker(s.cfg.RefreshInterval)
@@ -162,7 +162,7 @@ func (s *Store) refresh(ctx context.Context, fresh chan<- *snapshot) {
 			return
 		case <-t.C:
 		}
-		snap, err := s.readPool(ctx, s.cfg.Now().UTC())
+		snap, err := s.readMirror(ctx, s.cfg.Now().UTC())
 		if err != nil {
 			continue // the next tick tries again; rounds reload when they must
 		}
@@ -216,7 +216,7 @@ func (s *Store) choose(ctx context.Context, v *view, ops, rest []*op) (*round, [
 	r := &round{ops: ops, start: time.Now(), now: s.cfg.Now().UTC().Truncate(time.Microsecond)}
 	fail := func(err error) (*round, []*op) {
 		for _, o := range ops {
-			o.finish(fmt.Errorf("reading the pool: %w", err))
+			o.finish(fmt.Errorf("reading the proxy mirror: %w", err))
 		}
 		return nil, rest
 	}
@@ -301,6 +301,7 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 		s.cfg.OnRound(len(r.ops), time.Since(r.start))
 	}
 	seq := s.settled.Add(1)
+	var changes []Change
 	for _, o := range r.ops {
 		switch o.kind {
 		case opRelease:
@@ -308,17 +309,29 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 			o.matched, o.active = ok, rel.active
 			if ok {
 				v.setActive(rel.uid, rel.count, seq)
+				typ := Released
+				if !rel.active {
+					typ = Expired
+				}
+				changes = append(changes, Change{Type: typ, Lease: Lease{ID: o.leaseID, ClientID: o.clientID, ProxyUID: rel.uid}, Time: r.now})
 			}
 			o.finish(nil)
 		case opReport:
-			o.matched = res.reported[o.report.LeaseID]
-			if c := res.cooldowns[o.report.LeaseID]; c != nil {
+			var uid string
+			uid, o.matched = res.reported[o.report.LeaseID]
+			c := res.cooldowns[o.report.LeaseID]
+			if c != nil {
 				o.cool = c
 				v.addCooldown(c.ProxyUID, c.TargetHost, c.ExpireTime, seq)
+			}
+			if o.matched {
+				changes = append(changes, Change{Type: Reported, Lease: Lease{ID: o.report.LeaseID, ClientID: o.report.ClientID, ProxyUID: uid},
+					Cooldown: c, Time: r.now})
 			}
 			o.finish(nil)
 		}
 	}
+	defer func() { s.changed(changes) }()
 	for _, o := range r.ops {
 		if o.kind != opAcquire {
 			continue
@@ -330,6 +343,10 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 		v.settle(o.uid, a.active, seq)
 		if o.granted = a.granted; o.granted {
 			o.lease.ProxyName, o.lease.Host, o.lease.Port = a.name, a.host, uint32(a.port)
+			if p := v.all[o.uid]; p != nil {
+				o.lease.Pool = p.pool
+			}
+			changes = append(changes, Change{Type: Acquired, Lease: o.lease, Time: r.now})
 			o.finish(nil)
 			continue
 		}
@@ -472,7 +489,7 @@ type acquired struct {
 // roundResult is what a round's statements returned, by lease id.
 type roundResult struct {
 	released  map[string]released
-	reported  map[string]bool
+	reported  map[string]string // lease id → proxy uid
 	cooldowns map[string]*Cooldown
 	acquired  map[string]acquired
 }
@@ -514,7 +531,7 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 	}
 	res := roundResult{
 		released:  map[string]released{},
-		reported:  map[string]bool{},
+		reported:  map[string]string{},
 		cooldowns: map[string]*Cooldown{},
 		acquired:  make(map[string]acquired, len(acqIDs)),
 	}
@@ -550,7 +567,7 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 				if err := rows.Scan(&id, &uid, &target, &end, &outcome); err != nil {
 					return err
 				}
-				res.reported[id] = true
+				res.reported[id] = uid
 				if target != nil {
 					res.cooldowns[id] = &Cooldown{ProxyUID: uid, TargetHost: *target, ExpireTime: *end, Outcome: *outcome}
 				}

@@ -1,5 +1,5 @@
 // Package store keeps the lease service's state in PostgreSQL (schema
-// lease): the pool of proxies learnt from events, the leases and the
+// lease): the proxy mirror (every proxy, learnt from events), the leases and the
 // cooldowns. Every operation is one statement or one short transaction, and
 // the capacity of a proxy is enforced in the database under the proxy's row
 // lock, so any number of lease replicas sharing the database never lease a
@@ -98,7 +98,7 @@ type Config struct {
 	// Retention is how long ended leases are kept, so that late reports
 	// still count.
 	Retention time.Duration
-	// RefreshInterval is how often the replica's view of the pool is
+	// RefreshInterval is how often the replica's view of the mirror is
 	// re-read from the database, beside the rounds, even when nothing asks
 	// for it (other replicas' leases, expiries swept elsewhere). Default
 	// 1s.
@@ -107,6 +107,10 @@ type Config struct {
 	// 1. More rounds overlap one's commit with the next one's statements
 	// but make each smaller; on a small database server one is fastest.
 	Rounds int
+	// OnChange, when set, is told every committed change of a lease
+	// (acquired, renewed, released, expired, reported), from the goroutine
+	// that committed it: it must not block.
+	OnChange func([]Change)
 	// OnRound, when set, is told the size and duration of every committed
 	// round, for metrics.
 	OnRound func(ops int, d time.Duration)
@@ -192,6 +196,8 @@ type Lease struct {
 	TargetHost  string
 	AcquireTime time.Time
 	ExpireTime  time.Time
+	// Pool is the pool of the proxy; "" for none.
+	Pool string
 }
 
 // AcquireRequest asks for a lease.
@@ -203,7 +209,7 @@ type AcquireRequest struct {
 }
 
 // Acquire leases one proxy, or returns a *NoProxyError with the arithmetic.
-// The proxy is chosen from the replica's view of the pool and confirmed by
+// The proxy is chosen from the replica's view of the mirror and confirmed by
 // the database under the proxy's row lock, in the committer's next round;
 // a refusal always rests on a fresh read of the database.
 func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
@@ -228,11 +234,12 @@ func (s *Store) Renew(ctx context.Context, clientID, leaseID string, ttl time.Du
 		FROM lease.proxies p
 		WHERE l.id = $1 AND l.client_id = $2 AND l.end_time IS NULL AND l.expire_time > $3
 		  AND p.uid = l.proxy_uid AND p.leasable
-		RETURNING l.id::text, l.client_id, l.proxy_uid, p.name, p.host, p.port, l.target_host, l.acquire_time, l.expire_time`,
+		RETURNING l.id::text, l.client_id, l.proxy_uid, p.name, p.host, p.port, p.pool, l.target_host, l.acquire_time, l.expire_time`,
 		leaseID, clientID, now, now.Add(ttl)).
-		Scan(&l.ID, &l.ClientID, &l.ProxyUID, &l.ProxyName, &l.Host, &port, &l.TargetHost, &l.AcquireTime, &l.ExpireTime)
+		Scan(&l.ID, &l.ClientID, &l.ProxyUID, &l.ProxyName, &l.Host, &port, &l.Pool, &l.TargetHost, &l.AcquireTime, &l.ExpireTime)
 	if err == nil {
 		l.Port = uint32(port)
+		s.changed([]Change{{Type: Renewed, Lease: l, Time: now}})
 		return l, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
@@ -431,7 +438,7 @@ type SweepResult struct {
 const TombstoneRetention = 8 * 24 * time.Hour
 
 // sweepLock is the advisory lock key that lets one replica sweep at a time.
-var sweepLock = int64(fnv64("egress-lease/sweep") >> 1)
+var sweepLock = postgres.LockKey("lease", "sweep")
 
 // Expired leases are found through the partial index on the expiry of
 // active leases, which also holds an entry for every lease ended since the
@@ -458,6 +465,7 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 		since = time.Time{} // the zero time: every expired lease
 	}
 	var res SweepResult
+	var expired []Change
 	err := retry(ctx, func() error {
 		res = SweepResult{}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -477,27 +485,38 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 				ORDER BY p.uid FOR UPDATE OF p`, now, since); err != nil {
 				return err
 			}
+			// The proxies' update runs although the answer reads only e:
+			// PostgreSQL executes every data-modifying WITH.
 			rows, err := tx.Query(ctx, `
 				WITH e AS (
 					UPDATE lease.leases SET end_time = expire_time, end_reason = 'expired'
 					WHERE id IN (SELECT id FROM lease.leases
 					             WHERE end_time IS NULL AND expire_time <= $1 AND expire_time > $2
 					             ORDER BY expire_time LIMIT 10000 FOR UPDATE SKIP LOCKED)
-					RETURNING proxy_uid
-				), c AS (SELECT proxy_uid, count(*)::int AS n FROM e GROUP BY proxy_uid)
-				UPDATE lease.proxies p SET active_leases = p.active_leases - c.n
-				FROM c WHERE p.uid = c.proxy_uid
-				RETURNING c.n`, now, since)
+					RETURNING id, client_id, proxy_uid, expire_time
+				), c AS (SELECT proxy_uid, count(*)::int AS n FROM e GROUP BY proxy_uid),
+				u AS (
+					UPDATE lease.proxies p SET active_leases = p.active_leases - c.n
+					FROM c WHERE p.uid = c.proxy_uid
+				)
+				SELECT id::text, client_id, proxy_uid, expire_time FROM e`, now, since)
 			if err != nil {
 				return err
 			}
-			ns, err := pgx.CollectRows(rows, pgx.RowTo[int])
-			if err != nil {
+			expired = expired[:0]
+			for rows.Next() {
+				var l Lease
+				if err := rows.Scan(&l.ID, &l.ClientID, &l.ProxyUID, &l.ExpireTime); err != nil {
+					rows.Close()
+					return err
+				}
+				expired = append(expired, Change{Type: Expired, Lease: l, Time: now})
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
 				return err
 			}
-			for _, n := range ns {
-				res.Expired += n
-			}
+			res.Expired = len(expired)
 			// Lease ids start with their acquisition time, so the leases
 			// acquired before the cutoff are a range of the primary key.
 			cutoff := now.Add(-s.cfg.Retention)
@@ -537,6 +556,7 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	}
 	if res.Expired > 0 {
 		s.Invalidate()
+		s.changed(expired)
 	}
 	return res, nil
 }

@@ -8,12 +8,12 @@ import (
 	"github.com/google/btree"
 )
 
-// view is one replica's copy of the pool, in selection order, so that
+// view is one replica's copy of the proxy mirror, in selection order, so that
 // choosing a proxy costs a walk of an ordered tree instead of a query. It
 // is only a proposal: the commit re-checks every choice in the database
 // (leasable, capacity, cooldowns) under the proxy's row lock, and a choice
 // the database refuses is retried with the database's answer. The view is
-// reloaded whole from the database every refresh interval, after the pool
+// reloaded whole from the database every refresh interval, after the mirror
 // changed through this replica, and whenever it can offer nothing, so an
 // acquire is never refused on a stale view. Only the committer goroutine
 // touches it; the periodic reload is read beside it and handed over.
@@ -198,7 +198,7 @@ SELECT c.proxy_uid, c.target_host, c.expire_time FROM lease.cooldowns c
 JOIN lease.proxies p ON p.uid = c.proxy_uid AND NOT p.deleted
 WHERE c.expire_time > $1`
 
-// snapshot is the pool as read from the database at one moment.
+// snapshot is the mirror as read from the database at one moment.
 type snapshot struct {
 	all   map[string]*viewProxy
 	order *btree.BTreeG[*viewProxy]
@@ -208,10 +208,10 @@ type snapshot struct {
 	started time.Time
 }
 
-// readPool reads the pool in one repeatable-read transaction, so that
+// readMirror reads the mirror in one repeatable-read transaction, so that
 // proxies and cooldowns agree. It touches no view: the refresher runs it
 // beside the committer.
-func (s *Store) readPool(ctx context.Context, now time.Time) (*snapshot, error) {
+func (s *Store) readMirror(ctx context.Context, now time.Time) (*snapshot, error) {
 	snap := &snapshot{all: map[string]*viewProxy{}, order: btree.NewG(16, before), settled: s.settled.Load(), started: time.Now()}
 	err := s.readOnly(ctx, func(q querier) error {
 		rows, err := q.Query(ctx, viewProxiesSQL, s.cfg.DefaultMaxLeases)
@@ -258,7 +258,7 @@ func (s *Store) readPool(ctx context.Context, now time.Time) (*snapshot, error) 
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading the pool: %w", err)
+		return nil, fmt.Errorf("reading the proxy mirror: %w", err)
 	}
 	return snap, nil
 }
@@ -294,9 +294,9 @@ func (v *view) adopt(snap *snapshot) {
 	v.all, v.order, v.loaded, v.readStarted, v.stale = snap.all, snap.order, time.Now(), snap.started, false
 }
 
-// reload reads the pool and adopts it at once, in the committer.
+// reload reads the mirror and adopts it at once, in the committer.
 func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
-	snap, err := s.readPool(ctx, now)
+	snap, err := s.readMirror(ctx, now)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/pool"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/spec"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
@@ -31,7 +33,7 @@ type PoolServer struct {
 func (s *PoolServer) store() *store.Store { return s.Server.Store }
 
 func (s *PoolServer) validate(v *spec.Violations, sp *proxyv1.ProxyPoolSpec) {
-	pool.Validate(v, sp, s.Server.configured, s.Server.Providers.Names())
+	pool.Validate(v, sp, s.Server.configured, s.Server.Providers.Current().Names())
 }
 
 func poolErr(err error) error {
@@ -61,7 +63,7 @@ func (s *PoolServer) CreateProxyPool(ctx context.Context, req *proxyv1.CreatePro
 			return err
 		case existing.Deleting():
 			return status.Errorf(codes.AlreadyExists, "pool %q is being deleted; create it again once it is gone", req.GetName())
-		case proto.Equal(existing.Spec, want) && equalLabels(existing.Labels, req.GetLabels()):
+		case proto.Equal(existing.Spec, want) && maps.Equal(existing.Labels, req.GetLabels()):
 			out = existing
 			return nil
 		default:
@@ -144,8 +146,8 @@ func lockLivePool(ctx context.Context, tx *store.Tx, name string, generation int
 	if generation != 0 && generation != p.Generation {
 		return nil, status.Errorf(codes.FailedPrecondition, "pool %q changed: its generation is %d, not %d; read it again", name, p.Generation, generation)
 	}
-	if etag != "" && etag != store.Etag(p.Revision) {
-		return nil, status.Errorf(codes.FailedPrecondition, "pool %q changed: its etag is %s, not %s; read it again", name, store.Etag(p.Revision), etag)
+	if etag != "" && etag != lifecycle.Etag(p.Revision) {
+		return nil, status.Errorf(codes.FailedPrecondition, "pool %q changed: its etag is %s, not %s; read it again", name, lifecycle.Etag(p.Revision), etag)
 	}
 	if p.Deleting() {
 		return nil, status.Errorf(codes.FailedPrecondition, "pool %q is being deleted", name)
@@ -172,7 +174,7 @@ func (s *PoolServer) UpdateProxyPool(ctx context.Context, req *proxyv1.UpdatePro
 			return err
 		}
 		out = p
-		if proto.Equal(p.Spec, want) && equalLabels(p.Labels, req.GetLabels()) {
+		if proto.Equal(p.Spec, want) && maps.Equal(p.Labels, req.GetLabels()) {
 			return nil
 		}
 		if p.Spec.GetReplicas() != want.GetReplicas() || !proto.Equal(p.Spec.GetAutoscaling(), want.GetAutoscaling()) {
@@ -195,7 +197,7 @@ func manualScale(p *store.PoolRow, want *proxyv1.ProxyPoolSpec, now time.Time, b
 	from := p.Status.GetDesiredReplicas()
 	p.Status.DesiredReplicas = to
 	p.Status.LastScalingDecision = &proxyv1.ScalingDecision{
-		Time: timestamppb.New(now), FromReplicas: from, ToReplicas: to, Reason: "Scaled",
+		Time: timestamppb.New(now), FromReplicas: from, ToReplicas: to, Reason: pool.ScaleScaled,
 		Message: fmt.Sprintf("%s set replicas to %d", by, want.GetReplicas()),
 	}
 }
@@ -292,7 +294,7 @@ func (s *Server) DrainProxy(ctx context.Context, req *proxyv1.DrainProxyRequest)
 	if req.GetDrainTimeout() != nil {
 		timeout = req.GetDrainTimeout().AsDuration()
 	}
-	var row *store.Row
+	var row *lifecycle.Proxy
 	err := s.Store.Write(ctx, func(tx *store.Tx) error {
 		r, err := tx.LockByName(ctx, req.GetName())
 		if errors.Is(err, store.ErrNotFound) {
@@ -307,9 +309,9 @@ func (s *Server) DrainProxy(ctx context.Context, req *proxyv1.DrainProxyRequest)
 		}
 		switch {
 		case req.GetCancel() && r.Draining():
-			r.DrainTime, r.DrainDeadline = nil, nil
+			lifecycle.Undrain(r)
 		case !req.GetCancel() && !r.Draining():
-			pool.Drain(r, tx.Now(), timeout)
+			lifecycle.Drain(r, tx.Now(), timeout)
 		default:
 			return nil
 		}

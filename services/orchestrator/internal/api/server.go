@@ -10,11 +10,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -25,6 +25,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/spec"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -36,8 +37,10 @@ const DefaultPageSize = 100
 // Server implements ProxyService.
 type Server struct {
 	proxyv1.UnimplementedProxyServiceServer
-	Store     *store.Store
-	Providers *providers.Config
+	Store *store.Store
+	// Providers is the providers config in effect (asked at each use: it
+	// is reloaded on change).
+	Providers providers.Source
 	// Changes fires after every committed write (from store.Listen).
 	Changes *store.Signal
 	// WatchPoll bounds how long a watcher waits without a notification.
@@ -48,7 +51,7 @@ type Server struct {
 }
 
 func (s *Server) configured(name string) bool {
-	_, ok := s.Providers.Get(name)
+	_, ok := s.Providers.Current().Get(name)
 	return ok
 }
 
@@ -71,7 +74,7 @@ func internal(err error) error {
 func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyRequest) (*proxyv1.CreateProxyResponse, error) {
 	var v spec.Violations
 	spec.ValidateLabels(&v, "labels", req.GetLabels())
-	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Names())
+	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Current().Names())
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
@@ -142,12 +145,12 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
-	var rows []*store.Row
+	var rows []*lifecycle.Proxy
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		rows = make([]*store.Row, len(batch))
+		rows = make([]*lifecycle.Proxy, len(batch))
 		err = s.Store.Write(ctx, func(tx *store.Tx) error {
-			byName := map[string]*store.Row{}
+			byName := map[string]*lifecycle.Proxy{}
 			for i, c := range batch {
 				c.out, c.created, c.err = nil, false, nil
 				name := c.req.GetName()
@@ -167,14 +170,14 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 				case existing.Deleting():
 					c.err = status.Errorf(codes.AlreadyExists, "proxy %q is being deleted; create it again once it is gone", name)
 					continue
-				case proto.Equal(existing.Spec, c.want) && equalLabels(existing.Labels, c.req.GetLabels()) && existing.SkipCleanup == c.req.GetSkipCleanup():
+				case proto.Equal(existing.Spec, c.want) && maps.Equal(existing.Labels, c.req.GetLabels()) && existing.SkipCleanup == c.req.GetSkipCleanup():
 					rows[i] = existing
 					continue
 				default:
 					c.err = status.Errorf(codes.AlreadyExists, "proxy %q already exists with a different spec or labels", name)
 					continue
 				}
-				r := newRow(c.req, c.want, tx.Now())
+				r := lifecycle.New(name, c.req.GetLabels(), c.want, c.req.GetSkipCleanup(), tx.Now())
 				r.TraceParent = c.traceParent
 				tx.Insert(r)
 				byName[name] = r
@@ -196,23 +199,6 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 		}
 		close(c.done)
 	}
-}
-
-// newRow is a new proxy as stored.
-func newRow(req *proxyv1.CreateProxyRequest, want *proxyv1.ProxySpec, now time.Time) *store.Row {
-	return store.NewRow(uuid.NewString(), req.GetName(), req.GetLabels(), want, spec.Hash(want), req.GetSkipCleanup(), now)
-}
-
-func equalLabels(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // fullView checks the view a read asks for: BASIC (the default) leaves
@@ -249,6 +235,34 @@ func (s *Server) GetProxy(ctx context.Context, req *proxyv1.GetProxyRequest) (*p
 		return nil, internal(err)
 	}
 	return &proxyv1.GetProxyResponse{Proxy: r.Proto(full)}, nil
+}
+
+// ListProxyChanges implements ProxyService: the retained changes of the
+// proxy that has the name now, newest first, in the BASIC view (the change
+// log never holds cloud-init).
+func (s *Server) ListProxyChanges(ctx context.Context, req *proxyv1.ListProxyChangesRequest) (*proxyv1.ListProxyChangesResponse, error) {
+	r, err := s.Store.Get(ctx, req.GetName())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "proxy %q not found", req.GetName())
+	}
+	if err != nil {
+		return nil, internal(err)
+	}
+	limit := int(req.GetPageSize())
+	if limit == 0 {
+		limit = 100
+	}
+	changes, err := s.Store.ChangesOf(ctx, r.UID, req.GetBeforeRevision(), limit)
+	if err != nil {
+		return nil, internal(err)
+	}
+	resp := &proxyv1.ListProxyChangesResponse{Changes: make([]*proxyv1.WatchProxiesResponse, 0, len(changes))}
+	for _, c := range changes {
+		resp.Changes = append(resp.Changes, &proxyv1.WatchProxiesResponse{
+			Revision: c.Revision, Type: c.Type, Proxy: c.Proxy, ChangeTime: timestamppb.New(c.Time),
+		})
+	}
+	return resp, nil
 }
 
 // pageToken carries where a listing stopped and which filter it was for.
@@ -310,7 +324,7 @@ func (s *Server) ListProxies(ctx context.Context, req *proxyv1.ListProxiesReques
 func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyRequest) (*proxyv1.UpdateProxyResponse, error) {
 	var v spec.Violations
 	spec.ValidateLabels(&v, "labels", req.GetLabels())
-	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Names())
+	spec.Validate(&v, req.GetSpec(), s.configured, s.Providers.Current().Names())
 	if req.GetGeneration() == 0 && req.GetEtag() == "" {
 		v.Add("generation", "one of generation or etag is required")
 	}
@@ -318,7 +332,7 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		return nil, err
 	}
 	want := spec.Normalize(req.GetSpec())
-	var row *store.Row
+	var row *lifecycle.Proxy
 	err := s.Store.Write(ctx, func(tx *store.Tx) error {
 		r, err := tx.LockByName(ctx, req.GetName())
 		if errors.Is(err, store.ErrNotFound) {
@@ -330,8 +344,8 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 		if req.GetGeneration() != 0 && req.GetGeneration() != r.Generation {
 			return status.Errorf(codes.FailedPrecondition, "proxy %q changed: its generation is %d, not %d; read it again", r.Name, r.Generation, req.GetGeneration())
 		}
-		if req.GetEtag() != "" && req.GetEtag() != store.Etag(r.Revision) {
-			return status.Errorf(codes.FailedPrecondition, "proxy %q changed: its etag is %s, not %s; read it again", r.Name, store.Etag(r.Revision), req.GetEtag())
+		if req.GetEtag() != "" && req.GetEtag() != lifecycle.Etag(r.Revision) {
+			return status.Errorf(codes.FailedPrecondition, "proxy %q changed: its etag is %s, not %s; read it again", r.Name, lifecycle.Etag(r.Revision), req.GetEtag())
 		}
 		if r.Deleting() {
 			return status.Errorf(codes.FailedPrecondition, "proxy %q is being deleted", r.Name)
@@ -340,23 +354,10 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 			return spec.Violations{{Field: "spec.mode", Description: "is immutable; delete the proxy and create it again"}}.Err()
 		}
 		row = r
-		if proto.Equal(r.Spec, want) && equalLabels(r.Labels, req.GetLabels()) && r.SkipCleanup == req.GetSkipCleanup() {
+		if proto.Equal(r.Spec, want) && maps.Equal(r.Labels, req.GetLabels()) && r.SkipCleanup == req.GetSkipCleanup() {
 			return nil
 		}
-		now := tx.Now()
-		r.Spec, r.Labels, r.SkipCleanup = want, req.GetLabels(), req.GetSkipCleanup()
-		r.Generation++
-		r.SpecHash = spec.Hash(want)
-		r.TraceParent = telemetry.TraceParent(ctx)
-		if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
-			r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
-			r.ObservedGeneration = r.Generation
-		} else if r.CommandID == "" {
-			// Reconcile now: a replacement, the end of a Failed latch, or
-			// only a new observed generation.
-			r.NextAttemptTime = &now
-			r.Attempts = 0
-		}
+		lifecycle.Update(r, want, req.GetLabels(), req.GetSkipCleanup(), telemetry.TraceParent(ctx), tx.Now())
 		tx.Update(r)
 		return nil
 	})
@@ -372,7 +373,7 @@ func (s *Server) UpdateProxy(ctx context.Context, req *proxyv1.UpdateProxyReques
 
 // DeleteProxy implements ProxyService.
 func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyRequest) (*proxyv1.DeleteProxyResponse, error) {
-	var row *store.Row
+	var row *lifecycle.Proxy
 	err := s.Store.Write(ctx, func(tx *store.Tx) error {
 		r, err := tx.LockByName(ctx, req.GetName())
 		if errors.Is(err, store.ErrNotFound) {
@@ -382,7 +383,11 @@ func (s *Server) DeleteProxy(ctx context.Context, req *proxyv1.DeleteProxyReques
 			return err
 		}
 		row = r
-		tx.RequestDelete(r, req.GetSkipCleanup(), telemetry.TraceParent(ctx))
+		if lifecycle.RequestDelete(r, req.GetSkipCleanup(), telemetry.TraceParent(ctx), tx.Now()) {
+			tx.Delete(r)
+		} else {
+			tx.Update(r)
+		}
 		return nil
 	})
 	if err != nil {
@@ -504,7 +509,7 @@ func (s *Server) withCloudInit(ctx context.Context, p *proxyv1.Proxy) (*proxyv1.
 // ListProviders implements ProxyService.
 func (s *Server) ListProviders(context.Context, *proxyv1.ListProvidersRequest) (*proxyv1.ListProvidersResponse, error) {
 	resp := &proxyv1.ListProvidersResponse{}
-	for _, p := range s.Providers.Providers {
+	for _, p := range s.Providers.Current().Providers {
 		resp.Providers = append(resp.Providers, &proxyv1.Provider{Name: p.Name, Type: p.Type})
 	}
 	return resp, nil

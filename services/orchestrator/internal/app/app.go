@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
@@ -25,24 +25,21 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/gc"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 	poolctl "github.com/egress-proxies/egress-proxies/services/orchestrator/internal/pool"
-	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/reconcile"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
 // Config is the orchestrator's own configuration.
 type Config struct {
-	DatabaseURL        string
-	NATSURL            string
-	NATSPrefix         string
-	NATSStreamReplicas int
-	ProvidersConfig    string
-	AutoMigrate        bool
-	WatchRetention     time.Duration
-	ClaimBatch         int
-	Timing             reconcile.Timing
-	GCInterval         time.Duration
-	GCGrace            time.Duration
+	Database        postgres.Flags
+	NATS            bus.Flags
+	ProvidersConfig string
+	WatchRetention  time.Duration
+	ClaimBatch      int
+	Timing          lifecycle.Timing
+	GCInterval      time.Duration
+	GCGrace         time.Duration
 	// CloudInitKeyFile is the keyring that encrypts cloud-init at rest;
 	// without it proxies with cloud-init are refused.
 	CloudInitKeyFile string
@@ -63,13 +60,11 @@ type Config struct {
 // DefaultConfig has the production defaults.
 func DefaultConfig() *Config {
 	return &Config{
-		DatabaseURL:    "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		NATSURL:        nats.DefaultURL,
-		NATSPrefix:     bus.DefaultPrefix,
-		AutoMigrate:    true,
+		Database:       postgres.DefaultFlags(),
+		NATS:           bus.DefaultFlags(),
 		WatchRetention: time.Hour,
 		ClaimBatch:     64,
-		Timing:         reconcile.DefaultTiming(),
+		Timing:         lifecycle.DefaultTiming(),
 		GCInterval:     10 * time.Minute,
 		GCGrace:        15 * time.Minute,
 		PoolResync:     5 * time.Second,
@@ -81,12 +76,9 @@ func DefaultConfig() *Config {
 
 // RegisterFlags adds the orchestrator's flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "PostgreSQL URL")
-	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS URL (JetStream enabled)")
-	fs.StringVar(&c.NATSPrefix, "nats-prefix", c.NATSPrefix, "prefix of every NATS subject and stream")
-	fs.IntVar(&c.NATSStreamReplicas, "nats-stream-replicas", 1, "JetStream servers that store each stream (3 on a three-server cluster); the same on every service")
+	c.Database.Register(fs)
+	c.NATS.Register(fs)
 	fs.StringVar(&c.ProvidersConfig, "providers-config", c.ProvidersConfig, "providers YAML file (required)")
-	fs.BoolVar(&c.AutoMigrate, "auto-migrate", c.AutoMigrate, "apply database migrations at start (otherwise run `orchestrator migrate`)")
 	fs.DurationVar(&c.WatchRetention, "watch-retention", c.WatchRetention, "how long the change log keeps changes: WatchProxies resumes from any revision this recent")
 	fs.IntVar(&c.ClaimBatch, "claim-batch", c.ClaimBatch, "proxies one reconcile claim takes")
 	fs.DurationVar(&c.Timing.CreateDeadline, "create-deadline", c.Timing.CreateDeadline, "a Create command unanswered this long is issued again")
@@ -146,7 +138,7 @@ func (c *Config) openStore(ctx context.Context, pool *pgxpool.Pool, log *slog.Lo
 
 // Migrate applies the migrations (the `migrate` subcommand).
 func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
-	return store.Migrate(ctx, c.DatabaseURL, log)
+	return c.Database.RunMigrations(ctx, store.Migrate, log)
 }
 
 // Setup builds everything and registers it on the service.
@@ -154,25 +146,23 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	if c.ProvidersConfig == "" {
 		return errors.New("--providers-config is required")
 	}
+	if err := errors.Join(c.Database.Validate(), c.NATS.Validate()); err != nil {
+		return err
+	}
 	if c.Health.Addr != "" && (c.ProviderHealthInterval <= 0 || c.ProviderHealthStale < c.ProviderHealthInterval) {
 		return fmt.Errorf("--provider-health-interval must be positive and --provider-health-stale-after at least as long, got %s and %s",
 			c.ProviderHealthInterval, c.ProviderHealthStale)
 	}
-	provs, err := providers.LoadFile(c.ProvidersConfig)
+	provs, err := providers.Open(c.ProvidersConfig, s.Log, s.Metrics)
 	if err != nil {
 		return err
 	}
-	if c.AutoMigrate {
-		if err := store.Migrate(ctx, c.DatabaseURL, s.Log); err != nil {
-			return err
-		}
-	}
-	pool, err := postgres.Connect(ctx, c.DatabaseURL)
+	pool, err := c.Database.Open(ctx, store.Migrate, s.Log)
 	if err != nil {
 		return err
 	}
-	names := bus.Names{Prefix: c.NATSPrefix}
-	nc, js, err := bus.Connect(ctx, bus.ConnectOptions{URL: c.NATSURL, Name: "orchestrator", Names: names, StreamReplicas: c.NATSStreamReplicas, Log: s.Log, Metrics: s.Metrics})
+	names := c.NATS.Names()
+	nc, js, err := c.NATS.Connect(ctx, "orchestrator", s.Log, s.Metrics)
 	if err != nil {
 		pool.Close()
 		return err
@@ -185,10 +175,10 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		return err
 	}
 	work, changes := store.NewSignal(), store.NewSignal()
-	configured := func(name string) bool { _, ok := provs.Get(name); return ok }
+	configured := func(name string) bool { _, ok := provs.Current().Get(name); return ok }
 	d := &dispatch.Dispatcher{
 		Store:      st,
-		Engine:     &reconcile.Engine{Timing: c.Timing, Configured: configured, Log: s.Log},
+		Machine:    &lifecycle.Machine{Timing: c.Timing, Configured: configured, Log: s.Log},
 		JS:         js,
 		Names:      names,
 		Log:        s.Log,
@@ -197,16 +187,17 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		Metrics:    dispatch.NewMetrics(s.Metrics),
 		ClaimBatch: c.ClaimBatch,
 	}
-	d.GC = &gc.Collector{
-		Store: st, JS: js, Names: names, Providers: provs.Names, Interval: c.GCInterval, Grace: c.GCGrace,
+	collector := &gc.Collector{
+		Store: st, JS: js, Names: names, Providers: func() []string { return provs.Current().Names() }, Interval: c.GCInterval, Grace: c.GCGrace,
 		Deadline: c.Timing.GetDeadline, Log: s.Log, Metrics: gc.NewMetrics(s.Metrics),
 	}
+	d.Handlers = map[busv1.CommandPurpose]dispatch.ResultHandler{busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC: collector}
 	srv := &api.Server{Store: st, Providers: provs, Changes: changes}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
 	s.Go(srv.Run)
-	s.MountGateway(proxyv1.RegisterProxyServiceHandler)
+	s.MountREST(proxyv1.RegisterProxyServiceHandler)
 	proxyv1.RegisterProxyPoolServiceServer(s.GRPC, &api.PoolServer{Server: srv})
-	s.MountGateway(proxyv1.RegisterProxyPoolServiceHandler)
+	s.MountREST(proxyv1.RegisterProxyPoolServiceHandler)
 	book := poolctl.NewBook(24 * time.Hour)
 	ctrl := &poolctl.Controller{
 		Store: st, Changes: changes, Log: s.Log.With("component", "pools"), Metrics: poolctl.NewMetrics(s.Metrics),
@@ -241,7 +232,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.Go(d.RunResults)
 	s.Go(d.RunHealth)
 	s.Go(d.RunOutbox)
-	s.Go(d.GC.Run)
+	s.Go(collector.Run)
 	s.Go(func(ctx context.Context) error {
 		if provHealth != nil {
 			// At most one interval: the first sync knows which providers
@@ -261,7 +252,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		pool.Close()
 		return nil
 	})
-	s.Log.Info("orchestrator configured", "providers", provs.Names(), "natsPrefix", names.Prefix,
+	s.Log.Info("orchestrator configured", "providers", provs.Value().Names(), "natsPrefix", names.Prefix,
 		"watchRetention", c.WatchRetention)
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
 
 // BenchmarkConverge creates N proxies through the gRPC API (32 concurrent
@@ -34,16 +36,15 @@ func BenchmarkConverge(b *testing.B) {
 }
 
 func converge(b *testing.B, n int) {
-	h := newHarness(b)
+	h := orchtest.New(b)
 	if os.Getenv("BENCH_ASYNC_COMMIT") != "" {
-		_, _ = h.store.Pool().Exec(context.Background(), "ALTER DATABASE "+strings.TrimPrefix(must(url.Parse(h.dsn)).Path, "/")+" SET synchronous_commit = off")
+		_, _ = h.Store.Pool().Exec(context.Background(), "ALTER DATABASE "+strings.TrimPrefix(must(url.Parse(h.DSN)).Path, "/")+" SET synchronous_commit = off")
 	}
-	cloud := newCloud()
-	h.startProvisioner("fake", cloud.answer)
-	h.startReplica()
+	h.StartCloud("fake")
+	h.StartReplica()
 
 	srv := grpc.NewServer()
-	proxyv1.RegisterProxyServiceServer(srv, h.api)
+	proxyv1.RegisterProxyServiceServer(srv, h.API)
 	client := proxyv1.NewProxyServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
 	ctx := context.Background()
 
@@ -56,7 +57,7 @@ func converge(b *testing.B, n int) {
 		go func() {
 			defer wg.Done()
 			for name := range names {
-				if _, err := client.CreateProxy(ctx, managed(name)); err != nil {
+				if _, err := client.CreateProxy(ctx, orchtest.Managed(name)); err != nil {
 					b.Error(err)
 				}
 			}
@@ -69,22 +70,19 @@ func converge(b *testing.B, n int) {
 	wg.Wait()
 	created := time.Since(start)
 
-	for {
+	// Counting scans every proxy: the wait's poll backs off to 100ms so
+	// the measurement does not load what it measures.
+	waittest.ForErr(b, 10*time.Minute-time.Since(start), fmt.Sprintf("%d proxies Running", n), func() error {
 		var running int
-		if err := h.store.Pool().QueryRow(ctx, "SELECT count(*) FROM orchestrator.proxies WHERE phase = $1",
+		if err := h.Store.Pool().QueryRow(ctx, "SELECT count(*) FROM orchestrator.proxies WHERE phase = $1",
 			int16(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING)).Scan(&running); err != nil {
-			b.Fatal(err)
+			return err
 		}
-		if running == n {
-			break
+		if running != n {
+			return fmt.Errorf("%d Running", running)
 		}
-		if time.Since(start) > 10*time.Minute {
-			b.Fatalf("only %d of %d Running after 10 minutes", running, n)
-		}
-		// Counting scans every proxy: poll gently so the measurement does
-		// not load what it measures.
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	total := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")

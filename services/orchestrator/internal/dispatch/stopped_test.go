@@ -10,7 +10,8 @@ import (
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
 
 // An instance the provider reports stopped (a Proxmox VM whose guest agent
@@ -29,15 +30,14 @@ func TestStoppedInstanceReplacedAfterGrace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
-			timing := fastTiming()
-			timing.StoppedGrace = 2 * time.Second
-			h.timing = &timing
-			cloud := newCloud()
+			h := orchtest.New(t)
+			h.Timing.StoppedGrace = 2 * time.Second
+			timing := h.Timing
+			cloud := orchtest.NewCloud()
 			var mu sync.Mutex
 			stopped := map[string]int{} // uid -> stopped Gets answered; -1 once it runs again
 			var stopUID string
-			fake := h.startProvisioner("fake", func(cmd *busv1.Command) *busv1.CommandResult {
+			fake := h.StartProvisioner("fake", func(cmd *busv1.Command) *busv1.CommandResult {
 				mu.Lock()
 				defer mu.Unlock()
 				uid := cmd.GetProxyUid()
@@ -56,67 +56,62 @@ func TestStoppedInstanceReplacedAfterGrace(t *testing.T) {
 						delete(stopped, uid)
 					}
 				}
-				return cloud.answer(cmd)
+				return cloud.Answer(cmd)
 			})
-			h.startReplica()
+			h.StartReplica()
 
-			p := h.create(managed("p1"))
-			h.waitFor("p1", "Running", phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
+			p := h.Create(orchtest.Managed("p1"))
+			h.WaitFor("p1", "Running", orchtest.Phase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING))
 			mu.Lock()
 			stopped[p.GetUid()], stopUID = 0, p.GetUid()
 			mu.Unlock()
 			// Resync now, as an update would: the next Get finds it stopped.
-			upd := managed("p1")
-			if _, err := h.api.UpdateProxy(context.Background(), &proxyv1.UpdateProxyRequest{
+			upd := orchtest.Managed("p1")
+			if _, err := h.API.UpdateProxy(context.Background(), &proxyv1.UpdateProxyRequest{
 				Name: "p1", Generation: 1, Spec: upd.GetSpec(), Labels: map[string]string{"k": "v"},
 			}); err != nil {
 				t.Fatal(err)
 			}
-			h.waitFor("p1", "seen stopped", func(r *store.Row) bool { return r.Reason == "InstanceStopped" })
+			h.WaitFor("p1", "seen stopped", func(r *lifecycle.Proxy) bool { return r.Reason == lifecycle.ReasonInstanceStopped })
 
 			if !tc.wantReplace {
-				r := h.waitFor("p1", "running again", func(r *store.Row) bool {
-					return r.Phase == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING && r.Reason == "Running"
+				r := h.WaitFor("p1", "running again", func(r *lifecycle.Proxy) bool {
+					return r.Phase == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING && r.Reason == lifecycle.ReasonRunning
 				})
-				// Past the grace period, it is still the same instance.
-				deadline := time.Now().Add(timing.StoppedGrace + time.Second)
-				for time.Now().Before(deadline) {
-					time.Sleep(100 * time.Millisecond) // watching that nothing is deleted
+				// Running again, the stop is forgotten: no replacement is
+				// scheduled (the next look is the hour-long resync), and the
+				// first instance is kept.
+				if r.StoppedSince != nil || r.NextAttemptTime == nil || time.Until(*r.NextAttemptTime) < 30*time.Minute {
+					t.Errorf("stopped since %v, next look at %v; want the stop forgotten and the next look at the resync", r.StoppedSince, r.NextAttemptTime)
 				}
-				if n := fake.count(busv1.Operation_OPERATION_DELETE, stopUID); n != 0 {
+				if n := fake.Count(busv1.Operation_OPERATION_DELETE, stopUID); n != 0 {
 					t.Errorf("an instance that started again within the grace period was deleted (%d deletes)", n)
 				}
-				cloud.mu.Lock()
-				created := cloud.created[stopUID]
-				cloud.mu.Unlock()
-				if created != 1 || r.ProviderID != "vm/"+stopUID {
+				if created := cloud.Created(stopUID); created != 1 || r.ProviderID != "vm/"+stopUID {
 					t.Errorf("creates = %d, providerID %q; want the first instance kept", created, r.ProviderID)
 				}
 				return
 			}
 
 			seenStopped := time.Now()
-			h.waitFor("p1", "replaced and running", func(r *store.Row) bool {
-				return r.Phase == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING && fake.count(busv1.Operation_OPERATION_DELETE, stopUID) > 0
+			h.WaitFor("p1", "replaced and running", func(r *lifecycle.Proxy) bool {
+				return r.Phase == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING && fake.Count(busv1.Operation_OPERATION_DELETE, stopUID) > 0
 			})
 			if waited := time.Since(seenStopped); waited < timing.StoppedGrace/2 {
 				t.Errorf("replaced %v after it was seen stopped; grace is %v", waited, timing.StoppedGrace)
 			}
-			cloud.mu.Lock()
-			created := cloud.created[stopUID]
-			cloud.mu.Unlock()
-			if created != 2 {
+			if created := cloud.Created(stopUID); created != 2 {
 				t.Errorf("creates = %d, want 2 (the original and its replacement)", created)
 			}
 			// The reason was on the proxy while it was being replaced.
-			changes, err := h.store.Changes(context.Background(), 0, 1000)
+			changes, err := h.Store.Changes(context.Background(), 0, 1000)
 			if err != nil {
 				t.Fatal(err)
 			}
 			found := false
 			for _, c := range changes {
 				st := c.Proxy.GetStatus()
-				if st.GetReason() == "InstanceStopped" && strings.Contains(st.GetMessage(), "replacing it") {
+				if st.GetReason() == string(lifecycle.ReasonInstanceStopped) && strings.Contains(st.GetMessage(), "replacing it") {
 					found = true
 				}
 			}

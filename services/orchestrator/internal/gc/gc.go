@@ -33,7 +33,7 @@ import (
 )
 
 // lockKey is the advisory lock of the sweep singleton.
-const lockKey = 0x65677265_73730002
+var lockKey = postgres.LockKey("orchestrator", "orphan-gc")
 
 // Collector runs sweeps and handles their lists.
 type Collector struct {
@@ -118,10 +118,21 @@ func (c *Collector) Sweep(ctx context.Context) (err error) {
 	return nil
 }
 
-// HandleList deletes the orphans among a provider's listed instances. A
+// HandleResult takes the result of one of GC's commands (purpose
+// COMMAND_PURPOSE_ORPHAN_GC), which the results loop routes here: a list
+// (handleList) or an orphan delete (handleDelete).
+func (c *Collector) HandleResult(ctx context.Context, res *busv1.CommandResult) {
+	if res.GetOperation() == busv1.Operation_OPERATION_LIST {
+		c.handleList(ctx, res)
+		return
+	}
+	c.handleDelete(res)
+}
+
+// handleList deletes the orphans among a provider's listed instances. A
 // failed list skips that provider for this sweep. ctx carries the list's
 // trace (the sweep's), which the deletes continue.
-func (c *Collector) HandleList(ctx context.Context, res *busv1.CommandResult) {
+func (c *Collector) handleList(ctx context.Context, res *busv1.CommandResult) {
 	provider := res.GetProvider()
 	ctx, span := tracer.Start(ctx, "gc.handle_list", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("provider", provider)))
@@ -176,19 +187,19 @@ func (c *Collector) HandleList(ctx context.Context, res *busv1.CommandResult) {
 				Provider: provider, ProviderId: inst.GetProviderId(), ProxyUid: uid,
 			}},
 		}
-		c.Log.Info("deleting an orphaned instance", "provider", provider, "providerID", inst.GetProviderId(),
-			"proxyUID", uid, "created", inst.GetCreateTime().AsTime())
+		c.Log.Info("deleting an orphaned instance", "provider", provider, "provider_id", inst.GetProviderId(),
+			"proxy_uid", uid, "created", inst.GetCreateTime().AsTime())
 		if _, err := bus.Publish(ctx, c.JS, c.Names.CommandSubject(provider), cmd, jetstream.WithMsgID(cmd.GetCommandId())); err != nil {
 			c.Log.Warn("publishing an orphan delete failed; the next sweep retries", "provider", provider, "error", err)
 		}
 	}
 }
 
-// HandleDelete counts the outcome of an orphan delete.
-func (c *Collector) HandleDelete(res *busv1.CommandResult) {
+// handleDelete counts the outcome of an orphan delete.
+func (c *Collector) handleDelete(res *busv1.CommandResult) {
 	if e := res.GetError(); e != nil {
 		c.Log.Warn("deleting an orphaned instance failed; the next sweep retries",
-			"provider", res.GetProvider(), "proxyUID", res.GetProxyUid(), "error", errclass.FromCommandError(e).Error())
+			"provider", res.GetProvider(), "proxy_uid", res.GetProxyUid(), "error", errclass.FromCommandError(e).Error())
 		c.Metrics.OrphanFailures.WithLabelValues(res.GetProvider()).Inc()
 		return
 	}

@@ -162,9 +162,9 @@ func Autoscale(s *proxyv1.ProxyPoolSpec, st *proxyv1.ProxyPoolStatus, d *Demand,
 		if to == cur {
 			return cur, nil
 		}
-		reason := "DemandUp"
+		reason := ScaleDemandUp
 		if latest.Refused > 0 {
-			reason = "RefusedAcquires"
+			reason = ScaleRefusedAcquires
 		}
 		if to < want {
 			inputs += fmt.Sprintf("; %d wanted, capped at max_replicas", want)
@@ -184,7 +184,7 @@ func Autoscale(s *proxyv1.ProxyPoolSpec, st *proxyv1.ProxyPoolStatus, d *Demand,
 	}
 	to := max(highest, a.GetMinReplicas())
 	if to < cur {
-		return decide(to, "DemandDown", fmt.Sprintf("%s; the highest count asked within %s is %d", inputs, window, highest))
+		return decide(to, ScaleDemandDown, fmt.Sprintf("%s; the highest count asked within %s is %d", inputs, window, highest))
 	}
 	return decide2(cur, clamped, decide)
 }
@@ -198,9 +198,9 @@ func decide2(cur, clamped int32, decide func(int32, string, string) (int32, *pro
 
 func clampReason(to, from int32) string {
 	if to > from {
-		return "ClampedToMin"
+		return ScaleClampedToMin
 	}
-	return "ClampedToMax"
+	return ScaleClampedToMax
 }
 
 // GetPoolOrNil is the latest report, nil-safe.

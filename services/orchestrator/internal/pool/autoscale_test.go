@@ -61,14 +61,14 @@ func TestAutoscale(t *testing.T) {
 		wantReason string
 	}{
 		{"no demand keeps the count", 10, nil, 10, ""},
-		{"up at once", 10, history(time.Hour, map[int]int64{0: 160}), 20, "DemandUp"},
-		{"up capped at max", 10, history(time.Hour, map[int]int64{0: 400}), 20, "DemandUp"},
+		{"up at once", 10, history(time.Hour, map[int]int64{0: 160}), 20, ScaleDemandUp},
+		{"up capped at max", 10, history(time.Hour, map[int]int64{0: 400}), 20, ScaleDemandUp},
 		{"down waits for the window: a high report 3 minutes ago holds", 10, history(time.Hour, map[int]int64{3: 80, 0: 16}), 10, ""},
-		{"down after a quiet window, to the highest within it", 10, history(time.Hour, map[int]int64{10: 80, 4: 24, 0: 16}), 3, "DemandDown"},
-		{"down never below min", 10, history(time.Hour, map[int]int64{10: 80, 0: 0}), 2, "DemandDown"},
+		{"down after a quiet window, to the highest within it", 10, history(time.Hour, map[int]int64{10: 80, 4: 24, 0: 16}), 3, ScaleDemandDown},
+		{"down never below min", 10, history(time.Hour, map[int]int64{10: 80, 0: 0}), 2, ScaleDemandDown},
 		{"no down before this replica heard a whole window", 10, history(2*time.Minute, map[int]int64{1: 0, 0: 0}), 10, ""},
 		{"a stale report changes nothing", 10, history(time.Hour, map[int]int64{5: 400}), 10, ""},
-		{"below min is raised", 1, nil, 2, "ClampedToMin"},
+		{"below min is raised", 1, nil, 2, ScaleClampedToMin},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

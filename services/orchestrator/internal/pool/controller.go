@@ -8,13 +8,12 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
-	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/spec"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
@@ -156,9 +155,9 @@ func (c *Controller) SweepDrained(ctx context.Context) error {
 	for _, r := range rows {
 		switch {
 		case r.DrainDeadline != nil && !now.Before(*r.DrainDeadline):
-			due = append(due, Action{r.UID, r.Name, "DrainTimeout"})
+			due = append(due, Action{r.UID, r.Name, RemoveDrainTimeout})
 		case demand != nil && demand.Received.After(*r.DrainTime) && demand.LeasesByProxyID[r.UID] == 0:
-			due = append(due, Action{r.UID, r.Name, "DrainedNoLeases"})
+			due = append(due, Action{r.UID, r.Name, RemoveDrainedNoLeases})
 		}
 	}
 	if len(due) == 0 {
@@ -176,8 +175,8 @@ func (c *Controller) SweepDrained(ctx context.Context) error {
 			if r.Deleting() || !r.Draining() {
 				continue
 			}
-			tx.RequestDelete(r, false, "")
-			c.Log.Info("drained proxy deleted", "proxy", r.Name, "reason", a.Reason)
+			deleteProxy(tx, r, tx.Now())
+			c.Log.Info("drained proxy deleted", "proxy_name", r.Name, "reason", a.Reason)
 			c.Metrics.Actions.WithLabelValues("", "delete", a.Reason).Inc()
 		}
 		return nil
@@ -278,14 +277,14 @@ func (c *Controller) desired(p *store.PoolRow, st *proxyv1.ProxyPoolStatus, dema
 	if st.GetLastScalingDecision() == nil {
 		to := Clamp(p.Spec, p.Spec.GetReplicas())
 		return to, &proxyv1.ScalingDecision{
-			Time: timestamppb.New(now), FromReplicas: 0, ToReplicas: to, Reason: "Scaled",
+			Time: timestamppb.New(now), FromReplicas: 0, ToReplicas: to, Reason: ScaleScaled,
 			Message: fmt.Sprintf("pool created with replicas %d", p.Spec.GetReplicas()),
 		}
 	}
 	if p.Spec.GetAutoscaling() == nil {
 		if cur != p.Spec.GetReplicas() {
 			return p.Spec.GetReplicas(), &proxyv1.ScalingDecision{
-				Time: timestamppb.New(now), FromReplicas: cur, ToReplicas: p.Spec.GetReplicas(), Reason: "Scaled",
+				Time: timestamppb.New(now), FromReplicas: cur, ToReplicas: p.Spec.GetReplicas(), Reason: ScaleScaled,
 				Message: fmt.Sprintf("replicas is %d", p.Spec.GetReplicas()),
 			}
 		}
@@ -298,7 +297,7 @@ func (c *Controller) desired(p *store.PoolRow, st *proxyv1.ProxyPoolStatus, dema
 }
 
 // Members turns a pool's rows into what Decide needs.
-func Members(s *proxyv1.ProxyPoolSpec, pool string, rows []*store.Row, demand *Demand) []Member {
+func Members(s *proxyv1.ProxyPoolSpec, pool string, rows []*lifecycle.Proxy, demand *Demand) []Member {
 	out := make([]Member, 0, len(rows))
 	for _, r := range rows {
 		m := Member{
@@ -345,14 +344,13 @@ func (c *Controller) apply(ctx context.Context, tx *store.Tx, p *store.PoolRow, 
 	now := tx.Now()
 	name := p.Name
 	for _, t := range plan.Create {
-		want := ProxySpec(p.Spec, t)
-		r := store.NewRow(uuid.NewString(), newName(name), ProxyLabels(p.Spec, name), want, spec.Hash(want), false, now)
+		r := lifecycle.New(newName(name), ProxyLabels(p.Spec, name), ProxySpec(p.Spec, t), false, now)
 		r.Pool = name
 		tx.Insert(r)
 		pn := r.Name
 		*events = append(*events, func() {
 			c.Metrics.Actions.WithLabelValues(name, "create", t.String()).Inc()
-			c.Log.Info("pool proxy created", "pool", name, "proxy", pn, "target", t.String())
+			c.Log.Info("pool proxy created", "pool", name, "proxy_name", pn, "target", t.String())
 		})
 	}
 	timeout := DrainTimeout(p.Spec)
@@ -367,11 +365,11 @@ func (c *Controller) apply(ctx context.Context, tx *store.Tx, p *store.PoolRow, 
 		if r.Draining() || r.Deleting() {
 			continue
 		}
-		Drain(r, now, timeout)
+		lifecycle.Drain(r, now, timeout)
 		tx.Update(r)
 		*events = append(*events, func() {
 			c.Metrics.Actions.WithLabelValues(name, "drain", a.Reason).Inc()
-			c.Log.Info("pool proxy draining", "pool", name, "proxy", a.Name, "reason", a.Reason)
+			c.Log.Info("pool proxy draining", "pool", name, "proxy_name", a.Name, "reason", a.Reason)
 		})
 	}
 	for _, a := range plan.Delete {
@@ -385,10 +383,10 @@ func (c *Controller) apply(ctx context.Context, tx *store.Tx, p *store.PoolRow, 
 		if r.Deleting() {
 			continue
 		}
-		tx.RequestDelete(r, false, "")
+		deleteProxy(tx, r, now)
 		*events = append(*events, func() {
 			c.Metrics.Actions.WithLabelValues(name, "delete", a.Reason).Inc()
-			c.Log.Info("pool proxy deleted", "pool", name, "proxy", a.Name, "reason", a.Reason)
+			c.Log.Info("pool proxy deleted", "pool", name, "proxy_name", a.Name, "reason", a.Reason)
 		})
 	}
 	return nil
@@ -408,14 +406,14 @@ func fillStatus(st *proxyv1.ProxyPoolStatus, p *store.PoolRow, plan Plan, demand
 	}
 	_, unavailable := Surge(p.Spec)
 	if plan.Available {
-		setCondition(st, "Available", true, "MinimumReady", fmt.Sprintf("%d Ready, at least %d wanted", plan.Ready, int(st.GetDesiredReplicas())-unavailable), now)
+		setCondition(st, ConditionAvailable, true, ReasonMinimumReady, fmt.Sprintf("%d Ready, at least %d wanted", plan.Ready, int(st.GetDesiredReplicas())-unavailable), now)
 	} else {
-		setCondition(st, "Available", false, "BelowMinimumReady", fmt.Sprintf("%d Ready, at least %d wanted", plan.Ready, int(st.GetDesiredReplicas())-unavailable), now)
+		setCondition(st, ConditionAvailable, false, ReasonBelowMinimumReady, fmt.Sprintf("%d Ready, at least %d wanted", plan.Ready, int(st.GetDesiredReplicas())-unavailable), now)
 	}
 	if plan.Progressing != "" {
-		setCondition(st, "Progressing", true, "Progressing", plan.Progressing, now)
+		setCondition(st, ConditionProgressing, true, ReasonProgressing, plan.Progressing, now)
 	} else {
-		setCondition(st, "Progressing", false, "Settled", "every proxy is Ready and up to date", now)
+		setCondition(st, ConditionProgressing, false, ReasonSettled, "every proxy is Ready and up to date", now)
 	}
 	if len(plan.Failing) > 0 {
 		msg := "failing:"
@@ -428,9 +426,9 @@ func fillStatus(st *proxyv1.ProxyPoolStatus, p *store.PoolRow, plan Plan, demand
 				msg += " (" + why + ")"
 			}
 		}
-		setCondition(st, "ProviderDegraded", true, "ProviderFailing", msg+"; their missing share is spread over the others", now)
+		setCondition(st, ConditionProviderDegraded, true, ReasonProviderFailing, msg+"; their missing share is spread over the others", now)
 	} else {
-		setCondition(st, "ProviderDegraded", false, "AllProvidersHealthy", "", now)
+		setCondition(st, ConditionProviderDegraded, false, ReasonAllProvidersHealthy, "", now)
 	}
 }
 
@@ -451,4 +449,14 @@ func setCondition(st *proxyv1.ProxyPoolStatus, typ string, holds bool, reason, m
 	st.Conditions = append(st.Conditions, &proxyv1.PoolCondition{
 		Type: typ, Status: want, Reason: reason, Message: msg, LastTransitionTime: timestamppb.New(now),
 	})
+}
+
+// deleteProxy deletes a proxy the pool gives up (it asks for no
+// skip_cleanup and starts no trace of its own).
+func deleteProxy(tx *store.Tx, r *lifecycle.Proxy, now time.Time) {
+	if lifecycle.RequestDelete(r, false, "", now) {
+		tx.Delete(r)
+		return
+	}
+	tx.Update(r)
 }

@@ -9,7 +9,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 )
 
 func ts(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
@@ -22,7 +22,7 @@ type Member struct {
 	// Created is when the proxy was created (its age for max_age).
 	Created time.Time
 	Phase   proxyv1.ProxyPhase
-	Reason  string
+	Reason  lifecycle.Reason
 	// NotReadySince is when the proxy last stopped being Ready (or was
 	// created); zero while it is Ready.
 	NotReadySince time.Time
@@ -52,7 +52,7 @@ func (m *Member) neverServed() bool {
 
 // failed reports whether the member shows its target failing.
 func (m *Member) failed() bool {
-	return m.Phase == proxyv1.ProxyPhase_PROXY_PHASE_FAILED || m.Reason == "QuotaExceeded"
+	return m.Phase == proxyv1.ProxyPhase_PROXY_PHASE_FAILED || m.Reason == lifecycle.ReasonQuotaExceeded
 }
 
 // Input is everything one decision about a pool is made from.
@@ -128,13 +128,6 @@ func UnhealthyGrace(s *proxyv1.ProxyPoolSpec) time.Duration {
 // DrainTimeout is the spec's drain timeout or its default.
 func DrainTimeout(s *proxyv1.ProxyPoolSpec) time.Duration {
 	return durOr(s.GetDrainTimeout(), s.GetDrainTimeout() == nil, DefaultDrainTimeout)
-}
-
-// Drain marks a proxy draining from now, deleted at the latest after
-// timeout.
-func Drain(r *store.Row, now time.Time, timeout time.Duration) {
-	deadline := now.Add(timeout)
-	r.DrainTime, r.DrainDeadline = &now, &deadline
 }
 
 // Clamp bounds n by the autoscaling limits (none without autoscaling).
@@ -237,9 +230,9 @@ func Decide(in Input) Plan {
 			plan.Draining++
 			leasesDone := m.Leases == 0 || (m.Leases < 0 && m.neverServed())
 			if leasesDone || !in.Now.Before(m.DrainDeadline) {
-				why := "DrainedNoLeases"
+				why := RemoveDrainedNoLeases
 				if !leasesDone {
-					why = "DrainTimeout"
+					why = RemoveDrainTimeout
 				}
 				plan.Delete = append(plan.Delete, Action{m.UID, m.Name, why})
 			}
@@ -254,13 +247,13 @@ func Decide(in Input) Plan {
 	for _, m := range live {
 		switch {
 		case m.Phase == proxyv1.ProxyPhase_PROXY_PHASE_FAILED:
-			remove(m, "Failed")
-		case m.Reason == "QuotaExceeded":
-			remove(m, "QuotaExceeded")
+			remove(m, RemoveFailed)
+		case m.Reason == lifecycle.ReasonQuotaExceeded:
+			remove(m, RemoveQuotaExceeded)
 		case !m.Ready() && !m.NotReadySince.IsZero() && in.Now.Sub(m.NotReadySince) > grace:
-			remove(m, "Unhealthy")
+			remove(m, RemoveUnhealthy)
 		case !slices.Contains(targets, m.Target):
-			remove(m, "NotInSpread")
+			remove(m, RemoveNotInSpread)
 		default:
 			keep = append(keep, m)
 		}
@@ -411,7 +404,7 @@ func Decide(in Input) Plan {
 					fresher[k] = nil
 				}
 			}
-			remove2(&plan, pick, "ScaleDown")
+			remove2(&plan, pick, RemoveScaleDown)
 		}
 	}
 
@@ -479,11 +472,11 @@ func remove2(plan *Plan, m *Member, why string) {
 func oldReason(m *Member, maxAge time.Duration, now time.Time) string {
 	switch {
 	case !m.UpToDate:
-		return "TemplateChanged"
+		return RemoveTemplateChanged
 	case maxAge > 0 && now.Sub(m.Created) >= maxAge:
-		return "MaxAge"
+		return RemoveMaxAge
 	}
-	return "Rebalance"
+	return RemoveRebalance
 }
 
 // drainOrder sorts the members a pool gives up first: not Ready before

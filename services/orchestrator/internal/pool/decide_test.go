@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 )
 
 var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -57,7 +58,7 @@ func member(name, target string, phase proxyv1.ProxyPhase, ageMin int, leases in
 		case "expired":
 			m.DrainDeadline = t0.Add(-time.Second)
 		case "quota":
-			m.Reason = "QuotaExceeded"
+			m.Reason = lifecycle.ReasonQuotaExceeded
 		}
 	}
 	return m

@@ -53,7 +53,7 @@ func TestHashCoversTheInstanceShapeOnly(t *testing.T) {
 }
 
 // FuzzValidate feeds arbitrary CreateProxyRequests, in the protobuf
-// encoding gRPC clients send and in the JSON the REST gateway decodes,
+// encoding gRPC clients send and in the JSON the REST layer decodes,
 // through the whole validation a create gets (the contract's rules, then
 // these Go checks): it never panics, whatever it accepts holds no control
 // character, and an accepted spec normalises idempotently to a stable hash.

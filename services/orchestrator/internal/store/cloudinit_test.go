@@ -21,6 +21,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/reload"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
@@ -54,15 +55,11 @@ func pool(t *testing.T) *pgxpool.Pool {
 }
 
 // insert stores a new MANAGED proxy carrying secret.
-func insert(t *testing.T, st *store.Store, name string) *store.Row {
+func insert(t *testing.T, st *store.Store, name string) *lifecycle.Proxy {
 	t.Helper()
-	r := &store.Row{
-		UID: uuid.NewString(), Name: name, Generation: 1,
-		Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "pve", CloudInit: secret, Port: 3128},
-	}
+	var r *lifecycle.Proxy
 	err := st.Write(context.Background(), func(tx *store.Tx) error {
-		r.CreateTime = tx.Now()
-		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, tx.Now())
+		r = lifecycle.New(name, nil, &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "pve", CloudInit: secret, Port: 3128}, false, tx.Now())
 		tx.Insert(r)
 		return nil
 	})
@@ -153,7 +150,7 @@ func TestCloudInitKeyRotation(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("ReencryptCloudInit = %d, %v; want 2", n, err)
 	}
-	for _, r := range []*store.Row{a, b} {
+	for _, r := range []*lifecycle.Proxy{a, b} {
 		_, sealed, keyID := stored(t, p, r.UID)
 		noSecret(t, "cloud_init after re-encryption", sealed)
 		if keyID == nil || *keyID != "k2" {
@@ -248,7 +245,7 @@ func TestNoKeyringRefusesCloudInit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := store.New(pool(t))
-	r := &store.Row{UID: uuid.NewString(), Name: "p", Generation: 1,
+	r := &lifecycle.Proxy{UID: uuid.NewString(), Name: "p", Generation: 1,
 		Spec: &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "pve", CloudInit: secret}}
 	err := st.Write(ctx, func(tx *store.Tx) error {
 		r.CreateTime = tx.Now()
@@ -304,7 +301,7 @@ func TestKeyringReloadedWhileRunning(t *testing.T) {
 		t.Fatal("the rewritten keyring was not taken")
 	}
 	b := insert(t, st, "b")
-	for r, want := range map[*store.Row]string{a: "k1", b: "k2"} {
+	for r, want := range map[*lifecycle.Proxy]string{a: "k1", b: "k2"} {
 		if _, _, keyID := stored(t, p, r.UID); keyID == nil || *keyID != want {
 			t.Errorf("%s sealed with %v, want %s", r.Name, keyID, want)
 		}

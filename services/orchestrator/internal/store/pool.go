@@ -10,9 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 )
 
 // Errors of pools.
@@ -57,7 +59,7 @@ func (p *PoolRow) Proto(withCloudInit bool) *proxyv1.ProxyPool {
 		UpdateTime: ts(&p.UpdateTime),
 		DeleteTime: ts(p.DeleteTime),
 		Generation: p.Generation,
-		Etag:       Etag(p.Revision),
+		Etag:       lifecycle.Etag(p.Revision),
 		Spec:       spec,
 		Status:     proto.Clone(st).(*proxyv1.ProxyPoolStatus),
 	}
@@ -210,7 +212,7 @@ func (t *Tx) ClaimPool(ctx context.Context, name string) (*PoolRow, error) {
 
 // PoolProxies reads the live and deleting proxies a pool owns, without
 // locking them.
-func (t *Tx) PoolProxies(ctx context.Context, pool string) ([]*Row, error) {
+func (t *Tx) PoolProxies(ctx context.Context, pool string) ([]*lifecycle.Proxy, error) {
 	rows, err := t.tx.Query(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE pool = $1 ORDER BY name", pool)
 	if err != nil {
 		return nil, err
@@ -220,7 +222,7 @@ func (t *Tx) PoolProxies(ctx context.Context, pool string) ([]*Row, error) {
 
 // LockIfFree reads a proxy by UID and locks it, unless another transaction
 // holds it (ErrNotFound then).
-func (t *Tx) LockIfFree(ctx context.Context, uid string) (*Row, error) {
+func (t *Tx) LockIfFree(ctx context.Context, uid string) (*lifecycle.Proxy, error) {
 	r, err := scanRow(t.keys, t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1 FOR UPDATE SKIP LOCKED", uid))
 	if err == nil {
 		t.locked(r)
@@ -295,11 +297,18 @@ func (t *Tx) WritePool(ctx context.Context, p *PoolRow, typ proxyv1.ChangeType) 
 // DrainingAlone lists the draining proxies that belong to no pool and are
 // not being deleted (an admin drained them; no pool controller looks after
 // them).
-func (s *Store) DrainingAlone(ctx context.Context) ([]*Row, error) {
+func (s *Store) DrainingAlone(ctx context.Context) ([]*lifecycle.Proxy, error) {
 	rows, err := s.pool.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
 		WHERE pool = '' AND drain_time IS NOT NULL AND delete_time IS NULL ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
 	return scanRows(s.keyring(), rows)
+}
+
+func ts(t *time.Time) *timestamppb.Timestamp {
+	if t == nil {
+		return nil
+	}
+	return timestamppb.New(*t)
 }

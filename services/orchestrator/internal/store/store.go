@@ -1,7 +1,9 @@
 // Package store keeps the orchestrator's state in PostgreSQL (schema
-// orchestrator): one row per proxy holding its desired state, its observed
-// status, its place in the reconcile queue and its in-flight command, plus
-// the change log that feeds Watch and the ProxyEvent outbox.
+// orchestrator): one row per proxy (a lifecycle.Proxy: its desired state,
+// its observed status, its place in the reconcile queue and its in-flight
+// command), the pools, and the change logs that feed Watch and the
+// ProxyEvent outbox. It persists what it is given and decides nothing: the
+// rules that change a proxy are in package lifecycle.
 //
 // Every write goes through Write, which stamps each changed proxy with a
 // revision taken from a counter row as the transaction's last step; the row
@@ -16,17 +18,17 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 )
 
 //go:embed migrations/*.sql
@@ -103,150 +105,6 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 // Pool is the underlying pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Row is one proxy as stored.
-type Row struct {
-	UID         string
-	Name        string
-	Labels      map[string]string
-	Spec        *proxyv1.ProxySpec
-	SpecHash    string
-	SkipCleanup bool
-	Generation  int64
-	Revision    int64
-	CreateTime  time.Time
-	UpdateTime  time.Time
-	DeleteTime  *time.Time
-
-	Phase                proxyv1.ProxyPhase
-	ProviderID           string
-	IP                   string
-	Port                 uint32
-	Healthy              bool
-	Reason               string
-	Message              string
-	InstanceSpecHash     string
-	FailedSpecHash       string
-	ObservedGeneration   int64
-	PhaseTransitionTime  *time.Time
-	HealthTransitionTime *time.Time
-	ProbeLatency         time.Duration
-	HealthSequence       int64
-	// StoppedSince is when the instance was first seen stopped; nil while
-	// it is not.
-	StoppedSince *time.Time
-	// TraceParent is the W3C traceparent of the API call whose change the
-	// reconciler is working on; empty once the proxy settled.
-	TraceParent string
-
-	NextAttemptTime  *time.Time
-	Attempts         int32
-	CommandID        string
-	CommandStep      Step
-	CommandSpecHash  string
-	CommandDeadline  *time.Time
-	CommandIssueTime *time.Time
-
-	// Pool is the name of the pool that owns the proxy; empty for none.
-	Pool string
-	// DrainTime is when draining began; nil while the proxy is not
-	// draining. DrainDeadline is when it is deleted regardless of leases.
-	DrainTime     *time.Time
-	DrainDeadline *time.Time
-}
-
-// Draining reports whether the proxy drains.
-func (r *Row) Draining() bool { return r.DrainTime != nil }
-
-// Step is what an in-flight command does for the reconciler; several steps
-// map to the same provisioner operation.
-type Step int16
-
-// The steps.
-const (
-	StepNone Step = iota
-	// StepCreate creates the instance.
-	StepCreate
-	// StepPoll reads a live instance (waiting for its address, or resync).
-	StepPoll
-	// StepReplaceDelete deletes an instance whose spec changed.
-	StepReplaceDelete
-	// StepReplacePoll waits for a replaced instance to be gone.
-	StepReplacePoll
-	// StepCleanupGet reads the instance of a deleting proxy.
-	StepCleanupGet
-	// StepCleanupDelete deletes the instance of a deleting proxy, then polls.
-	StepCleanupDelete
-	// StepCleanupDeleteRelease deletes the instance of a deleting proxy whose
-	// Get failed permanently, releasing the proxy when Delete succeeds.
-	StepCleanupDeleteRelease
-)
-
-func (s Step) String() string {
-	switch s {
-	case StepCreate:
-		return "create"
-	case StepPoll:
-		return "poll"
-	case StepReplaceDelete:
-		return "replace-delete"
-	case StepReplacePoll:
-		return "replace-poll"
-	case StepCleanupGet:
-		return "cleanup-get"
-	case StepCleanupDelete:
-		return "cleanup-delete"
-	case StepCleanupDeleteRelease:
-		return "cleanup-delete-release"
-	}
-	return "none"
-}
-
-// Deleting reports whether deletion was requested.
-func (r *Row) Deleting() bool { return r.DeleteTime != nil }
-
-// Proto renders the row as the API's Proxy. withCloudInit false leaves the
-// secret cloud-init out (events, watch).
-func (r *Row) Proto(withCloudInit bool) *proxyv1.Proxy {
-	spec := proto.Clone(r.Spec).(*proxyv1.ProxySpec)
-	if !withCloudInit {
-		spec.CloudInit = ""
-	}
-	p := &proxyv1.Proxy{
-		Uid:           r.UID,
-		Name:          r.Name,
-		Labels:        r.Labels,
-		CreateTime:    ts(&r.CreateTime),
-		UpdateTime:    ts(&r.UpdateTime),
-		DeleteTime:    ts(r.DeleteTime),
-		Generation:    r.Generation,
-		Etag:          Etag(r.Revision),
-		SkipCleanup:   r.SkipCleanup,
-		Spec:          spec,
-		Draining:      r.DrainTime != nil,
-		DrainTime:     ts(r.DrainTime),
-		DrainDeadline: ts(r.DrainDeadline),
-		Pool:          r.Pool,
-		Status: &proxyv1.ProxyStatus{
-			Phase:                r.Phase,
-			ProviderId:           r.ProviderID,
-			Ip:                   r.IP,
-			Port:                 r.Port,
-			Healthy:              r.Healthy,
-			Reason:               r.Reason,
-			Message:              r.Message,
-			SpecHash:             r.InstanceSpecHash,
-			ObservedGeneration:   r.ObservedGeneration,
-			PhaseTransitionTime:  ts(r.PhaseTransitionTime),
-			HealthTransitionTime: ts(r.HealthTransitionTime),
-			ProbeLatency:         dur(r.ProbeLatency),
-		},
-	}
-	return p
-}
-
-// Etag is the etag of a proxy at revision rev.
-func Etag(rev int64) string { return fmt.Sprintf("r%d", rev) }
-
 const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanup, generation, revision,
 	create_time, update_time, delete_time, phase, provider_id, ip, port, healthy, reason, message,
 	instance_spec_hash, failed_spec_hash, observed_generation, phase_transition_time, health_transition_time,
@@ -255,9 +113,9 @@ const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanu
 	pool, drain_time, drain_deadline`
 
 // scanRows reads every row of rows (columns) and closes it.
-func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*Row, error) {
+func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*lifecycle.Proxy, error) {
 	defer rows.Close()
-	var out []*Row
+	var out []*lifecycle.Proxy
 	for rows.Next() {
 		r, err := scanRow(keys, rows)
 		if err != nil {
@@ -268,9 +126,9 @@ func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*Row, error) {
 	return out, rows.Err()
 }
 
-func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
+func scanRow(keys *atrest.Keyring, row pgx.Row) (*lifecycle.Proxy, error) {
 	var (
-		r         Row
+		r         lifecycle.Proxy
 		labels    []byte
 		spec      []byte
 		sealed    []byte
@@ -281,10 +139,11 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
 		latencyUS int64
 		cmdID     *string
 		step      int16
+		reason    string
 	)
 	err := row.Scan(&r.UID, &r.Name, &labels, &spec, &mode, new(string), &r.SpecHash, &r.SkipCleanup,
 		&r.Generation, &r.Revision, &r.CreateTime, &r.UpdateTime, &r.DeleteTime, &phase, &r.ProviderID,
-		&r.IP, &port, &r.Healthy, &r.Reason, &r.Message, &r.InstanceSpecHash, &r.FailedSpecHash,
+		&r.IP, &port, &r.Healthy, &reason, &r.Message, &r.InstanceSpecHash, &r.FailedSpecHash,
 		&r.ObservedGeneration, &r.PhaseTransitionTime, &r.HealthTransitionTime, &latencyUS,
 		&r.HealthSequence, &r.NextAttemptTime, &r.Attempts, &cmdID, &step, &r.CommandSpecHash,
 		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent, &sealed, &keyID,
@@ -298,7 +157,8 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
 	r.Phase = proxyv1.ProxyPhase(phase)
 	r.Port = uint32(port)
 	r.ProbeLatency = time.Duration(latencyUS) * time.Microsecond
-	r.CommandStep = Step(step)
+	r.CommandStep = lifecycle.Step(step)
+	r.Reason = lifecycle.Reason(reason)
 	if cmdID != nil {
 		r.CommandID = *cmdID
 	}
@@ -325,12 +185,12 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*Row, error) {
 }
 
 // Get reads one proxy by name.
-func (s *Store) Get(ctx context.Context, name string) (*Row, error) {
+func (s *Store) Get(ctx context.Context, name string) (*lifecycle.Proxy, error) {
 	return scanRow(s.keyring(), s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1", name))
 }
 
 // GetByUID reads one proxy by UID.
-func (s *Store) GetByUID(ctx context.Context, uid string) (*Row, error) {
+func (s *Store) GetByUID(ctx context.Context, uid string) (*lifecycle.Proxy, error) {
 	return scanRow(s.keyring(), s.pool.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1", uid))
 }
 
@@ -346,7 +206,7 @@ type Filter struct {
 }
 
 // List returns proxies in name order, and the current revision.
-func (s *Store) List(ctx context.Context, f Filter) ([]*Row, int64, error) {
+func (s *Store) List(ctx context.Context, f Filter) ([]*lifecycle.Proxy, int64, error) {
 	q := "SELECT " + columns + " FROM orchestrator.proxies WHERE name > $1"
 	args := []any{f.After}
 	if f.Provider != "" {
@@ -365,7 +225,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Row, int64, error) {
 	args = append(args, f.Limit)
 	q += fmt.Sprintf(" ORDER BY name LIMIT $%d", len(args))
 
-	var rows []*Row
+	var rows []*lifecycle.Proxy
 	var rev int64
 	// One repeatable-read snapshot for the page and the revision, so a
 	// client that watches from rev misses nothing the page did not show.
@@ -403,6 +263,36 @@ func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, 
 		out[i] = Change{Revision: e.revision, Type: e.typ, Proxy: e.snapshot, Time: e.time}
 	}
 	return out, err
+}
+
+// ChangesOf returns up to limit retained changes of the proxy uid with a
+// revision below before (0: from the newest), newest first.
+func (s *Store) ChangesOf(ctx context.Context, uid string, before int64, limit int) ([]Change, error) {
+	if before <= 0 {
+		before = math.MaxInt64
+	}
+	rows, err := s.pool.Query(ctx, `SELECT revision, change_type, snapshot, change_time FROM orchestrator.changes
+		WHERE uid = $1::uuid AND revision < $2 ORDER BY revision DESC LIMIT $3`, uid, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Change
+	for rows.Next() {
+		var c Change
+		var typ int16
+		var snap []byte
+		if err := rows.Scan(&c.Revision, &typ, &snap, &c.Time); err != nil {
+			return nil, err
+		}
+		c.Type = proxyv1.ChangeType(typ)
+		c.Proxy = &proxyv1.Proxy{}
+		if err := proto.Unmarshal(snap, c.Proxy); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 // logEntry is one entry of a change log (proxies' or pools').
@@ -457,7 +347,7 @@ func readLog[M proto.Message](ctx context.Context, pool *pgxpool.Pool, table str
 // Published returns up to limit proxies in UID order after afterUID whose
 // latest change is at revision upTo or older: those whose current state
 // the ProxyEvent publisher has already sent.
-func (s *Store) Published(ctx context.Context, afterUID string, upTo int64, limit int) ([]*Row, error) {
+func (s *Store) Published(ctx context.Context, afterUID string, upTo int64, limit int) ([]*lifecycle.Proxy, error) {
 	if afterUID == "" {
 		afterUID = "00000000-0000-0000-0000-000000000000"
 	}
@@ -488,18 +378,4 @@ func (s *Store) PruneChanges(ctx context.Context, retention time.Duration) (int6
 		return 0, err
 	}
 	return tag.RowsAffected(), nil
-}
-
-func ts(t *time.Time) *timestamppb.Timestamp {
-	if t == nil {
-		return nil
-	}
-	return timestamppb.New(*t)
-}
-
-func dur(d time.Duration) *durationpb.Duration {
-	if d == 0 {
-		return nil
-	}
-	return durationpb.New(d)
 }

@@ -14,6 +14,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/atrest"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 )
 
 // Tx is a writing transaction. Rows are locked as they are read; the
@@ -36,7 +37,7 @@ type readState struct {
 }
 
 // locked remembers rows as read, for the no-op check in flush.
-func (t *Tx) locked(rows ...*Row) {
+func (t *Tx) locked(rows ...*lifecycle.Proxy) {
 	if t.read == nil {
 		t.read = make(map[string]readState, len(rows))
 	}
@@ -48,7 +49,7 @@ func (t *Tx) locked(rows ...*Row) {
 // unchanged reports whether r, about to be updated, shows a client nothing
 // new since it was locked (only the queue and the in-flight command, which
 // the API does not show, may differ).
-func (t *Tx) unchanged(r *Row) (readState, bool) {
+func (t *Tx) unchanged(r *lifecycle.Proxy) (readState, bool) {
 	was, ok := t.read[r.UID]
 	if !ok {
 		return readState{}, false
@@ -59,7 +60,7 @@ func (t *Tx) unchanged(r *Row) (readState, bool) {
 }
 
 type pendingChange struct {
-	row *Row
+	row *lifecycle.Proxy
 	typ proxyv1.ChangeType
 }
 
@@ -87,7 +88,7 @@ func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 }
 
 // Lock reads a proxy by UID and locks it until the transaction ends.
-func (t *Tx) Lock(ctx context.Context, uid string) (*Row, error) {
+func (t *Tx) Lock(ctx context.Context, uid string) (*lifecycle.Proxy, error) {
 	r, err := scanRow(t.keys, t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE uid = $1 FOR UPDATE", uid))
 	if err == nil {
 		t.locked(r)
@@ -96,7 +97,7 @@ func (t *Tx) Lock(ctx context.Context, uid string) (*Row, error) {
 }
 
 // LockByName reads a proxy by name and locks it until the transaction ends.
-func (t *Tx) LockByName(ctx context.Context, name string) (*Row, error) {
+func (t *Tx) LockByName(ctx context.Context, name string) (*lifecycle.Proxy, error) {
 	r, err := scanRow(t.keys, t.tx.QueryRow(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE name = $1 FOR UPDATE", name))
 	if err == nil {
 		t.locked(r)
@@ -107,7 +108,7 @@ func (t *Tx) LockByName(ctx context.Context, name string) (*Row, error) {
 // ClaimDue locks up to limit proxies whose reconcile is due, skipping rows
 // another transaction holds, so replicas share the queue without taking the
 // same proxy twice.
-func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*Row, error) {
+func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*lifecycle.Proxy, error) {
 	rows, err := t.tx.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
 		WHERE next_attempt_time <= $1
 		ORDER BY next_attempt_time
@@ -142,17 +143,17 @@ func (t *Tx) Known(ctx context.Context, uids []string) (map[string]bool, error) 
 
 // Insert stores a new proxy. A name that exists fails with ErrExists when
 // the transaction commits.
-func (t *Tx) Insert(r *Row) {
+func (t *Tx) Insert(r *lifecycle.Proxy) {
 	t.pending = append(t.pending, pendingChange{row: r, typ: proxyv1.ChangeType_CHANGE_TYPE_CREATED})
 }
 
 // Update stores the changed row.
-func (t *Tx) Update(r *Row) {
+func (t *Tx) Update(r *lifecycle.Proxy) {
 	t.pending = append(t.pending, pendingChange{row: r, typ: proxyv1.ChangeType_CHANGE_TYPE_UPDATED})
 }
 
 // Delete removes the proxy; its last state becomes the DELETED change.
-func (t *Tx) Delete(r *Row) {
+func (t *Tx) Delete(r *lifecycle.Proxy) {
 	t.pending = append(t.pending, pendingChange{row: r, typ: proxyv1.ChangeType_CHANGE_TYPE_DELETED})
 }
 
@@ -227,7 +228,7 @@ func (t *Tx) flush(ctx context.Context) error {
 
 // sealCloudInit returns the spec as stored (without cloud-init) and the
 // cloud-init sealed with the active key for this row.
-func sealCloudInit(keys *atrest.Keyring, r *Row) (spec, sealed []byte, keyID string, err error) {
+func sealCloudInit(keys *atrest.Keyring, r *lifecycle.Proxy) (spec, sealed []byte, keyID string, err error) {
 	bare := r.Spec
 	if ci := r.Spec.GetCloudInit(); ci != "" {
 		if keys == nil {
@@ -243,7 +244,7 @@ func sealCloudInit(keys *atrest.Keyring, r *Row) (spec, sealed []byte, keyID str
 	return spec, sealed, keyID, err
 }
 
-func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *Row, insert bool) error {
+func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *lifecycle.Proxy, insert bool) error {
 	labels, _ := json.Marshal(r.Labels)
 	if r.Labels == nil {
 		labels = []byte("{}")
@@ -258,7 +259,7 @@ func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *Row, insert bool) error 
 	}
 	args := []any{r.UID, r.Name, labels, spec, int16(r.Spec.GetMode()), r.Spec.GetProvider(), r.SpecHash,
 		r.SkipCleanup, r.Generation, r.Revision, r.CreateTime, r.UpdateTime, r.DeleteTime, int16(r.Phase),
-		r.ProviderID, r.IP, int32(r.Port), r.Healthy, r.Reason, r.Message, r.InstanceSpecHash,
+		r.ProviderID, r.IP, int32(r.Port), r.Healthy, string(r.Reason), r.Message, r.InstanceSpecHash,
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
 		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent,
@@ -282,64 +283,4 @@ func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *Row, insert bool) error 
 func isUniqueViolation(err error) bool {
 	var pgErr interface{ SQLState() string }
 	return errors.As(err, &pgErr) && pgErr.SQLState() == "23505"
-}
-
-// SetPhase moves r to phase, stamping the transition time when it changes.
-func (r *Row) SetPhase(phase proxyv1.ProxyPhase, now time.Time) {
-	if r.Phase != phase {
-		r.Phase = phase
-		r.PhaseTransitionTime = &now
-	}
-}
-
-// String names a row in logs.
-func (r *Row) String() string { return fmt.Sprintf("%s (%s)", r.Name, r.UID) }
-
-// NewRow is a new proxy as stored: PENDING and due for reconcile, or
-// RUNNING at once for an EXTERNAL one (nothing to provision). want is the
-// normalized spec and hash its spec hash.
-func NewRow(uid, name string, labels map[string]string, want *proxyv1.ProxySpec, hash string, skipCleanup bool, now time.Time) *Row {
-	r := &Row{
-		UID:         uid,
-		Name:        name,
-		Labels:      labels,
-		Spec:        want,
-		SpecHash:    hash,
-		SkipCleanup: skipCleanup,
-		Generation:  1,
-		CreateTime:  now,
-	}
-	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_PENDING, now)
-	if want.GetMode() == proxyv1.ProxyMode_PROXY_MODE_EXTERNAL {
-		r.IP, r.Port = want.GetEndpoint().GetHost(), want.GetEndpoint().GetPort()
-		r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, now)
-		r.Reason, r.ObservedGeneration = "External", 1
-	} else {
-		r.Port = want.GetPort()
-		r.NextAttemptTime = &now
-	}
-	return r
-}
-
-// RequestDelete moves a locked proxy to DELETING (keeping an earlier
-// request's time) and stores it: released at once when there is nothing
-// to clean up (no instance, or cleanup abandoned), otherwise queued for
-// the reconciler's cleanup.
-func (t *Tx) RequestDelete(r *Row, skipCleanup bool, traceParent string) {
-	now := t.now
-	if r.DeleteTime == nil {
-		r.DeleteTime = &now
-	}
-	r.SkipCleanup = r.SkipCleanup || skipCleanup
-	r.SetPhase(proxyv1.ProxyPhase_PROXY_PHASE_DELETING, now)
-	r.Reason, r.Message = "Deleting", ""
-	r.TraceParent = traceParent
-	if r.CommandID == "" && (r.ProviderID == "" || r.SkipCleanup) {
-		t.Delete(r)
-		return
-	}
-	if r.CommandID == "" {
-		r.NextAttemptTime, r.Attempts = &now, 0
-	}
-	t.Update(r)
 }

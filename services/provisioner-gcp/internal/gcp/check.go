@@ -16,34 +16,15 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
-
-// The health reasons.
-const (
-	ReasonReachable              = "Reachable"
-	ReasonCredentialsUnavailable = "CredentialsUnavailable"
-	ReasonUnauthorized           = "Unauthorized"
-	ReasonForbidden              = "Forbidden"
-	ReasonTimeout                = "Timeout"
-	ReasonUnreachable            = "Unreachable"
-	ReasonAPIError               = "APIError"
-)
-
-// DefaultCheckTimeout bounds a check when the caller gives no deadline.
-const DefaultCheckTimeout = 15 * time.Second
-
-const maxMessage = 1024
 
 // Check asks the project for one page of at most one managed instance:
 // exactly one request whatever the project's size, exercising the
 // credentials, the Compute API being enabled and compute.instances.list,
-// which orphan GC needs. One target: the project.
+// which orphan GC needs. One target: the project. The runtime bounds it
+// (the caller's deadline less a margin, or provisioner.DefaultCheckTimeout).
 func (be *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultCheckTimeout)
-		defer cancel()
-	}
 	start := time.Now()
 	ts := &provisionerv1.TargetStatus{Name: be.cfg.Project, Address: be.address(), Details: map[string]string{}}
 	// The SDK's aggregated list ignores the context (only the client's
@@ -63,7 +44,7 @@ func (be *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
 	ts.Latency = durationpb.New(time.Since(start))
 	if err != nil {
 		ts.Reason = checkReason(ctx, err)
-		ts.Message = truncate(err.Error())
+		ts.Message = err.Error()
 		var gerr *googleapi.Error
 		if errors.As(err, &gerr) {
 			ts.Details["httpStatus"] = strconv.Itoa(gerr.Code)
@@ -77,7 +58,7 @@ func (be *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
 		be.log.DebugContext(ctx, "gcp check failed", "reason", ts.Reason, "error", err.Error())
 		return []*provisionerv1.TargetStatus{ts}
 	}
-	ts.Ready, ts.Reason = true, ReasonReachable
+	ts.Ready, ts.Reason = true, provisioner.ReasonReachable
 	return []*provisionerv1.TargetStatus{ts}
 }
 
@@ -116,25 +97,18 @@ func checkReason(ctx context.Context, err error) string {
 	var ce *errclass.Error
 	switch {
 	case ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded):
-		return ReasonTimeout
+		return provisioner.ReasonTimeout
 	case errors.As(err, &gerr):
 		switch gerr.Code {
 		case http.StatusUnauthorized:
-			return ReasonUnauthorized
+			return provisioner.ReasonUnauthorized
 		case http.StatusForbidden:
-			return ReasonForbidden
+			return provisioner.ReasonForbidden
 		}
-		return ReasonAPIError
+		return provisioner.ReasonAPIError
 	case errors.As(err, &ce):
-		return ReasonCredentialsUnavailable
+		return provisioner.ReasonCredentialsUnavailable
 	default:
-		return ReasonUnreachable
+		return provisioner.ReasonUnreachable
 	}
-}
-
-func truncate(s string) string {
-	if len(s) <= maxMessage {
-		return s
-	}
-	return s[:maxMessage-3] + "..."
 }

@@ -2,6 +2,7 @@ package gcp
 
 import (
 	"context"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -29,7 +30,7 @@ func TestCheckOneRequest(t *testing.T) {
 		t.Fatalf("%d targets, want 1", len(got))
 	}
 	ts := got[0]
-	if !ts.GetReady() || ts.GetReason() != ReasonReachable || ts.GetName() != project || ts.GetAddress() != e.srv.URL || ts.GetLatency() == nil {
+	if !ts.GetReady() || ts.GetReason() != provisioner.ReasonReachable || ts.GetName() != project || ts.GetAddress() != e.srv.URL || ts.GetLatency() == nil {
 		t.Errorf("Check = %v", ts)
 	}
 	reqs := e.fake.Requests()
@@ -52,12 +53,12 @@ func TestCheckReasons(t *testing.T) {
 		reason string
 		detail string
 	}{
-		{name: "unauthorized", fault: &gcpfake.Fault{Code: 401, Reason: "authError", Message: "Request had invalid authentication credentials."}, reason: ReasonUnauthorized, detail: "authError"},
-		{name: "forbidden", fault: &gcpfake.Fault{Code: 403, Reason: "forbidden", Message: "Required 'compute.instances.list' permission for 'projects/" + project + "'"}, reason: ReasonForbidden, detail: "forbidden"},
-		{name: "api disabled", fault: &gcpfake.Fault{Code: 403, Reason: "accessNotConfigured", Message: "Compute Engine API has not been used in project 123 before or it is disabled."}, reason: ReasonForbidden, detail: "accessNotConfigured"},
-		{name: "server error", fault: &gcpfake.Fault{Code: 500, Reason: "backendError", Message: "Internal error."}, reason: ReasonAPIError, detail: "backendError"},
-		{name: "unreachable", mut: func(t *testing.T, e *env) { e.srv.Close() }, reason: ReasonUnreachable},
-		{name: "credentials missing", mut: func(t *testing.T, e *env) {}, reason: ReasonCredentialsUnavailable},
+		{name: "unauthorized", fault: &gcpfake.Fault{Code: 401, Reason: "authError", Message: "Request had invalid authentication credentials."}, reason: provisioner.ReasonUnauthorized, detail: "authError"},
+		{name: "forbidden", fault: &gcpfake.Fault{Code: 403, Reason: "forbidden", Message: "Required 'compute.instances.list' permission for 'projects/" + project + "'"}, reason: provisioner.ReasonForbidden, detail: "forbidden"},
+		{name: "api disabled", fault: &gcpfake.Fault{Code: 403, Reason: "accessNotConfigured", Message: "Compute Engine API has not been used in project 123 before or it is disabled."}, reason: provisioner.ReasonForbidden, detail: "accessNotConfigured"},
+		{name: "server error", fault: &gcpfake.Fault{Code: 500, Reason: "backendError", Message: "Internal error."}, reason: provisioner.ReasonAPIError, detail: "backendError"},
+		{name: "unreachable", mut: func(t *testing.T, e *env) { e.srv.Close() }, reason: provisioner.ReasonUnreachable},
+		{name: "credentials missing", mut: func(t *testing.T, e *env) {}, reason: provisioner.ReasonCredentialsUnavailable},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,7 +100,7 @@ func TestCheckTimeout(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Endpoint = hang.URL; c.RequestTimeoutSeconds = 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if ts := e.be.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != ReasonTimeout {
+	if ts := e.be.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != provisioner.ReasonTimeout {
 		t.Errorf("Check = %v, want Timeout", ts)
 	}
 }
@@ -114,7 +115,7 @@ func TestCheckUnparseableCredentials(t *testing.T) {
 	}
 	e := newEnv(t, func(c *Config) { c.WithoutAuthentication = false; c.CredentialsFile = path })
 	ts := e.be.Check(ctxT(t))[0]
-	if ts.GetReason() != ReasonCredentialsUnavailable || strings.Contains(ts.GetMessage(), "s3cr3t") {
+	if ts.GetReason() != provisioner.ReasonCredentialsUnavailable || strings.Contains(ts.GetMessage(), "s3cr3t") {
 		t.Errorf("Check = %v", ts)
 	}
 }

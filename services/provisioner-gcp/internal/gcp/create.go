@@ -15,6 +15,7 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
 )
 
 // placement is a Create request resolved against the config.
@@ -152,6 +153,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	switch {
 	case err == nil:
 		log.DebugContext(ctx, "gcp instance insert accepted", "operation", op.Name(), "status", op.Proto().GetStatus().String())
+		crashpoint.After(ctx, "gcp.inserted")
 		if err := be.watch(ctx, op); err != nil {
 			return nil, notFoundAsTransient(err)
 		}

@@ -23,6 +23,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
 
 var metav1Now = metav1.NewTime(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
@@ -362,7 +363,7 @@ func TestCheck(t *testing.T) {
 		return false, nil, nil
 	})
 	got := b.Check(context.Background())
-	if len(got) != 1 || !got[0].GetReady() || got[0].GetReason() != ReasonReachable || got[0].GetName() != "apiserver" {
+	if len(got) != 1 || !got[0].GetReady() || got[0].GetReason() != provisioner.ReasonReachable || got[0].GetName() != "apiserver" {
 		t.Fatalf("check %v", got)
 	}
 	if len(opts) != 1 || opts[0].LabelSelector != b.selector() {
@@ -381,13 +382,13 @@ func TestCheck(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"forbidden", context.Background(), apierrors.NewForbidden(pods, "", errors.New("rbac denied")), ReasonForbidden},
-		{"unauthorized", context.Background(), apierrors.NewUnauthorized("token expired"), ReasonUnauthorized},
-		{"api timeout", context.Background(), apierrors.NewTimeoutError("slow etcd", 1), ReasonTimeout},
-		{"server timeout", context.Background(), apierrors.NewServerTimeout(pods, "list", 1), ReasonTimeout},
-		{"context ended", ended, context.Canceled, ReasonTimeout},
-		{"internal error", context.Background(), apierrors.NewInternalError(errors.New("etcd down")), ReasonAPIError},
-		{"connection refused", context.Background(), &url.Error{Op: "Get", URL: "https://10.96.0.1:443/api/v1/pods", Err: syscall.ECONNREFUSED}, ReasonUnreachable},
+		{"forbidden", context.Background(), apierrors.NewForbidden(pods, "", errors.New("rbac denied")), provisioner.ReasonForbidden},
+		{"unauthorized", context.Background(), apierrors.NewUnauthorized("token expired"), provisioner.ReasonUnauthorized},
+		{"api timeout", context.Background(), apierrors.NewTimeoutError("slow etcd", 1), provisioner.ReasonTimeout},
+		{"server timeout", context.Background(), apierrors.NewServerTimeout(pods, "list", 1), provisioner.ReasonTimeout},
+		{"context ended", ended, context.Canceled, provisioner.ReasonTimeout},
+		{"internal error", context.Background(), apierrors.NewInternalError(errors.New("etcd down")), provisioner.ReasonAPIError},
+		{"connection refused", context.Background(), &url.Error{Op: "Get", URL: "https://10.96.0.1:443/api/v1/pods", Err: syscall.ECONNREFUSED}, provisioner.ReasonUnreachable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -417,7 +418,7 @@ func TestMissingKubeconfig(t *testing.T) {
 		t.Errorf("list = %v", err)
 	}
 	got := b.Check(context.Background())
-	if got[0].GetReason() != ReasonConfigUnavailable {
+	if got[0].GetReason() != provisioner.ReasonConfigUnavailable {
 		t.Errorf("check = %v", got)
 	}
 }

@@ -13,38 +13,20 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
 
-// The health reasons.
-const (
-	ReasonReachable         = "Reachable"
-	ReasonUnauthorized      = "Unauthorized"
-	ReasonForbidden         = "Forbidden"
-	ReasonTimeout           = "Timeout"
-	ReasonUnreachable       = "Unreachable"
-	ReasonAPIError          = "APIError"
-	ReasonConfigUnavailable = "ConfigUnavailable"
-	// CheckTarget is the one target's name.
-	CheckTarget = "apiserver"
-)
-
-// DefaultCheckTimeout bounds a check when the caller gives no deadline.
-const DefaultCheckTimeout = 15 * time.Second
-
-const maxMessage = 1024
+// CheckTarget is the one target's name.
+const CheckTarget = "apiserver"
 
 // Check lists at most one of this provider's pods: one request with
 // limit 1, the same verb, resource and namespace List and orphan GC rely
 // on, so a pass means the API server answers and the account's RBAC
 // still covers them (it does not prove create or delete rights). The
 // server's version goes into the details when it answers. One target:
-// apiserver.
+// apiserver. The runtime bounds it (the caller's deadline less a margin,
+// or provisioner.DefaultCheckTimeout).
 func (b *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultCheckTimeout)
-		defer cancel()
-	}
 	start := time.Now()
 	ts := &provisionerv1.TargetStatus{Name: CheckTarget, Details: map[string]string{"namespace": b.s.cfg.Namespace}}
 	cs, err := b.clientset()
@@ -57,7 +39,7 @@ func (b *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
 	ts.Latency = durationpb.New(time.Since(start))
 	if err != nil {
 		ts.Reason = checkReason(ctx, err)
-		ts.Message = truncate(oneLine(err.Error()))
+		ts.Message = oneLine(err.Error())
 		var status apierrors.APIStatus
 		if errors.As(err, &status) {
 			ts.Details["httpStatus"] = strconv.Itoa(int(status.Status().Code))
@@ -65,7 +47,7 @@ func (b *Backend) Check(ctx context.Context) []*provisionerv1.TargetStatus {
 		b.log.DebugContext(ctx, "kubernetes check failed", "reason", ts.Reason, "error", ts.Message)
 		return []*provisionerv1.TargetStatus{ts}
 	}
-	ts.Ready, ts.Reason = true, ReasonReachable
+	ts.Ready, ts.Reason = true, provisioner.ReasonReachable
 	// The version endpoint is open to every authenticated client; a
 	// failure here does not change the verdict.
 	if v, err := cs.Discovery().ServerVersion(); err == nil {
@@ -82,23 +64,16 @@ func checkReason(ctx context.Context, err error) string {
 	switch {
 	case ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded),
 		apierrors.IsTimeout(err), apierrors.IsServerTimeout(err), errors.As(err, &ne) && ne.Timeout():
-		return ReasonTimeout
+		return provisioner.ReasonTimeout
 	case apierrors.IsUnauthorized(err):
-		return ReasonUnauthorized
+		return provisioner.ReasonUnauthorized
 	case apierrors.IsForbidden(err):
-		return ReasonForbidden
+		return provisioner.ReasonForbidden
 	case errors.As(err, &status):
-		return ReasonAPIError
+		return provisioner.ReasonAPIError
 	case errors.As(err, &ce):
-		return ReasonConfigUnavailable
+		return provisioner.ReasonConfigUnavailable
 	default:
-		return ReasonUnreachable
+		return provisioner.ReasonUnreachable
 	}
-}
-
-func truncate(s string) string {
-	if len(s) <= maxMessage {
-		return s
-	}
-	return s[:maxMessage-3] + "..."
 }

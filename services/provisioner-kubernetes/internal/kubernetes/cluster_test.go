@@ -20,33 +20,9 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/kubetest"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
-
-// provisionerRules are what the chart's Role grants the provisioner.
-var provisionerRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list"}}}
-
-// account makes a ServiceAccount in ns bound to a Role with rules (none:
-// no binding) and returns a kubeconfig that acts as it.
-func account(t *testing.T, cp *kubetest.ControlPlane, ns, name string, rules []rbacv1.PolicyRule) string {
-	t.Helper()
-	ctx := context.Background()
-	token := cp.ServiceAccountToken(t, ns, name)
-	if rules != nil {
-		_, err := cp.Client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = cp.Client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	return cp.KubeconfigFor(t, token, ns)
-}
 
 func backendFor(t *testing.T, kubeconfig string, cfg Config) *Backend {
 	t.Helper()
@@ -61,7 +37,7 @@ func backendFor(t *testing.T, kubeconfig string, cfg Config) *Backend {
 func waitState(t *testing.T, b *Backend, pid, uid string, want provisionerv1.InstanceState) *provisionerv1.Instance {
 	t.Helper()
 	var got *provisionerv1.Instance
-	kubetest.WaitFor(t, pid+" "+want.String(), 60*time.Second, func() error {
+	waittest.ForErr(t, 60*time.Second, pid+" "+want.String(), func() error {
 		in, err := b.Get(context.Background(), &provisionerv1.GetInstanceRequest{ProviderId: pid, ProxyUid: uid})
 		if err != nil {
 			return err
@@ -85,7 +61,7 @@ func TestAgainstAPIServer(t *testing.T) {
 
 	t.Run("create get list delete", func(t *testing.T) {
 		cp.Namespace(t, "lifecycle")
-		b := backendFor(t, account(t, cp, "lifecycle", "provisioner", provisionerRules), Config{Namespace: "lifecycle", ListPageSize: 2})
+		b := backendFor(t, cp.Account(t, "lifecycle", "provisioner", kubetest.ProvisionerRules), Config{Namespace: "lifecycle", ListPageSize: 2})
 		var pids []string
 		for i := range 3 {
 			in, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: fmt.Sprintf("uid-%d", i), ProxyName: fmt.Sprintf("p-%d", i), Port: uint32(3128 + i), SpecHash: "h"})
@@ -131,7 +107,7 @@ func TestAgainstAPIServer(t *testing.T) {
 			}
 		}
 		for _, pid := range pids {
-			kubetest.WaitFor(t, pid+" gone", 60*time.Second, func() error {
+			waittest.ForErr(t, 60*time.Second, pid+" gone", func() error {
 				_, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: pid})
 				if errclass.Is(err, errclass.NotFound) {
 					return nil
@@ -150,7 +126,7 @@ func TestAgainstAPIServer(t *testing.T) {
 
 	t.Run("adoption", func(t *testing.T) {
 		cp.Namespace(t, "adopt")
-		kc := account(t, cp, "adopt", "provisioner", provisionerRules)
+		kc := cp.Account(t, "adopt", "provisioner", kubetest.ProvisionerRules)
 		first := backendFor(t, kc, Config{Namespace: "adopt"})
 		req := &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-adopt", ProxyName: "p", Port: 3128}
 		a, err := first.Create(ctx, req)
@@ -174,7 +150,7 @@ func TestAgainstAPIServer(t *testing.T) {
 
 	t.Run("foreign pod", func(t *testing.T) {
 		cp.Namespace(t, "foreign")
-		b := backendFor(t, account(t, cp, "foreign", "provisioner", provisionerRules), Config{Namespace: "foreign"})
+		b := backendFor(t, cp.Account(t, "foreign", "provisioner", kubetest.ProvisionerRules), Config{Namespace: "foreign"})
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "proxy-uid-f", Labels: map[string]string{"app": "web"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx"}}}}
 		if _, err := cp.Client.CoreV1().Pods("foreign").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -197,7 +173,7 @@ func TestAgainstAPIServer(t *testing.T) {
 
 	t.Run("RBAC denied", func(t *testing.T) {
 		cp.Namespace(t, "rbac")
-		none := backendFor(t, account(t, cp, "rbac", "nobody", nil), Config{Namespace: "rbac"})
+		none := backendFor(t, cp.Account(t, "rbac", "nobody", nil), Config{Namespace: "rbac"})
 		_, err := none.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-r", Port: 3128})
 		if !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "may not create pods in namespace rbac") {
 			t.Errorf("create without the verb: %v", err)
@@ -205,12 +181,12 @@ func TestAgainstAPIServer(t *testing.T) {
 		if _, err := none.List(ctx); !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "may not list pods") {
 			t.Errorf("list without the verb: %v", err)
 		}
-		if ts := none.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != ReasonForbidden {
+		if ts := none.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != provisioner.ReasonForbidden {
 			t.Errorf("check without the verbs: %v", ts)
 		}
 		// Allowed to read but not to create: the check passes, Create names
 		// what is missing.
-		reader := backendFor(t, account(t, cp, "rbac", "reader", []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}}}),
+		reader := backendFor(t, cp.Account(t, "rbac", "reader", []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}}}),
 			Config{Namespace: "rbac"})
 		if ts := reader.Check(ctx)[0]; !ts.GetReady() {
 			t.Errorf("check with list: %v", ts)
@@ -232,7 +208,7 @@ func TestAgainstAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Admission enforces a quota once the controller has computed it.
-		kubetest.WaitFor(t, "quota status", 60*time.Second, func() error {
+		waittest.ForErr(t, 60*time.Second, "quota status", func() error {
 			q, err := cp.Client.CoreV1().ResourceQuotas("quota").Get(ctx, "pods", metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -242,7 +218,7 @@ func TestAgainstAPIServer(t *testing.T) {
 			}
 			return nil
 		})
-		b := backendFor(t, account(t, cp, "quota", "provisioner", provisionerRules), Config{Namespace: "quota"})
+		b := backendFor(t, cp.Account(t, "quota", "provisioner", kubetest.ProvisionerRules), Config{Namespace: "quota"})
 		if _, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-q1", Port: 3128}); err != nil {
 			t.Fatal(err)
 		}
@@ -254,12 +230,12 @@ func TestAgainstAPIServer(t *testing.T) {
 
 	t.Run("unschedulable placement", func(t *testing.T) {
 		cp.Namespace(t, "placement")
-		b := backendFor(t, account(t, cp, "placement", "provisioner", provisionerRules), Config{Namespace: "placement"})
+		b := backendFor(t, cp.Account(t, "placement", "provisioner", kubetest.ProvisionerRules), Config{Namespace: "placement"})
 		in, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{ProxyUid: "uid-z", Port: 3128, Placement: &proxyv1.Placement{Region: "mars", Zone: "mars-a"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		kubetest.WaitFor(t, "Unschedulable", 60*time.Second, func() error {
+		waittest.ForErr(t, 60*time.Second, "Unschedulable", func() error {
 			got, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: in.GetProviderId()})
 			if err != nil {
 				return err
@@ -279,7 +255,7 @@ func TestAgainstAPIServer(t *testing.T) {
 			t.Errorf("check %v", ts)
 		}
 		bad := backendFor(t, cp.KubeconfigFor(t, "not-a-token", "default"), Config{Namespace: "default"})
-		if ts := bad.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != ReasonUnauthorized {
+		if ts := bad.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != provisioner.ReasonUnauthorized {
 			t.Errorf("check with a refused token: %v", ts)
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -291,7 +267,7 @@ func TestAgainstAPIServer(t *testing.T) {
 		down := *cp
 		down.Host = "https://" + closed
 		gone := backendFor(t, down.KubeconfigFor(t, "x", "default"), Config{Namespace: "default"})
-		if ts := gone.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != ReasonUnreachable {
+		if ts := gone.Check(ctx)[0]; ts.GetReady() || ts.GetReason() != provisioner.ReasonUnreachable {
 			t.Errorf("check of a closed port: %v", ts)
 		}
 	})

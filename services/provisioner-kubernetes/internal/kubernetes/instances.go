@@ -11,6 +11,7 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
 )
 
 // Create creates the proxy's pod, or adopts the one an earlier attempt
@@ -31,7 +32,7 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 	if req.GetCloudInit() != "" {
 		b.cloudInitOnce.Do(func() {
 			b.log.WarnContext(ctx, "WARNING: cloud-init is ignored by the kubernetes backend: a pod has no guest to run it; the proxy is the configured Squid image",
-				"proxyName", req.GetProxyName())
+				"proxy_name", req.GetProxyName())
 		})
 	}
 	port := int(req.GetPort())
@@ -53,6 +54,7 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 	switch {
 	case err == nil:
 		b.log.DebugContext(ctx, "kubernetes pod created", "pod", name)
+		crashpoint.After(ctx, "kubernetes.created")
 		return b.toInstance(created), nil
 	case apierrors.IsAlreadyExists(err):
 	default:

@@ -21,6 +21,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
 )
 
 // Backend is the KVM/libvirt backend.
@@ -192,11 +193,28 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 		return nil, err
 	}
 	var out *provisionerv1.Instance
+	var basePath string
 	err = be.hosts.call(ctx, p.host, func(api libvirtAPI) error {
 		var err error
-		out, err = be.create(ctx, api, p, name, req)
+		out, basePath, err = be.adoptOrImage(ctx, api, p, name, req)
 		return err
 	})
+	if err == nil && out == nil {
+		// Building the domain moves kilobytes and starts a process: a
+		// libvirt call that has not answered by then never will, and
+		// the dropped connection lets the next attempt resume.
+		buildCtx, cancel := context.WithTimeout(ctx, buildTimeout)
+		err = be.hosts.call(buildCtx, p.host, func(api libvirtAPI) error {
+			var err error
+			out, err = be.build(buildCtx, api, p, name, basePath, req)
+			return err
+		})
+		cancel()
+		if err != nil && ctx.Err() == nil && buildCtx.Err() != nil {
+			err = errclass.New(errclass.Transient, "building domain %s on host %s took over %s; the connection was dropped and the next attempt resumes", name, p.host.Name, buildTimeout).
+				WithMetadata("host", p.host.Name, "domain", name)
+		}
+	}
 	if err != nil {
 		err = classify(err)
 		if errclass.Is(err, errclass.NotFound) {
@@ -208,33 +226,48 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	return out, nil
 }
 
-func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name string, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, error) {
+// buildTimeout bounds the part of a Create after the base image is in
+// place: the overlay, the seed, the define and the start.
+const buildTimeout = 90 * time.Second
+
+// adoptOrImage answers the proxy's existing domain, started, or, when
+// there is none, the path of the base image the new one backs onto.
+func (be *Backend) adoptOrImage(ctx context.Context, api libvirtAPI, p placement, name string, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, string, error) {
 	uid := req.GetProxyUid()
-	id := providerID(p.host.Name, name)
 	dom, err := api.DomainLookupByName(name)
 	switch {
 	case err == nil:
 		m, err := readMark(api, dom)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		if !m.isFor(be.name, uid) {
-			return nil, errclass.New(errclass.Permanent, "domain %s on host %s exists and is not this proxy's on provider %s (it carries %s); it was left untouched",
+			return nil, "", errclass.New(errclass.Permanent, "domain %s on host %s exists and is not this proxy's on provider %s (it carries %s); it was left untouched",
 				name, p.host.Name, be.name, m.describe()).
 				WithMetadata("host", p.host.Name, "domain", name)
 		}
 		if m.ownedBy(be.name) == legacy {
 			m = be.claim(ctx, api, p.host, dom, m)
 		}
-		return be.startAndDescribe(api, dom, p.host, id, m)
+		in, err := be.startAndDescribe(ctx, api, dom, p.host, providerID(p.host.Name, name), m)
+		return in, "", err
 	case !hasCode(err, libvirt.ErrNoDomain):
-		return nil, err
+		return nil, "", err
 	}
 	pool, err := api.StoragePoolLookupByName(p.host.Pool)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	basePath, err := be.images.ensure(ctx, api, p.host.Name, pool, p.image)
+	return nil, basePath, err
+}
+
+// build makes the domain of a proxy that has none, backed onto basePath,
+// and starts it.
+func (be *Backend) build(ctx context.Context, api libvirtAPI, p placement, name, basePath string, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, error) {
+	uid := req.GetProxyUid()
+	id := providerID(p.host.Name, name)
+	pool, err := api.StoragePoolLookupByName(p.host.Pool)
 	if err != nil {
 		return nil, err
 	}
@@ -246,6 +279,7 @@ func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name
 	if err != nil {
 		return nil, err
 	}
+	crashpoint.After(ctx, "kvm.overlay-created")
 	overlayPath, err := api.StorageVolGetPath(overlay)
 	if err != nil {
 		return nil, err
@@ -268,6 +302,7 @@ func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name
 	if err := writeVolume(api, pool, seedName(name), iso); err != nil {
 		return nil, err
 	}
+	crashpoint.After(ctx, "kvm.seed-written")
 	seed, err := api.StorageVolLookupByName(pool, seedName(name))
 	if err != nil {
 		return nil, err
@@ -285,36 +320,41 @@ func (be *Backend) create(ctx context.Context, api libvirtAPI, p placement, name
 	if err != nil {
 		return nil, err
 	}
-	dom, err = api.DomainDefineXML(x)
+	dom, err := api.DomainDefineXML(x)
 	if err != nil {
 		return nil, err
 	}
-	return be.startAndDescribe(api, dom, p.host, id, mark{Managed: "true", Provider: be.name, UID: uid, CreatedAt: created.Format(time.RFC3339)})
+	crashpoint.After(ctx, "kvm.defined")
+	return be.startAndDescribe(ctx, api, dom, p.host, id, mark{Managed: "true", Provider: be.name, UID: uid, CreatedAt: created.Format(time.RFC3339)})
 }
 
 // startAndDescribe starts dom unless it runs already and describes it.
-func (be *Backend) startAndDescribe(api libvirtAPI, dom libvirt.Domain, h Host, id string, m mark) (*provisionerv1.Instance, error) {
-	st, _, err := api.DomainGetState(dom, 0)
+func (be *Backend) startAndDescribe(ctx context.Context, api libvirtAPI, dom libvirt.Domain, h Host, id string, m mark) (*provisionerv1.Instance, error) {
+	st, reason, err := api.DomainGetState(dom, 0)
 	if err != nil {
 		return nil, err
 	}
 	switch libvirt.DomainState(st) {
 	case libvirt.DomainShutoff, libvirt.DomainCrashed:
-		if err := api.DomainCreate(dom); err != nil && !hasCode(err, libvirt.ErrOperationInvalid) {
+		// libvirtd goes on starting the domain when its caller is gone.
+		halt := crashpoint.During(ctx, "kvm.starting")
+		err := api.DomainCreate(dom)
+		halt()
+		if err != nil && !hasCode(err, libvirt.ErrOperationInvalid) {
 			return nil, err
 		}
-		st = int32(libvirt.DomainRunning)
+		st, reason = int32(libvirt.DomainRunning), 0
 	}
-	in := be.instance(h, dom.Name, id, m, libvirt.DomainState(st), "")
+	in := be.instance(h, dom.Name, id, m, libvirt.DomainState(st), reason, "")
 	return in, nil
 }
 
-func (be *Backend) instance(h Host, name, id string, m mark, st libvirt.DomainState, ip string) *provisionerv1.Instance {
+func (be *Backend) instance(h Host, name, id string, m mark, st libvirt.DomainState, reason int32, ip string) *provisionerv1.Instance {
 	in := &provisionerv1.Instance{
 		ProviderId: id,
 		ProxyUid:   m.UID,
 		Name:       name,
-		State:      mapState(st, ip),
+		State:      mapState(st, reason, ip),
 		Ip:         ip,
 		Details:    map[string]string{"host": h.Name, "pool": h.Pool, "libvirtState": domainStateName(st)},
 	}
@@ -324,10 +364,15 @@ func (be *Backend) instance(h Host, name, id string, m mark, st libvirt.DomainSt
 	return in
 }
 
-// mapState maps libvirt's domain state: running (or blocked on I/O) is
-// Running once the address is known and Provisioning before; paused,
+// mapState maps libvirt's domain state and its reason: running (or
+// blocked on I/O) is Running once the address is known and Provisioning
+// before, and so is paused while libvirtd starts the domain (its reason
+// "starting up": a start whose caller is gone goes on); otherwise paused,
 // shutting down, shut off and suspended are Stopped; crashed is Failed.
-func mapState(s libvirt.DomainState, ip string) provisionerv1.InstanceState {
+func mapState(s libvirt.DomainState, reason int32, ip string) provisionerv1.InstanceState {
+	if s == libvirt.DomainPaused && libvirt.DomainPausedReason(reason) == libvirt.DomainPausedStartingUp {
+		s = libvirt.DomainRunning
+	}
 	switch s {
 	case libvirt.DomainRunning, libvirt.DomainBlocked:
 		if ip != "" {
@@ -397,10 +442,10 @@ func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvir
 	}
 	if err != nil {
 		be.log.WarnContext(ctx, "WARNING: claiming a domain with a mark without provider failed; it stays out of List until a later Get claims it",
-			"host", h.Name, "domain", dom.Name, "proxyUID", m.UID, "error", err.Error())
+			"host", h.Name, "domain", dom.Name, "proxy_uid", m.UID, "error", err.Error())
 		return m
 	}
-	be.log.InfoContext(ctx, "domain with a mark without provider claimed for this provider", "host", h.Name, "domain", dom.Name, "proxyUID", m.UID)
+	be.log.InfoContext(ctx, "domain with a mark without provider claimed for this provider", "host", h.Name, "domain", dom.Name, "proxy_uid", m.UID)
 	m.Provider = be.name
 	return m
 }
@@ -412,7 +457,7 @@ func (be *Backend) warnLegacy(ctx context.Context, h Host, domain string, m mark
 		return
 	}
 	be.log.WarnContext(ctx, "WARNING: domain carries a mark without provider; List leaves it out (orphan GC never deletes it) until its proxy's Get or Create claims it",
-		"host", h.Name, "domain", domain, "proxyUID", m.UID)
+		"host", h.Name, "domain", domain, "proxy_uid", m.UID)
 }
 
 // locate resolves a providerID to its host; a host no longer configured
@@ -455,7 +500,7 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		if m.ownedBy(be.name) == legacy && req.GetProxyUid() != "" {
 			m = be.claim(ctx, api, h, dom, m)
 		}
-		st, _, err := api.DomainGetState(dom, 0)
+		st, reason, err := api.DomainGetState(dom, 0)
 		if err != nil {
 			return err
 		}
@@ -463,7 +508,7 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		if s := libvirt.DomainState(st); s == libvirt.DomainRunning || s == libvirt.DomainBlocked {
 			ip, source = be.address(ctx, api, run, h, dom)
 		}
-		out = be.instance(h, name, req.GetProviderId(), m, libvirt.DomainState(st), ip)
+		out = be.instance(h, name, req.GetProviderId(), m, libvirt.DomainState(st), reason, ip)
 		if source != "" {
 			out.Details["addressSource"] = source
 		}
@@ -594,7 +639,7 @@ func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstance
 	}
 	if !ok {
 		be.log.WarnContext(ctx, "WARNING: the instance's host is no longer configured; nothing to delete, its domain and volumes stay on that host",
-			"providerID", req.GetProviderId())
+			"provider_id", req.GetProviderId())
 		return false, nil
 	}
 	deleted := false
@@ -708,29 +753,38 @@ func (be *Backend) listHost(ctx context.Context, h Host) ([]*provisionerv1.Insta
 			default:
 				continue
 			}
-			out = append(out, be.instance(h, d.Name, providerID(h.Name, d.Name), m, statsState(r), ""))
+			st, reason := statsState(r)
+			out = append(out, be.instance(h, d.Name, providerID(h.Name, d.Name), m, st, reason, ""))
 		}
 		return nil
 	})
 	return out, err
 }
 
-// statsState reads state.state from a domain stats record.
-func statsState(r libvirt.DomainStatsRecord) libvirt.DomainState {
+// statsState reads state.state and state.reason from a domain stats
+// record.
+func statsState(r libvirt.DomainStatsRecord) (libvirt.DomainState, int32) {
+	st, reason := libvirt.DomainNostate, int32(0)
 	for _, p := range r.Params {
-		if p.Field != "state.state" {
+		var v int64
+		switch n := p.Value.I.(type) {
+		case int32:
+			v = int64(n)
+		case uint32:
+			v = int64(n)
+		case int64:
+			v = n
+		default:
 			continue
 		}
-		switch v := p.Value.I.(type) {
-		case int32:
-			return libvirt.DomainState(v)
-		case uint32:
-			return libvirt.DomainState(v)
-		case int64:
-			return libvirt.DomainState(v)
+		switch p.Field {
+		case "state.state":
+			st = libvirt.DomainState(v)
+		case "state.reason":
+			reason = int32(v)
 		}
 	}
-	return libvirt.DomainNostate
+	return st, reason
 }
 
 // formatVersion decodes libvirt's major*1e6 + minor*1e3 + micro.

@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +27,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
 
 var testImage = []byte("a qcow2 image, as far as this test is concerned")
@@ -143,20 +147,25 @@ func TestCreateGetDeleteOverTheFake(t *testing.T) {
 func TestStateMapping(t *testing.T) {
 	t.Parallel()
 	S := provisionerv1.InstanceState_INSTANCE_STATE_STOPPED
+	starting := int32(libvirt.DomainPausedStartingUp)
 	for _, tc := range []struct {
-		st   libvirt.DomainState
-		ip   string
-		want provisionerv1.InstanceState
+		st     libvirt.DomainState
+		reason int32
+		ip     string
+		want   provisionerv1.InstanceState
 	}{
-		{libvirt.DomainRunning, "", provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING},
-		{libvirt.DomainRunning, "10.0.0.2", provisionerv1.InstanceState_INSTANCE_STATE_RUNNING},
-		{libvirt.DomainBlocked, "10.0.0.2", provisionerv1.InstanceState_INSTANCE_STATE_RUNNING},
-		{libvirt.DomainPaused, "", S}, {libvirt.DomainShutdown, "", S}, {libvirt.DomainShutoff, "", S}, {libvirt.DomainPmsuspended, "", S},
-		{libvirt.DomainCrashed, "", provisionerv1.InstanceState_INSTANCE_STATE_FAILED},
-		{libvirt.DomainNostate, "", provisionerv1.InstanceState_INSTANCE_STATE_UNSPECIFIED},
+		{libvirt.DomainRunning, 0, "", provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING},
+		{libvirt.DomainRunning, 0, "10.0.0.2", provisionerv1.InstanceState_INSTANCE_STATE_RUNNING},
+		{libvirt.DomainBlocked, 0, "10.0.0.2", provisionerv1.InstanceState_INSTANCE_STATE_RUNNING},
+		// libvirtd starting the domain (its caller may be gone).
+		{libvirt.DomainPaused, starting, "", provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING},
+		{libvirt.DomainPaused, int32(libvirt.DomainPausedUser), "", S},
+		{libvirt.DomainPaused, 0, "", S}, {libvirt.DomainShutdown, 0, "", S}, {libvirt.DomainShutoff, 0, "", S}, {libvirt.DomainPmsuspended, 0, "", S},
+		{libvirt.DomainCrashed, 0, "", provisionerv1.InstanceState_INSTANCE_STATE_FAILED},
+		{libvirt.DomainNostate, 0, "", provisionerv1.InstanceState_INSTANCE_STATE_UNSPECIFIED},
 	} {
-		if got := mapState(tc.st, tc.ip); got != tc.want {
-			t.Errorf("mapState(%v, %q) = %v, want %v", tc.st, tc.ip, got, tc.want)
+		if got := mapState(tc.st, tc.reason, tc.ip); got != tc.want {
+			t.Errorf("mapState(%v, %d, %q) = %v, want %v", tc.st, tc.reason, tc.ip, got, tc.want)
 		}
 	}
 }
@@ -310,13 +319,13 @@ func TestCheckOverTheFake(t *testing.T) {
 	api := newFakeAPI("default")
 	be, _ := fakeBackend(t, api, newImageServer(t), nil)
 	got := be.Check(context.Background())
-	if len(got) != 1 || !got[0].GetReady() || got[0].GetReason() != ReasonReachable ||
+	if len(got) != 1 || !got[0].GetReady() || got[0].GetReason() != provisioner.ReasonReachable ||
 		got[0].GetDetails()["libvirtVersion"] != "9.0.0" || got[0].GetDetails()["hypervisorVersion"] != "7.2.0" ||
 		got[0].GetDetails()["poolAvailable"] != "60.0GiB" || got[0].GetDetails()["hostname"] != "fake-host" {
 		t.Fatalf("Check = %v", got)
 	}
 	api.states["default"] = libvirt.StoragePoolInactive
-	if got := be.Check(context.Background()); got[0].GetReady() || got[0].GetReason() != ReasonPoolNotActive {
+	if got := be.Check(context.Background()); got[0].GetReady() || got[0].GetReason() != provisioner.ReasonPoolNotActive {
 		t.Fatalf("Check with a stopped pool = %v", got)
 	}
 }
@@ -361,15 +370,18 @@ func TestCheckReason(t *testing.T) {
 		err  error
 		want string
 	}{
-		{&dialError{stage: stageSSHMaterial, err: errors.New("x")}, ReasonSSHMaterialUnavailable},
-		{&dialError{stage: stageTCP, err: context.DeadlineExceeded}, ReasonUnreachable},
-		{&dialError{stage: stageSSHHandshake, err: errors.New("x")}, ReasonSSHHandshakeFailed},
-		{&dialError{stage: stageLibvirtConnect, err: errors.New("x")}, ReasonLibvirtConnectFailed},
-		{context.DeadlineExceeded, ReasonTimeout},
-		{errProbeBusy, ReasonTimeout},
-		{lvErr(libvirt.ErrNoStoragePool, "x"), ReasonPoolNotFound},
-		{lvErr(libvirt.ErrInternalError, "x"), ReasonLibvirtError},
-		{io.EOF, ReasonUnreachable},
+		{&dialError{stage: stageSSHMaterial, err: errors.New("x")}, provisioner.ReasonSSHMaterialUnavailable},
+		{&dialError{stage: stageTCP, err: context.DeadlineExceeded}, provisioner.ReasonUnreachable},
+		{&dialError{stage: stageSSHHandshake, err: errors.New("x")}, provisioner.ReasonSSHHandshakeFailed},
+		{&dialError{stage: stageLibvirtConnect, err: errors.New("x")}, provisioner.ReasonLibvirtConnectFailed},
+		// A host that accepted the connection and then said nothing.
+		{&dialError{stage: stageSSHHandshake, err: fmt.Errorf("ssh: handshake failed: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded})}, provisioner.ReasonTimeout},
+		{&dialError{stage: stageLibvirtConnect, err: fmt.Errorf("libvirt connect: %w", context.DeadlineExceeded)}, provisioner.ReasonTimeout},
+		{context.DeadlineExceeded, provisioner.ReasonTimeout},
+		{errProbeBusy, provisioner.ReasonTimeout},
+		{lvErr(libvirt.ErrNoStoragePool, "x"), provisioner.ReasonPoolNotFound},
+		{lvErr(libvirt.ErrInternalError, "x"), provisioner.ReasonLibvirtError},
+		{io.EOF, provisioner.ReasonUnreachable},
 	} {
 		if got := checkReason(tc.err); got != tc.want {
 			t.Errorf("checkReason(%v) = %s, want %s", tc.err, got, tc.want)

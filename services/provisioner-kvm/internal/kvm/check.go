@@ -3,6 +3,7 @@ package kvm
 import (
 	"context"
 	"fmt"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"sync"
 	"time"
 
@@ -84,12 +85,12 @@ func (be *Backend) checkHost(ctx context.Context, h Host) *provisionerv1.TargetS
 	ts.Details["poolCapacity"] = formatGiB(facts.capacity)
 	ts.Details["poolAvailable"] = formatGiB(facts.available)
 	if facts.poolState != libvirt.StoragePoolRunning {
-		ts.Reason = ReasonPoolNotActive
+		ts.Reason = provisioner.ReasonPoolNotActive
 		ts.Message = fmt.Sprintf("storage pool %q is %s; start it (virsh pool-start %s) and mark it autostart", h.Pool, poolStateName(facts.poolState), h.Pool)
 		return ts
 	}
 	ts.Ready = true
-	ts.Reason = ReasonReachable
+	ts.Reason = provisioner.ReasonReachable
 	return ts
 }
 

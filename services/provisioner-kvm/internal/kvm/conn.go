@@ -389,8 +389,13 @@ func (d *sshDialer) dial(ctx context.Context, h Host) (*hostClient, error) {
 	})
 	if !stop() || err != nil {
 		_ = nc.Close()
-		if err == nil {
-			err = ctx.Err()
+		switch cerr := ctx.Err(); {
+		case cerr != nil && err != nil:
+			// The context cut the handshake (its read fails on the closed
+			// connection): the deadline is why.
+			err = fmt.Errorf("%w (%v)", cerr, err)
+		case cerr != nil:
+			err = cerr
 		}
 		return nil, &dialError{stage: stageSSHHandshake, err: fmt.Errorf("host %s: ssh handshake: %w", h.Name, err)}
 	}

@@ -12,6 +12,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
 
 var testHost = Host{Name: "h1", Address: "h1:22"}
@@ -185,7 +186,7 @@ func TestPoolWaitForDialEndsWithContext(t *testing.T) {
 	defer cancel()
 	err := p.probe(ctx, testHost, func(libvirtAPI) error { return nil })
 	close(release)
-	if !errors.Is(err, context.DeadlineExceeded) || checkReason(err) != ReasonTimeout {
+	if !errors.Is(err, context.DeadlineExceeded) || checkReason(err) != provisioner.ReasonTimeout {
 		t.Fatalf("probe = %v (%s), want a timeout", err, checkReason(err))
 	}
 }

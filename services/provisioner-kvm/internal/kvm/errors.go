@@ -3,12 +3,14 @@ package kvm
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 
 	libvirt "github.com/digitalocean/go-libvirt"
 	"golang.org/x/crypto/ssh/knownhosts"
 
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
 
 // classify gives err its class, once, at the edge (docs/provisioner-kvm.md
@@ -78,44 +80,35 @@ func hasCode(err error, code libvirt.ErrorNumber) bool {
 	return errors.As(err, &lerr) && libvirt.ErrorNumber(lerr.Code) == code
 }
 
-// Check reasons.
-const (
-	ReasonReachable              = "Reachable"
-	ReasonUnreachable            = "Unreachable"
-	ReasonTimeout                = "Timeout"
-	ReasonSSHMaterialUnavailable = "SSHMaterialUnavailable"
-	ReasonSSHHandshakeFailed     = "SSHHandshakeFailed"
-	ReasonLibvirtConnectFailed   = "LibvirtConnectFailed"
-	ReasonLibvirtError           = "LibvirtError"
-	ReasonPoolNotFound           = "PoolNotFound"
-	ReasonPoolNotActive          = "PoolNotActive"
-)
-
 // checkReason names where a failed check broke. The dial stage wins over a
-// timeout: "the SSH handshake did not finish" says more than "the check ran
-// out of time", and the message still carries the deadline.
+// timeout, except for a handshake that ran out of time: a host that
+// accepts the connection and then says nothing is hung (Timeout), not
+// refusing our keys or socket, and the message still names the stage.
 func checkReason(err error) string {
 	var de *dialError
 	if errors.As(err, &de) {
-		switch de.stage {
-		case stageSSHMaterial:
-			return ReasonSSHMaterialUnavailable
-		case stageSSHHandshake:
-			return ReasonSSHHandshakeFailed
-		case stageLibvirtConnect:
-			return ReasonLibvirtConnectFailed
+		timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
+		switch {
+		case de.stage == stageSSHMaterial:
+			return provisioner.ReasonSSHMaterialUnavailable
+		case (de.stage == stageSSHHandshake || de.stage == stageLibvirtConnect) && timedOut:
+			return provisioner.ReasonTimeout
+		case de.stage == stageSSHHandshake:
+			return provisioner.ReasonSSHHandshakeFailed
+		case de.stage == stageLibvirtConnect:
+			return provisioner.ReasonLibvirtConnectFailed
 		default:
-			return ReasonUnreachable
+			return provisioner.ReasonUnreachable
 		}
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), errors.Is(err, errProbeBusy):
-		return ReasonTimeout
+		return provisioner.ReasonTimeout
 	case hasCode(err, libvirt.ErrNoStoragePool):
-		return ReasonPoolNotFound
+		return provisioner.ReasonPoolNotFound
 	case isLibvirtError(err):
-		return ReasonLibvirtError
+		return provisioner.ReasonLibvirtError
 	default:
-		return ReasonUnreachable
+		return provisioner.ReasonUnreachable
 	}
 }

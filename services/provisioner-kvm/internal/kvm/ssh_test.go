@@ -25,6 +25,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/libvirttest"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
 
 // sshServer is an in-process x/crypto/ssh server that lets one key in and
@@ -283,13 +284,13 @@ func TestSSHDialStages(t *testing.T) {
 		class  errclass.Class
 		reason string
 	}{
-		{"missing key file", func(h *Host) { h.KeyFile = f.dir + "/nope" }, false, stageSSHMaterial, errclass.Transient, ReasonSSHMaterialUnavailable},
-		{"unparseable key", func(h *Host) { h.KeyFile = garbage }, false, stageSSHMaterial, errclass.Permanent, ReasonSSHMaterialUnavailable},
-		{"missing known_hosts", func(h *Host) { h.KnownHostsFile = f.dir + "/nope" }, false, stageSSHMaterial, errclass.Transient, ReasonSSHMaterialUnavailable},
-		{"connection refused", func(h *Host) { h.Address = closed }, false, stageTCP, errclass.Transient, ReasonUnreachable},
-		{"host key changed", func(h *Host) { h.KnownHostsFile = f.wrongKnownHosts }, false, stageSSHHandshake, errclass.Permanent, ReasonSSHHandshakeFailed},
-		{"key not authorised", func(h *Host) { h.KeyFile = f.otherKey }, false, stageSSHHandshake, errclass.Permanent, ReasonSSHHandshakeFailed},
-		{"forward rejected", func(*Host) {}, true, stageLibvirtConnect, errclass.Transient, ReasonLibvirtConnectFailed},
+		{"missing key file", func(h *Host) { h.KeyFile = f.dir + "/nope" }, false, stageSSHMaterial, errclass.Transient, provisioner.ReasonSSHMaterialUnavailable},
+		{"unparseable key", func(h *Host) { h.KeyFile = garbage }, false, stageSSHMaterial, errclass.Permanent, provisioner.ReasonSSHMaterialUnavailable},
+		{"missing known_hosts", func(h *Host) { h.KnownHostsFile = f.dir + "/nope" }, false, stageSSHMaterial, errclass.Transient, provisioner.ReasonSSHMaterialUnavailable},
+		{"connection refused", func(h *Host) { h.Address = closed }, false, stageTCP, errclass.Transient, provisioner.ReasonUnreachable},
+		{"host key changed", func(h *Host) { h.KnownHostsFile = f.wrongKnownHosts }, false, stageSSHHandshake, errclass.Permanent, provisioner.ReasonSSHHandshakeFailed},
+		{"key not authorised", func(h *Host) { h.KeyFile = f.otherKey }, false, stageSSHHandshake, errclass.Permanent, provisioner.ReasonSSHHandshakeFailed},
+		{"forward rejected", func(*Host) {}, true, stageLibvirtConnect, errclass.Transient, provisioner.ReasonLibvirtConnectFailed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -386,7 +387,7 @@ func TestInsecureIgnoreHostKey(t *testing.T) {
 		t.Errorf("no WARNING at start:\n%s", logs.String())
 	}
 	// Past SSH and into libvirt, which knows no such pool.
-	if got := be.Check(context.Background()); got[0].GetReason() != ReasonPoolNotFound {
+	if got := be.Check(context.Background()); got[0].GetReason() != provisioner.ReasonPoolNotFound {
 		t.Fatalf("Check = %v, want PoolNotFound from libvirt", got[0])
 	}
 }

@@ -38,6 +38,8 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
 )
 
 // Config is the `local:` block of a provider.
@@ -149,6 +151,8 @@ func providerID(uid string) string { return "instances/" + uid }
 
 func (b *Backend) instDir(uid string) string { return filepath.Join(b.dir, uid) }
 
+// read returns uid's record: NotFound when there is none, or when the
+// directory of that name holds another proxy's.
 func (b *Backend) read(uid string) (*state, error) {
 	raw, err := os.ReadFile(filepath.Join(b.instDir(uid), "instance.json"))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -161,7 +165,18 @@ func (b *Backend) read(uid string) (*state, error) {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, errclass.New(errclass.Permanent, "instance %s has an unreadable record: %v", providerID(uid), err)
 	}
+	if s.UID != uid {
+		return nil, errclass.New(errclass.NotFound, "the directory of instance %s holds the record of proxy %s", providerID(uid), s.UID)
+	}
 	return &s, nil
+}
+
+// foreign reports whether uid's directory exists without being uid's
+// instance: no provisioner made it (allocate makes it whole, record
+// included, in one rename).
+func (b *Backend) foreign(uid string) bool {
+	_, err := os.Lstat(b.instDir(uid))
+	return err == nil
 }
 
 func (b *Backend) write(s *state) error {
@@ -214,13 +229,18 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 		return nil, err
 	}
 	s, err := b.read(uid)
-	if errclass.Is(err, errclass.NotFound) {
+	switch {
+	case errclass.Is(err, errclass.NotFound) && b.foreign(uid):
+		err = errclass.New(errclass.Permanent, "%s exists and is not an instance of this provisioner (no record of proxy %s in it); it was left untouched, remove it",
+			b.instDir(uid), uid).WithMetadata("path", b.instDir(uid))
+	case errclass.Is(err, errclass.NotFound):
 		s, err = b.allocate(uid, req.GetProxyName(), port)
 	}
 	unlock()
 	if err != nil {
 		return nil, err
 	}
+	crashpoint.After(ctx, "local.recorded")
 	if err := b.ensureRunning(ctx, s); err != nil {
 		return nil, err
 	}
@@ -256,17 +276,40 @@ func (b *Backend) allocate(uid, proxyName string, port uint32) (*state, error) {
 		}
 		s := &state{UID: uid, Name: "proxy-" + uid, ProxyName: proxyName, Address: addr, Port: port, Kind: b.kind,
 			CreatedAt: time.Now().UTC().Truncate(time.Second)}
-		if err := os.MkdirAll(b.instDir(uid), 0o777); err != nil {
-			return nil, errclass.Wrap(errclass.Transient, err)
-		}
-		// squid started as root drops privileges and writes here.
-		_ = os.Chmod(b.instDir(uid), 0o777)
-		if err := b.write(s); err != nil {
+		if err := b.makeDir(s); err != nil {
 			return nil, err
 		}
 		return s, nil
 	}
 	return nil, errclass.New(errclass.QuotaExceeded, "no free address in %s for port %d", b.network, port)
+}
+
+// makeDir makes s's directory with its record in it, in one rename: a
+// directory of that name without a record is never ours. What a crash
+// before the rename left of an earlier attempt is removed first.
+func (b *Backend) makeDir(s *state) error {
+	prefix := ".new-" + s.UID + "-"
+	if stale, err := filepath.Glob(filepath.Join(b.dir, prefix+"*")); err == nil {
+		for _, d := range stale {
+			_ = os.RemoveAll(d)
+		}
+	}
+	tmp, err := os.MkdirTemp(b.dir, prefix)
+	if err != nil {
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	// squid started as root drops privileges and writes here.
+	_ = os.Chmod(tmp, 0o777)
+	raw, _ := json.MarshalIndent(s, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "instance.json"), raw, 0o644); err != nil {
+		_ = os.RemoveAll(tmp)
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	if err := os.Rename(tmp, b.instDir(s.UID)); err != nil {
+		_ = os.RemoveAll(tmp)
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	return nil
 }
 
 func free(addr string, port uint32) bool {
@@ -296,14 +339,42 @@ func (b *Backend) lock() (func(), error) {
 }
 
 // alive reports whether s's proxy process runs: the PID exists and its
-// command line names the instance directory (so a reused PID is not taken
-// for ours).
+// arguments name the instance directory (so a reused PID is not taken for
+// ours).
 func (b *Backend) alive(s *state) bool {
-	if gone(s.PID) {
+	return !gone(s.PID) && b.serves(s.PID, s.UID)
+}
+
+// serves reports whether pid's arguments are those of uid's proxy: the
+// built-in one's --instance-dir, or squid's -f of the instance's config.
+func (b *Backend) serves(pid int, uid string) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
 		return false
 	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.PID))
-	return err == nil && strings.Contains(string(cmdline), b.instDir(s.UID))
+	dir := b.instDir(uid)
+	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	for i := 0; i+1 < len(args); i++ {
+		if (args[i] == "--instance-dir" && args[i+1] == dir) || (args[i] == "-f" && args[i+1] == filepath.Join(dir, "squid.conf")) {
+			return true
+		}
+	}
+	return false
+}
+
+// orphan finds a live proxy process of uid that its record does not name:
+// one started by a provisioner that crashed before recording its PID.
+func (b *Backend) orphan(uid string) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && !gone(pid) && b.serves(pid, uid) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // gone reports whether pid has exited: no such process, or a zombie.
@@ -346,8 +417,17 @@ func (b *Backend) waitExit(ctx context.Context, s *state) error {
 // accepts connections.
 func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 	addr := net.JoinHostPort(s.Address, strconv.Itoa(int(s.Port)))
-	if b.alive(s) {
-		return b.waitListening(ctx, s, addr)
+	alive := func() bool { return b.alive(s) }
+	if alive() {
+		return b.waitListening(ctx, s, addr, alive)
+	}
+	if pid := b.orphan(s.UID); pid != 0 {
+		s.PID = pid
+		if err := b.write(s); err != nil {
+			return err
+		}
+		b.log.Info("local proxy adopted", "name", s.Name, "provider_id", providerID(s.UID), "pid", pid)
+		return b.waitListening(ctx, s, addr, alive)
 	}
 	if err := b.waitExit(ctx, s); err != nil {
 		return err
@@ -376,6 +456,7 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 	if err := cmd.Start(); err != nil {
 		return errclass.New(errclass.Transient, "starting the %s proxy: %v", s.Kind, err)
 	}
+	crashpoint.After(ctx, "local.started")
 	exited := make(chan struct{})
 	var exitErr error
 	go func() { // reap it, and say so if it dies while we run
@@ -383,18 +464,28 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 		close(exited)
 		pid := cmd.Process.Pid
 		if _, asked := b.stopping.LoadAndDelete(pid); asked {
-			b.log.Info("local proxy stopped", "name", s.Name, "providerID", providerID(s.UID), "pid", pid)
+			b.log.Info("local proxy stopped", "name", s.Name, "provider_id", providerID(s.UID), "pid", pid)
 			return
 		}
-		b.log.Warn("WARNING: local proxy exited on its own; the next Get starts it again", "name", s.Name, "providerID", providerID(s.UID),
+		b.log.Warn("WARNING: local proxy exited on its own; the next Get starts it again", "name", s.Name, "provider_id", providerID(s.UID),
 			"pid", pid, "exit", exitDescription(exitErr))
 	}()
 	s.PID = cmd.Process.Pid
 	if err := b.write(s); err != nil {
 		return err
 	}
-	b.log.Info("local proxy started", "name", s.Name, "providerID", providerID(s.UID), "address", addr, "proxy", s.Kind, "pid", s.PID)
-	err = b.waitListening(ctx, s, addr)
+	b.log.Info("local proxy started", "name", s.Name, "provider_id", providerID(s.UID), "address", addr, "proxy", s.Kind, "pid", s.PID)
+	// Our own child has exited when its waiter says so; /proc is only for
+	// processes another provisioner started.
+	running := func() bool {
+		select {
+		case <-exited:
+			return false
+		default:
+			return true
+		}
+	}
+	err = b.waitListening(ctx, s, addr, running)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		// Its exit, if it has exited, is part of the reason; the process
 		// may be gone a moment before its waiter has reaped it.
@@ -452,7 +543,9 @@ func squidErrors(log string) string {
 	return strings.Join(keep, " | ")
 }
 
-func (b *Backend) waitListening(ctx context.Context, s *state, addr string) error {
+// waitListening waits until addr accepts connections while running says
+// s's process runs.
+func (b *Backend) waitListening(ctx context.Context, s *state, addr string, running func() bool) error {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	for {
@@ -461,7 +554,7 @@ func (b *Backend) waitListening(ctx context.Context, s *state, addr string) erro
 			_ = c.Close()
 			return nil
 		}
-		if !b.alive(s) {
+		if !running() {
 			return errclass.New(errclass.Transient, "the %s proxy for %s exited before listening on %s: %s",
 				s.Kind, providerID(s.UID), addr, b.startFailure(s))
 		}
@@ -510,7 +603,7 @@ func (b *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest
 		return nil, err
 	}
 	if !b.alive(s) {
-		b.log.Warn("local proxy process is gone; starting it again", "name", s.Name, "providerID", providerID(uid))
+		b.log.Warn("local proxy process is gone; starting it again", "name", s.Name, "provider_id", providerID(uid))
 		if err := b.ensureRunning(ctx, s); err != nil {
 			return nil, err
 		}
@@ -556,7 +649,7 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 	if err := os.RemoveAll(b.instDir(uid)); err != nil {
 		return false, errclass.Wrap(errclass.Transient, err)
 	}
-	b.log.Info("local instance deleted", "providerID", providerID(uid))
+	b.log.Info("local instance deleted", "provider_id", providerID(uid))
 	return true, nil
 }
 
@@ -568,7 +661,7 @@ func (b *Backend) all() ([]*state, error) {
 	}
 	var out []*state
 	for _, e := range entries {
-		if !e.IsDir() {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		s, err := b.read(e.Name())
@@ -601,11 +694,11 @@ func (b *Backend) List(context.Context) ([]*provisionerv1.Instance, error) {
 // the proxy program is there.
 func (b *Backend) Check(context.Context) []*provisionerv1.TargetStatus {
 	start := time.Now()
-	t := &provisionerv1.TargetStatus{Name: "localhost", Address: b.dir, Ready: true, Reason: "Reachable",
+	t := &provisionerv1.TargetStatus{Name: "localhost", Address: b.dir, Ready: true, Reason: provisioner.ReasonReachable,
 		Details: map[string]string{"proxy": b.kind, "network": b.network.String()}}
 	probe := filepath.Join(b.dir, ".check")
 	if err := os.WriteFile(probe, []byte("ok"), 0o644); err != nil {
-		t.Ready, t.Reason, t.Message = false, "StateDirNotWritable", err.Error()
+		t.Ready, t.Reason, t.Message = false, provisioner.ReasonStateDirNotWritable, err.Error()
 	} else {
 		_ = os.Remove(probe)
 	}
@@ -614,7 +707,7 @@ func (b *Backend) Check(context.Context) []*provisionerv1.TargetStatus {
 		bin = b.squid
 	}
 	if _, err := os.Stat(bin); err != nil {
-		t.Ready, t.Reason, t.Message = false, "ProxyMissing", err.Error()
+		t.Ready, t.Reason, t.Message = false, provisioner.ReasonProxyMissing, err.Error()
 	}
 	if all, err := b.all(); err == nil {
 		t.Details["instances"] = strconv.Itoa(len(all))

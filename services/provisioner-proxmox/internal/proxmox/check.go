@@ -15,20 +15,7 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
-)
-
-// The health reasons.
-const (
-	ReasonReachable              = "Reachable"
-	ReasonCredentialsUnavailable = "CredentialsUnavailable"
-	ReasonCertificateInvalid     = "CertificateInvalid"
-	ReasonUnreachable            = "Unreachable"
-	ReasonUnauthorized           = "Unauthorized"
-	ReasonForbidden              = "Forbidden"
-	ReasonTimeout                = "Timeout"
-	ReasonStorageNotFound        = "StorageNotFound"
-	ReasonTemplateNotFound       = "TemplateNotFound"
-	ReasonAPIError               = "APIError"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 )
 
 // Check checks every configured node concurrently; one target per node,
@@ -65,14 +52,10 @@ func (be *Backend) checkNode(ctx context.Context, node string) *provisionerv1.Ta
 	err := be.checkSteps(ctx, node, ts.Details)
 	ts.Latency = durationpb.New(time.Since(start))
 	if err == nil {
-		ts.Ready, ts.Reason = true, ReasonReachable
+		ts.Ready, ts.Reason = true, provisioner.ReasonReachable
 	} else {
 		ts.Reason = reasonOf(ctx, err)
-		msg := err.Error()
-		if len(msg) > 1024 {
-			msg = msg[:1024]
-		}
-		ts.Message = msg
+		ts.Message = err.Error()
 	}
 	be.log.DebugContext(ctx, "proxmox node checked", "node", node, "ready", ts.Ready, "reason", ts.Reason, "latency", time.Since(start))
 	return ts
@@ -81,7 +64,7 @@ func (be *Backend) checkNode(ctx context.Context, node string) *provisionerv1.Ta
 func (be *Backend) checkSteps(ctx context.Context, node string, details map[string]string) error {
 	tok, err := be.c.token()
 	if err != nil {
-		return &checkFailure{ReasonCredentialsUnavailable, err}
+		return &checkFailure{provisioner.ReasonCredentialsUnavailable, err}
 	}
 	details["tokenID"] = tokenID(tok)
 
@@ -101,20 +84,20 @@ func (be *Backend) checkSteps(ctx context.Context, node string, details map[stri
 	err = be.c.do(ctx, call{name: "StorageStatus", method: http.MethodGet, path: "/nodes/" + url.PathEscape(node) + "/storage/" + url.PathEscape(be.cfg.ISOStorage) + "/status",
 		attrs: []any{"node", node, "storage", be.cfg.ISOStorage}}, &ss)
 	if err != nil {
-		// The seed saw 500 for a missing storage; the sources give 400
-		// `No such storage.`: both mean the same here.
+		// Proxmox VE has answered 500 for a missing storage, and its
+		// sources give 400 `No such storage.`: both mean the same here.
 		if s := apiStatus(err); s == 500 || (s == 400 && strings.Contains(errorsText(err), "storage")) {
-			return &checkFailure{ReasonStorageNotFound, err}
+			return &checkFailure{provisioner.ReasonStorageNotFound, err}
 		}
 		return err
 	}
 	avail := num(ss["avail"])
 	details["isoStorageAvailGiB"] = strconv.FormatFloat(float64(avail)/(1<<30), 'f', 1, 64)
 	if num(ss["active"]) != 1 {
-		return &checkFailure{ReasonStorageNotFound, fmt.Errorf("storage %s on node %s is not active", be.cfg.ISOStorage, node)}
+		return &checkFailure{provisioner.ReasonStorageNotFound, fmt.Errorf("storage %s on node %s is not active", be.cfg.ISOStorage, node)}
 	}
 	if !hasContent(str(ss["content"]), "iso") {
-		return &checkFailure{ReasonStorageNotFound, fmt.Errorf("storage %s on node %s holds no iso content (content: %s)", be.cfg.ISOStorage, node, str(ss["content"]))}
+		return &checkFailure{provisioner.ReasonStorageNotFound, fmt.Errorf("storage %s on node %s holds no iso content (content: %s)", be.cfg.ISOStorage, node, str(ss["content"]))}
 	}
 
 	res, err := be.resources(ctx)
@@ -147,10 +130,10 @@ func (be *Backend) checkSteps(ctx context.Context, node string, details map[stri
 		if len(unreadable) > 0 {
 			missing = append(missing, unreadable...)
 		}
-		return &checkFailure{ReasonTemplateNotFound, fmt.Errorf("templates not found: %s", strings.Join(missing, ", "))}
+		return &checkFailure{provisioner.ReasonTemplateNotFound, fmt.Errorf("templates not found: %s", strings.Join(missing, ", "))}
 	}
 	if len(unreadable) > 0 {
-		return &checkFailure{ReasonUnreachable, fmt.Errorf("templates unreachable: %s", strings.Join(unreadable, ", "))}
+		return &checkFailure{provisioner.ReasonUnreachable, fmt.Errorf("templates unreachable: %s", strings.Join(unreadable, ", "))}
 	}
 	return nil
 }
@@ -162,35 +145,35 @@ func reasonOf(ctx context.Context, err error) string {
 		return cf.reason
 	}
 	if errors.Is(err, errCA) {
-		return ReasonCertificateInvalid
+		return provisioner.ReasonCertificateInvalid
 	}
 	if errors.Is(err, errCredentials) {
-		return ReasonCredentialsUnavailable
+		return provisioner.ReasonCredentialsUnavailable
 	}
 	if isTLSVerify(err) {
-		return ReasonCertificateInvalid
+		return provisioner.ReasonCertificateInvalid
 	}
 	switch s := apiStatus(err); {
 	case s == 401:
-		return ReasonUnauthorized
+		return provisioner.ReasonUnauthorized
 	case s == 403:
-		return ReasonForbidden
+		return provisioner.ReasonForbidden
 	case s == 595 || s == 596:
-		return ReasonUnreachable
+		return provisioner.ReasonUnreachable
 	case s != 0:
-		return ReasonAPIError
+		return provisioner.ReasonAPIError
 	}
 	if ctx.Err() != nil || isTimeout(err) {
-		return ReasonTimeout
+		return provisioner.ReasonTimeout
 	}
 	var te *transportError
 	if errors.As(err, &te) {
-		return ReasonUnreachable
+		return provisioner.ReasonUnreachable
 	}
 	if errclass.Of(err) == errclass.Transient && strings.Contains(err.Error(), "connection") {
-		return ReasonUnreachable
+		return provisioner.ReasonUnreachable
 	}
-	return ReasonAPIError
+	return provisioner.ReasonAPIError
 }
 
 func hasContent(content, want string) bool {

@@ -2,6 +2,7 @@ package proxmox
 
 import (
 	"context"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"os"
 	"strings"
 	"testing"
@@ -23,9 +24,9 @@ func TestCheckReasons(t *testing.T) {
 		wantDetails []string // keys present
 		noRequest   bool
 	}{
-		{name: "reachable", wantReason: ReasonReachable, wantDetails: []string{"tokenID", "pveVersion", "kernel", "isoStorageAvailGiB", "templates"}},
-		{name: "token file missing", setup: func(t *testing.T, e *env) { _ = os.Remove(e.tokenFile) }, wantReason: ReasonCredentialsUnavailable, noRequest: true},
-		{name: "token file malformed", setup: func(t *testing.T, e *env) { writeFile(t, e.tokenFile, "secret-only") }, wantReason: ReasonCredentialsUnavailable, noRequest: true},
+		{name: "reachable", wantReason: provisioner.ReasonReachable, wantDetails: []string{"tokenID", "pveVersion", "kernel", "isoStorageAvailGiB", "templates"}},
+		{name: "token file missing", setup: func(t *testing.T, e *env) { _ = os.Remove(e.tokenFile) }, wantReason: provisioner.ReasonCredentialsUnavailable, noRequest: true},
+		{name: "token file malformed", setup: func(t *testing.T, e *env) { writeFile(t, e.tokenFile, "secret-only") }, wantReason: provisioner.ReasonCredentialsUnavailable, noRequest: true},
 		{name: "TLS verification fails", setup: func(t *testing.T, e *env) {
 			f2, err := pvefake.Start(pvefake.Options{})
 			if err != nil {
@@ -33,39 +34,39 @@ func TestCheckReasons(t *testing.T) {
 			}
 			f2.Close()
 			writeFile(t, e.caFile, string(f2.CAPEM))
-		}, wantReason: ReasonCertificateInvalid, wantDetails: []string{"tokenID"}},
-		{name: "CA file missing", setup: func(t *testing.T, e *env) { _ = os.Remove(e.caFile) }, wantReason: ReasonCertificateInvalid},
-		{name: "CA file without a certificate", setup: func(t *testing.T, e *env) { writeFile(t, e.caFile, "junk") }, wantReason: ReasonCertificateInvalid},
-		{name: "connection refused", setup: func(t *testing.T, e *env) { e.be.c.base = closedURL(t) + "/api2/json" }, wantReason: ReasonUnreachable},
-		{name: "connection cut mid-answer", setup: func(t *testing.T, e *env) { e.fake.Inject(pvefake.Fault{Path: "/version", Cut: true}) }, wantReason: ReasonUnreachable},
-		{name: "595 from pveproxy", setup: func(t *testing.T, e *env) { e.fake.SetNodeDown("pv1-1", 595) }, wantReason: ReasonUnreachable, wantDetails: []string{"pveVersion"}},
-		{name: "596 from pveproxy", setup: func(t *testing.T, e *env) { e.fake.SetNodeDown("pv1-1", 596) }, wantReason: ReasonUnreachable},
-		{name: "401", setup: func(t *testing.T, e *env) { writeFile(t, e.tokenFile, tokenUser+"=nope") }, wantReason: ReasonUnauthorized, wantMsg: "Authentication failed!"},
+		}, wantReason: provisioner.ReasonCertificateInvalid, wantDetails: []string{"tokenID"}},
+		{name: "CA file missing", setup: func(t *testing.T, e *env) { _ = os.Remove(e.caFile) }, wantReason: provisioner.ReasonCertificateInvalid},
+		{name: "CA file without a certificate", setup: func(t *testing.T, e *env) { writeFile(t, e.caFile, "junk") }, wantReason: provisioner.ReasonCertificateInvalid},
+		{name: "connection refused", setup: func(t *testing.T, e *env) { e.be.c.base = closedURL(t) + "/api2/json" }, wantReason: provisioner.ReasonUnreachable},
+		{name: "connection cut mid-answer", setup: func(t *testing.T, e *env) { e.fake.Inject(pvefake.Fault{Path: "/version", Cut: true}) }, wantReason: provisioner.ReasonUnreachable},
+		{name: "595 from pveproxy", setup: func(t *testing.T, e *env) { e.fake.SetNodeDown("pv1-1", 595) }, wantReason: provisioner.ReasonUnreachable, wantDetails: []string{"pveVersion"}},
+		{name: "596 from pveproxy", setup: func(t *testing.T, e *env) { e.fake.SetNodeDown("pv1-1", 596) }, wantReason: provisioner.ReasonUnreachable},
+		{name: "401", setup: func(t *testing.T, e *env) { writeFile(t, e.tokenFile, tokenUser+"=nope") }, wantReason: provisioner.ReasonUnauthorized, wantMsg: "Authentication failed!"},
 		{name: "403", setup: func(t *testing.T, e *env) {
 			e.fake.AddToken(tokenUser, tokenSecret, map[string][]string{"/": {"VM.Audit"}})
-		}, wantReason: ReasonForbidden, wantMsg: "Permission check failed (/nodes/pv1-1, Sys.Audit)"},
+		}, wantReason: provisioner.ReasonForbidden, wantMsg: "Permission check failed (/nodes/pv1-1, Sys.Audit)"},
 		{name: "the round runs out", setup: func(t *testing.T, e *env) { e.fake.Inject(pvefake.Fault{Path: "/status", Delay: 10 * time.Second}) },
-			timeout: 300 * time.Millisecond, wantReason: ReasonTimeout},
+			timeout: 300 * time.Millisecond, wantReason: provisioner.ReasonTimeout},
 		{name: "a request runs out", setup: func(t *testing.T, e *env) {
 			e.fake.Inject(pvefake.Fault{Path: "/version", Delay: 10 * time.Second})
 			e.be.c.budgets.Request = 200 * time.Millisecond
-		}, wantReason: ReasonTimeout},
+		}, wantReason: provisioner.ReasonTimeout},
 		{name: "storage missing (400 No such storage.)", setup: func(t *testing.T, e *env) { e.fake.RemoveStorage("pv1-1", "proxy-seeds") },
-			wantReason: ReasonStorageNotFound, wantMsg: "No such storage."},
+			wantReason: provisioner.ReasonStorageNotFound, wantMsg: "No such storage."},
 		{name: "storage answering 500", setup: func(t *testing.T, e *env) {
 			e.fake.Inject(pvefake.Fault{Path: "/storage/proxy-seeds/status", Status: 500, Message: "storage 'proxy-seeds' is not online"})
-		}, wantReason: ReasonStorageNotFound, wantMsg: "is not online"},
+		}, wantReason: provisioner.ReasonStorageNotFound, wantMsg: "is not online"},
 		{name: "storage inactive", setup: func(t *testing.T, e *env) { e.fake.SetStorage("pv1-1", "proxy-seeds", false, "iso") },
-			wantReason: ReasonStorageNotFound, wantMsg: "is not active", wantDetails: []string{"isoStorageAvailGiB"}},
+			wantReason: provisioner.ReasonStorageNotFound, wantMsg: "is not active", wantDetails: []string{"isoStorageAvailGiB"}},
 		{name: "storage without iso content", setup: func(t *testing.T, e *env) { e.fake.SetStorage("pv1-1", "proxy-seeds", true, "images,rootdir") },
-			wantReason: ReasonStorageNotFound, wantMsg: "holds no iso content"},
+			wantReason: provisioner.ReasonStorageNotFound, wantMsg: "holds no iso content"},
 		{name: "template missing", setup: func(t *testing.T, e *env) { e.be.cfg.Templates["other"] = Template{VMID: 9009} },
-			wantReason: ReasonTemplateNotFound, wantMsg: "other (VM 9009 does not exist)"},
+			wantReason: provisioner.ReasonTemplateNotFound, wantMsg: "other (VM 9009 does not exist)"},
 		{name: "template not a template", setup: func(t *testing.T, e *env) { e.fake.AddTemplate(templateID, "pv1-1", pvefake.DebianTemplate(), true) },
-			wantReason: ReasonTemplateNotFound, wantMsg: "is not a template"},
+			wantReason: provisioner.ReasonTemplateNotFound, wantMsg: "is not a template"},
 		{name: "any other failure", setup: func(t *testing.T, e *env) {
 			e.fake.Inject(pvefake.Fault{Path: "/version", Status: 500, Message: "Internal Server Error: something broke"})
-		}, wantReason: ReasonAPIError, wantMsg: "something broke"},
+		}, wantReason: provisioner.ReasonAPIError, wantMsg: "something broke"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -85,7 +86,7 @@ func TestCheckReasons(t *testing.T) {
 				t.Fatalf("%d targets", len(got))
 			}
 			ts := got[0]
-			if ts.GetReason() != tc.wantReason || ts.GetReady() != (tc.wantReason == ReasonReachable) {
+			if ts.GetReason() != tc.wantReason || ts.GetReady() != (tc.wantReason == provisioner.ReasonReachable) {
 				t.Fatalf("reason %s ready %v (%s), want %s", ts.GetReason(), ts.GetReady(), ts.GetMessage(), tc.wantReason)
 			}
 			if !strings.Contains(ts.GetMessage(), tc.wantMsg) {
@@ -110,7 +111,7 @@ func TestCheckReasons(t *testing.T) {
 			if tc.noRequest && e.fake.TotalCalls() != 0 {
 				t.Errorf("%d requests without credentials", e.fake.TotalCalls())
 			}
-			if tc.wantReason == ReasonReachable {
+			if tc.wantReason == provisioner.ReasonReachable {
 				d := ts.GetDetails()
 				if d["pveVersion"] != pvefake.Version || d["templates"] != "1/1" || d["isoStorageAvailGiB"] != "90.0" {
 					t.Errorf("details = %v", d)
@@ -144,7 +145,7 @@ func TestCheckEveryNode(t *testing.T) {
 			t.Errorf("target %d = %s, want %s", i, ts.GetName(), nodes[i])
 		}
 	}
-	if got[0].GetReason() != ReasonReachable || got[1].GetReason() != ReasonUnreachable || got[2].GetReason() != ReasonReachable {
+	if got[0].GetReason() != provisioner.ReasonReachable || got[1].GetReason() != provisioner.ReasonUnreachable || got[2].GetReason() != provisioner.ReasonReachable {
 		t.Errorf("reasons = %s %s %s", got[0].GetReason(), got[1].GetReason(), got[2].GetReason())
 	}
 	if took >= 2500*time.Millisecond {
@@ -169,8 +170,8 @@ func TestCheckTemplateOnUnreachableNode(t *testing.T) {
 		t.Fatalf("%d targets", len(got))
 	}
 	for _, ts := range got {
-		if ts.GetReason() != ReasonUnreachable {
-			t.Errorf("%s: reason %s (%s), want %s", ts.GetName(), ts.GetReason(), ts.GetMessage(), ReasonUnreachable)
+		if ts.GetReason() != provisioner.ReasonUnreachable {
+			t.Errorf("%s: reason %s (%s), want %s", ts.GetName(), ts.GetReason(), ts.GetMessage(), provisioner.ReasonUnreachable)
 		}
 	}
 	if want := "debian-13-b (VM 9002 is on node pv1-2, which does not answer)"; !strings.Contains(got[0].GetMessage(), want) {

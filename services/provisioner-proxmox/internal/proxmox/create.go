@@ -16,6 +16,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
 )
 
 // resolved is a placement resolved against the catalogue.
@@ -285,6 +286,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	if err := be.waitTask(ctx, node, upid, be.b.Upload); err != nil {
 		return nil, notFoundAsTransient(err)
 	}
+	crashpoint.After(ctx, "proxmox.seed-uploaded")
 
 	if cfg == nil {
 		if cfg, err = be.config(ctx, node, vmid); err != nil {
@@ -297,6 +299,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	if err != nil {
 		return nil, notFoundAsTransient(err)
 	}
+	crashpoint.After(ctx, "proxmox.configured")
 
 	if p.mt.DiskGiB > 0 {
 		slot, size, ok := bootDisk(cfg)
@@ -316,6 +319,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	if err := be.task(ctx, call{name: "Start", method: http.MethodPost, path: vmPath(node, vmid) + "/status/start", attrs: []any{"node", node, "vmid", vmid}}, node, be.b.Start); err != nil {
 		return nil, notFoundAsTransient(err)
 	}
+	crashpoint.After(ctx, "proxmox.started")
 	if err := be.waitRunning(ctx, node, vmid); err != nil {
 		return nil, err
 	}
@@ -349,6 +353,7 @@ func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, ui
 	if err != nil {
 		return time.Time{}, notFoundAsTransient(err)
 	}
+	crashpoint.After(ctx, "proxmox.cloned")
 	return created, nil
 }
 

@@ -27,11 +27,11 @@ func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstance
 		return false, classify(err)
 	}
 	if gone != nil {
-		be.log.DebugContext(ctx, "proxmox vm already gone", "providerID", req.GetProviderId(), "reason", gone.reason)
+		be.log.DebugContext(ctx, "proxmox vm already gone", "provider_id", req.GetProviderId(), "reason", gone.reason)
 		if err := be.deleteSeedEverywhere(ctx, name); err != nil {
 			return false, err
 		}
-		be.log.DebugContext(ctx, "proxmox vm deleted", "providerID", req.GetProviderId(), "destroyed", false)
+		be.log.DebugContext(ctx, "proxmox vm deleted", "provider_id", req.GetProviderId(), "destroyed", false)
 		return false, nil
 	}
 	log := be.log.With("vmid", loc.vmid, "name", loc.name, "node", loc.node)

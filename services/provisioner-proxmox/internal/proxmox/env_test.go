@@ -120,17 +120,3 @@ func (e *env) onlyVM(t *testing.T) pvefake.VM {
 	}
 	panic("unreachable")
 }
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %s", what, timeout)
-		}
-		<-tick.C
-	}
-}

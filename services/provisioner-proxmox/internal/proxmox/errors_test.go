@@ -3,7 +3,6 @@ package proxmox
 import (
 	"context"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,19 +11,14 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/provisioner/provisionertest"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
 )
 
 // closedURL is an https URL nobody listens on.
 func closedURL(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return "https://" + addr
+	return "https://" + provisionertest.ClosedAddress(t)
 }
 
 // Every row of the error-class table.

@@ -81,7 +81,7 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		return nil, classify(err)
 	}
 	if gone != nil {
-		be.log.DebugContext(ctx, "proxmox vm not found", "providerID", req.GetProviderId(), "reason", gone.reason)
+		be.log.DebugContext(ctx, "proxmox vm not found", "provider_id", req.GetProviderId(), "reason", gone.reason)
 		return nil, errclass.New(errclass.NotFound, "%s: %s", req.GetProviderId(), gone.reason)
 	}
 	log := be.log.With("vmid", loc.vmid, "name", loc.name, "node", loc.node)
@@ -96,7 +96,7 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		if lock == "suspended" {
 			in.State = provisionerv1.InstanceState_INSTANCE_STATE_STOPPED
 			in.Details["lock"] = lock
-			log.DebugContext(ctx, "proxmox vm fetched", "state", in.State.String(), "uid", loc.mark.uid, "lock", lock)
+			log.DebugContext(ctx, "proxmox vm fetched", "state", in.State.String(), "proxy_uid", loc.mark.uid, "lock", lock)
 			return in, nil
 		}
 		return nil, errclass.New(errclass.Transient, "VM %d is locked (%s)", loc.vmid, lock).WithMetadata("vmid", strconv.Itoa(loc.vmid), "lock", lock)
@@ -124,7 +124,7 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		}
 		in.Ip, in.State = ip, state
 	}
-	log.DebugContext(ctx, "proxmox vm fetched", "state", in.GetState().String(), "ip", in.GetIp(), "uid", loc.mark.uid, "status", st.Status, "qmpstatus", st.QMP)
+	log.DebugContext(ctx, "proxmox vm fetched", "state", in.GetState().String(), "ip", in.GetIp(), "proxy_uid", loc.mark.uid, "status", st.Status, "qmpstatus", st.QMP)
 	return in, nil
 }
 
@@ -243,7 +243,7 @@ func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) 
 			if !m.createdAt.IsZero() {
 				in.CreateTime = timestamppb.New(m.createdAt)
 			}
-			be.log.Log(ctx, LevelTrace, "proxmox listed instance", "vmid", r.VMID, "node", r.Node, "name", cfg["name"], "uid", m.uid)
+			be.log.Log(ctx, LevelTrace, "proxmox listed instance", "vmid", r.VMID, "node", r.Node, "name", cfg["name"], "proxy_uid", m.uid)
 			out = append(out, in)
 		}()
 	}

@@ -10,6 +10,7 @@ import (
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
 )
 
@@ -192,7 +193,7 @@ func TestCreateWaitsForACloneLockAndAdopts(t *testing.T) {
 	}()
 	reads := func() int { return e.fake.Calls()["GET /nodes/{node}/qemu/{vmid}/config"] }
 	before := reads()
-	waitFor(t, 10*time.Second, "poll of the locked VM's config", func() bool { return reads() >= before+2 })
+	waittest.For(t, 10*time.Second, "poll of the locked VM's config", func() bool { return reads() >= before+2 })
 	e.fake.ReleaseClones()
 	if err := <-done2; err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ package busv1
 
 import (
 	v12 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
+	v13 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	v1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	v11 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -825,11 +826,60 @@ func (x *PoolDemandEvent) GetLeasesByProxy() map[string]int32 {
 	return nil
 }
 
+// LeaseChangesEvent is the lease changes one lease replica committed
+// together (one commit round, one renewal or one expiry sweep), published
+// on core NATS and not stored: every lease replica relays them to its
+// WatchLeases streams.
+type LeaseChangesEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The changes, in commit order.
+	Changes       []*v13.WatchLeasesResponse `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseChangesEvent) Reset() {
+	*x = LeaseChangesEvent{}
+	mi := &file_egress_bus_v1_bus_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseChangesEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseChangesEvent) ProtoMessage() {}
+
+func (x *LeaseChangesEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_bus_v1_bus_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseChangesEvent.ProtoReflect.Descriptor instead.
+func (*LeaseChangesEvent) Descriptor() ([]byte, []int) {
+	return file_egress_bus_v1_bus_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *LeaseChangesEvent) GetChanges() []*v13.WatchLeasesResponse {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
 var File_egress_bus_v1_bus_proto protoreflect.FileDescriptor
 
 const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
-	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1aegress/proxy/v1/pool.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
+	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a\x1begress/lease/v1/lease.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1aegress/proxy/v1/pool.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
 	"\aCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -891,7 +941,9 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\x0fleases_by_proxy\x18\x03 \x03(\v21.egress.bus.v1.PoolDemandEvent.LeasesByProxyEntryR\rleasesByProxy\x1a@\n" +
 	"\x12LeasesByProxyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01*y\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"S\n" +
+	"\x11LeaseChangesEvent\x12>\n" +
+	"\achanges\x18\x01 \x03(\v2$.egress.lease.v1.WatchLeasesResponseR\achanges*y\n" +
 	"\tOperation\x12\x19\n" +
 	"\x15OPERATION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10OPERATION_CREATE\x10\x01\x12\x11\n" +
@@ -916,7 +968,7 @@ func file_egress_bus_v1_bus_proto_rawDescGZIP() []byte {
 }
 
 var file_egress_bus_v1_bus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_bus_v1_bus_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_egress_bus_v1_bus_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_egress_bus_v1_bus_proto_goTypes = []any{
 	(Operation)(0),                    // 0: egress.bus.v1.Operation
 	(CommandPurpose)(0),               // 1: egress.bus.v1.CommandPurpose
@@ -926,55 +978,58 @@ var file_egress_bus_v1_bus_proto_goTypes = []any{
 	(*ProxyEvent)(nil),                // 5: egress.bus.v1.ProxyEvent
 	(*HealthTransitionEvent)(nil),     // 6: egress.bus.v1.HealthTransitionEvent
 	(*PoolDemandEvent)(nil),           // 7: egress.bus.v1.PoolDemandEvent
-	nil,                               // 8: egress.bus.v1.CommandError.MetadataEntry
-	nil,                               // 9: egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
-	(*timestamppb.Timestamp)(nil),     // 10: google.protobuf.Timestamp
-	(*v1.CreateInstanceRequest)(nil),  // 11: egress.provisioner.v1.CreateInstanceRequest
-	(*v1.GetInstanceRequest)(nil),     // 12: egress.provisioner.v1.GetInstanceRequest
-	(*v1.DeleteInstanceRequest)(nil),  // 13: egress.provisioner.v1.DeleteInstanceRequest
-	(*v1.ListInstancesRequest)(nil),   // 14: egress.provisioner.v1.ListInstancesRequest
-	(v1.ErrorReason)(0),               // 15: egress.provisioner.v1.ErrorReason
-	(*durationpb.Duration)(nil),       // 16: google.protobuf.Duration
-	(*v1.CreateInstanceResponse)(nil), // 17: egress.provisioner.v1.CreateInstanceResponse
-	(*v1.GetInstanceResponse)(nil),    // 18: egress.provisioner.v1.GetInstanceResponse
-	(*v1.DeleteInstanceResponse)(nil), // 19: egress.provisioner.v1.DeleteInstanceResponse
-	(*v1.ListInstancesResponse)(nil),  // 20: egress.provisioner.v1.ListInstancesResponse
-	(v11.ChangeType)(0),               // 21: egress.proxy.v1.ChangeType
-	(*v11.Proxy)(nil),                 // 22: egress.proxy.v1.Proxy
-	(*v12.HealthTransition)(nil),      // 23: egress.health.v1.HealthTransition
-	(*v11.PoolDemand)(nil),            // 24: egress.proxy.v1.PoolDemand
+	(*LeaseChangesEvent)(nil),         // 8: egress.bus.v1.LeaseChangesEvent
+	nil,                               // 9: egress.bus.v1.CommandError.MetadataEntry
+	nil,                               // 10: egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
+	(*timestamppb.Timestamp)(nil),     // 11: google.protobuf.Timestamp
+	(*v1.CreateInstanceRequest)(nil),  // 12: egress.provisioner.v1.CreateInstanceRequest
+	(*v1.GetInstanceRequest)(nil),     // 13: egress.provisioner.v1.GetInstanceRequest
+	(*v1.DeleteInstanceRequest)(nil),  // 14: egress.provisioner.v1.DeleteInstanceRequest
+	(*v1.ListInstancesRequest)(nil),   // 15: egress.provisioner.v1.ListInstancesRequest
+	(v1.ErrorReason)(0),               // 16: egress.provisioner.v1.ErrorReason
+	(*durationpb.Duration)(nil),       // 17: google.protobuf.Duration
+	(*v1.CreateInstanceResponse)(nil), // 18: egress.provisioner.v1.CreateInstanceResponse
+	(*v1.GetInstanceResponse)(nil),    // 19: egress.provisioner.v1.GetInstanceResponse
+	(*v1.DeleteInstanceResponse)(nil), // 20: egress.provisioner.v1.DeleteInstanceResponse
+	(*v1.ListInstancesResponse)(nil),  // 21: egress.provisioner.v1.ListInstancesResponse
+	(v11.ChangeType)(0),               // 22: egress.proxy.v1.ChangeType
+	(*v11.Proxy)(nil),                 // 23: egress.proxy.v1.Proxy
+	(*v12.HealthTransition)(nil),      // 24: egress.health.v1.HealthTransition
+	(*v11.PoolDemand)(nil),            // 25: egress.proxy.v1.PoolDemand
+	(*v13.WatchLeasesResponse)(nil),   // 26: egress.lease.v1.WatchLeasesResponse
 }
 var file_egress_bus_v1_bus_proto_depIdxs = []int32{
 	0,  // 0: egress.bus.v1.Command.operation:type_name -> egress.bus.v1.Operation
-	10, // 1: egress.bus.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	10, // 2: egress.bus.v1.Command.issue_time:type_name -> google.protobuf.Timestamp
+	11, // 1: egress.bus.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	11, // 2: egress.bus.v1.Command.issue_time:type_name -> google.protobuf.Timestamp
 	1,  // 3: egress.bus.v1.Command.purpose:type_name -> egress.bus.v1.CommandPurpose
-	11, // 4: egress.bus.v1.Command.create:type_name -> egress.provisioner.v1.CreateInstanceRequest
-	12, // 5: egress.bus.v1.Command.get:type_name -> egress.provisioner.v1.GetInstanceRequest
-	13, // 6: egress.bus.v1.Command.delete:type_name -> egress.provisioner.v1.DeleteInstanceRequest
-	14, // 7: egress.bus.v1.Command.list:type_name -> egress.provisioner.v1.ListInstancesRequest
-	15, // 8: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
-	8,  // 9: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
+	12, // 4: egress.bus.v1.Command.create:type_name -> egress.provisioner.v1.CreateInstanceRequest
+	13, // 5: egress.bus.v1.Command.get:type_name -> egress.provisioner.v1.GetInstanceRequest
+	14, // 6: egress.bus.v1.Command.delete:type_name -> egress.provisioner.v1.DeleteInstanceRequest
+	15, // 7: egress.bus.v1.Command.list:type_name -> egress.provisioner.v1.ListInstancesRequest
+	16, // 8: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
+	9,  // 9: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
 	0,  // 10: egress.bus.v1.CommandResult.operation:type_name -> egress.bus.v1.Operation
-	10, // 11: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
-	16, // 12: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
+	11, // 11: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
+	17, // 12: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
 	1,  // 13: egress.bus.v1.CommandResult.purpose:type_name -> egress.bus.v1.CommandPurpose
-	17, // 14: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
-	18, // 15: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
-	19, // 16: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
-	20, // 17: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
+	18, // 14: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
+	19, // 15: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
+	20, // 16: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
+	21, // 17: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
 	3,  // 18: egress.bus.v1.CommandResult.error:type_name -> egress.bus.v1.CommandError
-	21, // 19: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
-	22, // 20: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
-	10, // 21: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
-	23, // 22: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
-	24, // 23: egress.bus.v1.PoolDemandEvent.demand:type_name -> egress.proxy.v1.PoolDemand
-	9,  // 24: egress.bus.v1.PoolDemandEvent.leases_by_proxy:type_name -> egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	22, // 19: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
+	23, // 20: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
+	11, // 21: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
+	24, // 22: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
+	25, // 23: egress.bus.v1.PoolDemandEvent.demand:type_name -> egress.proxy.v1.PoolDemand
+	10, // 24: egress.bus.v1.PoolDemandEvent.leases_by_proxy:type_name -> egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
+	26, // 25: egress.bus.v1.LeaseChangesEvent.changes:type_name -> egress.lease.v1.WatchLeasesResponse
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_egress_bus_v1_bus_proto_init() }
@@ -1001,7 +1056,7 @@ func file_egress_bus_v1_bus_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_bus_v1_bus_proto_rawDesc), len(file_egress_bus_v1_bus_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

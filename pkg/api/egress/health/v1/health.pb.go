@@ -34,9 +34,10 @@ const (
 	ProviderReadiness_PROVIDER_READINESS_UNSPECIFIED ProviderReadiness = 0
 	// Every target passed its last check.
 	ProviderReadiness_PROVIDER_READINESS_READY ProviderReadiness = 1
-	// At least one target failed, or the provider has no targets.
+	// At least one target failed.
 	ProviderReadiness_PROVIDER_READINESS_NOT_READY ProviderReadiness = 2
-	// The provider cannot tell: its provisioner implements no check.
+	// The provider cannot tell: its provisioner implements no check, or it
+	// has no targets to check.
 	ProviderReadiness_PROVIDER_READINESS_UNKNOWN ProviderReadiness = 3
 )
 
@@ -789,8 +790,14 @@ type ProviderHealth struct {
 	TargetsReady string `protobuf:"bytes,6,opt,name=targets_ready,json=targetsReady,proto3" json:"targets_ready,omitempty"`
 	// When the latest check finished.
 	LastCheckTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_check_time,json=lastCheckTime,proto3" json:"last_check_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Why, for people: the failing targets with their reasons ("nas2:
+	// Unreachable; nas3: Timeout"), or how many are ready; at most 1024
+	// characters.
+	Message string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	// When readiness last changed (kept while it stays the same).
+	ReadinessTransitionTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=readiness_transition_time,json=readinessTransitionTime,proto3" json:"readiness_transition_time,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *ProviderHealth) Reset() {
@@ -868,6 +875,20 @@ func (x *ProviderHealth) GetTargetsReady() string {
 func (x *ProviderHealth) GetLastCheckTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.LastCheckTime
+	}
+	return nil
+}
+
+func (x *ProviderHealth) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ProviderHealth) GetReadinessTransitionTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReadinessTransitionTime
 	}
 	return nil
 }
@@ -1111,7 +1132,7 @@ const file_egress_health_v1_health_proto_rawDesc = "" +
 	"\adetails\x18\b \x03(\v2-.egress.health.v1.ProviderTarget.DetailsEntryR\adetails\x1a:\n" +
 	"\fDetailsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x03\n" +
 	"\x0eProviderHealth\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12A\n" +
@@ -1119,7 +1140,9 @@ const file_egress_health_v1_health_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12:\n" +
 	"\atargets\x18\x05 \x03(\v2 .egress.health.v1.ProviderTargetR\atargets\x12#\n" +
 	"\rtargets_ready\x18\x06 \x01(\tR\ftargetsReady\x12B\n" +
-	"\x0flast_check_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rlastCheckTime\"D\n" +
+	"\x0flast_check_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rlastCheckTime\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\x12V\n" +
+	"\x19readiness_transition_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x17readinessTransitionTime\"D\n" +
 	"\x18GetProviderHealthRequest\x12(\n" +
 	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\"U\n" +
 	"\x19GetProviderHealthResponse\x128\n" +
@@ -1188,23 +1211,24 @@ var file_egress_health_v1_health_proto_depIdxs = []int32{
 	0,  // 11: egress.health.v1.ProviderHealth.readiness:type_name -> egress.health.v1.ProviderReadiness
 	9,  // 12: egress.health.v1.ProviderHealth.targets:type_name -> egress.health.v1.ProviderTarget
 	17, // 13: egress.health.v1.ProviderHealth.last_check_time:type_name -> google.protobuf.Timestamp
-	10, // 14: egress.health.v1.GetProviderHealthResponse.health:type_name -> egress.health.v1.ProviderHealth
-	10, // 15: egress.health.v1.ListProviderHealthResponse.providers:type_name -> egress.health.v1.ProviderHealth
-	2,  // 16: egress.health.v1.HealthService.GetProxyHealth:input_type -> egress.health.v1.GetProxyHealthRequest
-	4,  // 17: egress.health.v1.HealthService.ListProxyHealth:input_type -> egress.health.v1.ListProxyHealthRequest
-	7,  // 18: egress.health.v1.HealthService.WatchProxyHealth:input_type -> egress.health.v1.WatchProxyHealthRequest
-	11, // 19: egress.health.v1.HealthService.GetProviderHealth:input_type -> egress.health.v1.GetProviderHealthRequest
-	13, // 20: egress.health.v1.HealthService.ListProviderHealth:input_type -> egress.health.v1.ListProviderHealthRequest
-	3,  // 21: egress.health.v1.HealthService.GetProxyHealth:output_type -> egress.health.v1.GetProxyHealthResponse
-	5,  // 22: egress.health.v1.HealthService.ListProxyHealth:output_type -> egress.health.v1.ListProxyHealthResponse
-	8,  // 23: egress.health.v1.HealthService.WatchProxyHealth:output_type -> egress.health.v1.WatchProxyHealthResponse
-	12, // 24: egress.health.v1.HealthService.GetProviderHealth:output_type -> egress.health.v1.GetProviderHealthResponse
-	14, // 25: egress.health.v1.HealthService.ListProviderHealth:output_type -> egress.health.v1.ListProviderHealthResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	17, // 14: egress.health.v1.ProviderHealth.readiness_transition_time:type_name -> google.protobuf.Timestamp
+	10, // 15: egress.health.v1.GetProviderHealthResponse.health:type_name -> egress.health.v1.ProviderHealth
+	10, // 16: egress.health.v1.ListProviderHealthResponse.providers:type_name -> egress.health.v1.ProviderHealth
+	2,  // 17: egress.health.v1.HealthService.GetProxyHealth:input_type -> egress.health.v1.GetProxyHealthRequest
+	4,  // 18: egress.health.v1.HealthService.ListProxyHealth:input_type -> egress.health.v1.ListProxyHealthRequest
+	7,  // 19: egress.health.v1.HealthService.WatchProxyHealth:input_type -> egress.health.v1.WatchProxyHealthRequest
+	11, // 20: egress.health.v1.HealthService.GetProviderHealth:input_type -> egress.health.v1.GetProviderHealthRequest
+	13, // 21: egress.health.v1.HealthService.ListProviderHealth:input_type -> egress.health.v1.ListProviderHealthRequest
+	3,  // 22: egress.health.v1.HealthService.GetProxyHealth:output_type -> egress.health.v1.GetProxyHealthResponse
+	5,  // 23: egress.health.v1.HealthService.ListProxyHealth:output_type -> egress.health.v1.ListProxyHealthResponse
+	8,  // 24: egress.health.v1.HealthService.WatchProxyHealth:output_type -> egress.health.v1.WatchProxyHealthResponse
+	12, // 25: egress.health.v1.HealthService.GetProviderHealth:output_type -> egress.health.v1.GetProviderHealthResponse
+	14, // 26: egress.health.v1.HealthService.ListProviderHealth:output_type -> egress.health.v1.ListProviderHealthResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_egress_health_v1_health_proto_init() }

@@ -148,6 +148,71 @@ func (CooldownScope) EnumDescriptor() ([]byte, []int) {
 	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{1}
 }
 
+// LeaseChangeType says what happened to a lease.
+type LeaseChangeType int32
+
+const (
+	// Never sent.
+	LeaseChangeType_LEASE_CHANGE_TYPE_UNSPECIFIED LeaseChangeType = 0
+	// The lease was granted.
+	LeaseChangeType_LEASE_CHANGE_TYPE_ACQUIRED LeaseChangeType = 1
+	// Its expiry moved (RenewLease).
+	LeaseChangeType_LEASE_CHANGE_TYPE_RENEWED LeaseChangeType = 2
+	// It was released.
+	LeaseChangeType_LEASE_CHANGE_TYPE_RELEASED LeaseChangeType = 3
+	// It expired without being released.
+	LeaseChangeType_LEASE_CHANGE_TYPE_EXPIRED LeaseChangeType = 4
+	// An outcome was reported on it; cooldown is set when it started one.
+	LeaseChangeType_LEASE_CHANGE_TYPE_REPORTED LeaseChangeType = 5
+)
+
+// Enum value maps for LeaseChangeType.
+var (
+	LeaseChangeType_name = map[int32]string{
+		0: "LEASE_CHANGE_TYPE_UNSPECIFIED",
+		1: "LEASE_CHANGE_TYPE_ACQUIRED",
+		2: "LEASE_CHANGE_TYPE_RENEWED",
+		3: "LEASE_CHANGE_TYPE_RELEASED",
+		4: "LEASE_CHANGE_TYPE_EXPIRED",
+		5: "LEASE_CHANGE_TYPE_REPORTED",
+	}
+	LeaseChangeType_value = map[string]int32{
+		"LEASE_CHANGE_TYPE_UNSPECIFIED": 0,
+		"LEASE_CHANGE_TYPE_ACQUIRED":    1,
+		"LEASE_CHANGE_TYPE_RENEWED":     2,
+		"LEASE_CHANGE_TYPE_RELEASED":    3,
+		"LEASE_CHANGE_TYPE_EXPIRED":     4,
+		"LEASE_CHANGE_TYPE_REPORTED":    5,
+	}
+)
+
+func (x LeaseChangeType) Enum() *LeaseChangeType {
+	p := new(LeaseChangeType)
+	*p = x
+	return p
+}
+
+func (x LeaseChangeType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LeaseChangeType) Descriptor() protoreflect.EnumDescriptor {
+	return file_egress_lease_v1_lease_proto_enumTypes[2].Descriptor()
+}
+
+func (LeaseChangeType) Type() protoreflect.EnumType {
+	return &file_egress_lease_v1_lease_proto_enumTypes[2]
+}
+
+func (x LeaseChangeType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LeaseChangeType.Descriptor instead.
+func (LeaseChangeType) EnumDescriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{2}
+}
+
 // ProxySelector narrows which proxies qualify. Fields combine with AND;
 // empty fields match everything.
 type ProxySelector struct {
@@ -618,7 +683,9 @@ type Lease struct {
 	// When the lease was acquired.
 	AcquireTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=acquire_time,json=acquireTime,proto3" json:"acquire_time,omitempty"`
 	// When the lease expires unless renewed.
-	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// Name of the pool of the leased proxy; empty for a proxy of no pool.
+	Pool          string `protobuf:"bytes,9,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -707,6 +774,13 @@ func (x *Lease) GetExpireTime() *timestamppb.Timestamp {
 		return x.ExpireTime
 	}
 	return nil
+}
+
+func (x *Lease) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
 }
 
 // Request of AcquireLease.
@@ -1219,6 +1293,464 @@ func (x *ReportOutcomeResponse) GetCooldown() *Cooldown {
 	return nil
 }
 
+// Request of ListLeases. Filters combine with AND; empty matches all.
+type ListLeasesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only leases of this client.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// Only leases on proxies of this pool.
+	Pool string `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	// Only leases acquired for this target host.
+	TargetHost string `protobuf:"bytes,3,opt,name=target_host,json=targetHost,proto3" json:"target_host,omitempty"`
+	// Only leases on the proxy of this name.
+	ProxyName string `protobuf:"bytes,4,opt,name=proxy_name,json=proxyName,proto3" json:"proxy_name,omitempty"`
+	// Most leases to return; 0 means 100, at most 1000.
+	PageSize int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLeasesRequest) Reset() {
+	*x = ListLeasesRequest{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLeasesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLeasesRequest) ProtoMessage() {}
+
+func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
+func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListLeasesRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetTargetHost() string {
+	if x != nil {
+		return x.TargetHost
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetProxyName() string {
+	if x != nil {
+		return x.ProxyName
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListLeasesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// Response of ListLeases.
+type ListLeasesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The active leases of this page, oldest first.
+	Leases []*Lease `protobuf:"bytes,1,rep,name=leases,proto3" json:"leases,omitempty"`
+	// Token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLeasesResponse) Reset() {
+	*x = ListLeasesResponse{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLeasesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLeasesResponse) ProtoMessage() {}
+
+func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
+func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListLeasesResponse) GetLeases() []*Lease {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
+func (x *ListLeasesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// Request of ListCooldowns.
+type ListCooldownsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only cooldowns of the proxy of this name.
+	ProxyName string `protobuf:"bytes,1,opt,name=proxy_name,json=proxyName,proto3" json:"proxy_name,omitempty"`
+	// Only cooldowns of proxies of this pool.
+	Pool string `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	// Most cooldowns to return; 0 means 100, at most 1000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCooldownsRequest) Reset() {
+	*x = ListCooldownsRequest{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCooldownsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCooldownsRequest) ProtoMessage() {}
+
+func (x *ListCooldownsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCooldownsRequest.ProtoReflect.Descriptor instead.
+func (*ListCooldownsRequest) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListCooldownsRequest) GetProxyName() string {
+	if x != nil {
+		return x.ProxyName
+	}
+	return ""
+}
+
+func (x *ListCooldownsRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *ListCooldownsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListCooldownsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ProxyCooldown is a cooldown in force and the proxy it keeps away.
+type ProxyCooldown struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UID of the proxy.
+	ProxyUid string `protobuf:"bytes,1,opt,name=proxy_uid,json=proxyUid,proto3" json:"proxy_uid,omitempty"`
+	// Name of the proxy.
+	ProxyName string `protobuf:"bytes,2,opt,name=proxy_name,json=proxyName,proto3" json:"proxy_name,omitempty"`
+	// Pool of the proxy; empty for none.
+	Pool string `protobuf:"bytes,3,opt,name=pool,proto3" json:"pool,omitempty"`
+	// The cooldown.
+	Cooldown      *Cooldown `protobuf:"bytes,4,opt,name=cooldown,proto3" json:"cooldown,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCooldown) Reset() {
+	*x = ProxyCooldown{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCooldown) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCooldown) ProtoMessage() {}
+
+func (x *ProxyCooldown) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCooldown.ProtoReflect.Descriptor instead.
+func (*ProxyCooldown) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ProxyCooldown) GetProxyUid() string {
+	if x != nil {
+		return x.ProxyUid
+	}
+	return ""
+}
+
+func (x *ProxyCooldown) GetProxyName() string {
+	if x != nil {
+		return x.ProxyName
+	}
+	return ""
+}
+
+func (x *ProxyCooldown) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *ProxyCooldown) GetCooldown() *Cooldown {
+	if x != nil {
+		return x.Cooldown
+	}
+	return nil
+}
+
+// Response of ListCooldowns.
+type ListCooldownsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cooldowns of this page, by proxy name, then target (global first).
+	Cooldowns []*ProxyCooldown `protobuf:"bytes,1,rep,name=cooldowns,proto3" json:"cooldowns,omitempty"`
+	// Token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCooldownsResponse) Reset() {
+	*x = ListCooldownsResponse{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCooldownsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCooldownsResponse) ProtoMessage() {}
+
+func (x *ListCooldownsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCooldownsResponse.ProtoReflect.Descriptor instead.
+func (*ListCooldownsResponse) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListCooldownsResponse) GetCooldowns() []*ProxyCooldown {
+	if x != nil {
+		return x.Cooldowns
+	}
+	return nil
+}
+
+func (x *ListCooldownsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// Request of WatchLeases.
+type WatchLeasesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchLeasesRequest) Reset() {
+	*x = WatchLeasesRequest{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchLeasesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchLeasesRequest) ProtoMessage() {}
+
+func (x *WatchLeasesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchLeasesRequest.ProtoReflect.Descriptor instead.
+func (*WatchLeasesRequest) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{21}
+}
+
+// One message of WatchLeases: a change of one lease.
+type WatchLeasesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened.
+	Type LeaseChangeType `protobuf:"varint,1,opt,name=type,proto3,enum=egress.lease.v1.LeaseChangeType" json:"type,omitempty"`
+	// The lease after the change. For RELEASED, EXPIRED and REPORTED only
+	// lease_id, client_id and proxy_uid are certain to be set.
+	Lease *Lease `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	// The cooldown a REPORTED outcome started; unset otherwise.
+	Cooldown *ProxyCooldown `protobuf:"bytes,3,opt,name=cooldown,proto3" json:"cooldown,omitempty"`
+	// When the change was committed.
+	ChangeTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=change_time,json=changeTime,proto3" json:"change_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchLeasesResponse) Reset() {
+	*x = WatchLeasesResponse{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchLeasesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchLeasesResponse) ProtoMessage() {}
+
+func (x *WatchLeasesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchLeasesResponse.ProtoReflect.Descriptor instead.
+func (*WatchLeasesResponse) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WatchLeasesResponse) GetType() LeaseChangeType {
+	if x != nil {
+		return x.Type
+	}
+	return LeaseChangeType_LEASE_CHANGE_TYPE_UNSPECIFIED
+}
+
+func (x *WatchLeasesResponse) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *WatchLeasesResponse) GetCooldown() *ProxyCooldown {
+	if x != nil {
+		return x.Cooldown
+	}
+	return nil
+}
+
+func (x *WatchLeasesResponse) GetChangeTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ChangeTime
+	}
+	return nil
+}
+
 var File_egress_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egress_lease_v1_lease_proto_rawDesc = "" +
@@ -1265,7 +1797,7 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\x12ListProxiesRequest\x12:\n" +
 	"\bselector\x18\x01 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\"O\n" +
 	"\x13ListProxiesResponse\x128\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1e.egress.lease.v1.LeasableProxyR\aproxies\"\xd1\x02\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1e.egress.lease.v1.LeasableProxyR\aproxies\"\xe5\x02\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1b\n" +
@@ -1277,7 +1809,8 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"targetHost\x12=\n" +
 	"\facquire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vacquireTime\x12;\n" +
 	"\vexpire_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"\xad\x01\n" +
+	"expireTime\x12\x12\n" +
+	"\x04pool\x18\t \x01(\tR\x04pool\"\xad\x01\n" +
 	"\x13AcquireLeaseRequest\x12-\n" +
 	"\vtarget_host\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xff\x01R\n" +
 	"targetHost\x12+\n" +
@@ -1307,7 +1840,45 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\bcooldown\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bcooldown\x12>\n" +
 	"\x05scope\x18\x04 \x01(\x0e2\x1e.egress.lease.v1.CooldownScopeB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05scope\"N\n" +
 	"\x15ReportOutcomeResponse\x125\n" +
-	"\bcooldown\x18\x01 \x01(\v2\x19.egress.lease.v1.CooldownR\bcooldown*\x9d\x01\n" +
+	"\bcooldown\x18\x01 \x01(\v2\x19.egress.lease.v1.CooldownR\bcooldown\"\xcf\x02\n" +
+	"\x11ListLeasesRequest\x12)\n" +
+	"\tclient_id\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bclientId\x12?\n" +
+	"\x04pool\x18\x02 \x01(\tB+\xbaH(r&2$^([a-z]([-a-z0-9]{0,54}[a-z0-9])?)?$R\x04pool\x12-\n" +
+	"\vtarget_host\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xff\x01R\n" +
+	"targetHost\x12J\n" +
+	"\n" +
+	"proxy_name\x18\x04 \x01(\tB+\xbaH(r&2$^([a-z]([-a-z0-9]{0,61}[a-z0-9])?)?$R\tproxyName\x12'\n" +
+	"\tpage_size\x18\x05 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12*\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tB\v\xbaH\br\x06\x88\x92'\x01\x18@R\tpageToken\"l\n" +
+	"\x12ListLeasesResponse\x12.\n" +
+	"\x06leases\x18\x01 \x03(\v2\x16.egress.lease.v1.LeaseR\x06leases\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf9\x01\n" +
+	"\x14ListCooldownsRequest\x12J\n" +
+	"\n" +
+	"proxy_name\x18\x01 \x01(\tB+\xbaH(r&2$^([a-z]([-a-z0-9]{0,61}[a-z0-9])?)?$R\tproxyName\x12?\n" +
+	"\x04pool\x18\x02 \x01(\tB+\xbaH(r&2$^([a-z]([-a-z0-9]{0,54}[a-z0-9])?)?$R\x04pool\x12'\n" +
+	"\tpage_size\x18\x03 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12+\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\tpageToken\"\x96\x01\n" +
+	"\rProxyCooldown\x12\x1b\n" +
+	"\tproxy_uid\x18\x01 \x01(\tR\bproxyUid\x12\x1d\n" +
+	"\n" +
+	"proxy_name\x18\x02 \x01(\tR\tproxyName\x12\x12\n" +
+	"\x04pool\x18\x03 \x01(\tR\x04pool\x125\n" +
+	"\bcooldown\x18\x04 \x01(\v2\x19.egress.lease.v1.CooldownR\bcooldown\"}\n" +
+	"\x15ListCooldownsResponse\x12<\n" +
+	"\tcooldowns\x18\x01 \x03(\v2\x1e.egress.lease.v1.ProxyCooldownR\tcooldowns\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
+	"\x12WatchLeasesRequest\"\xf2\x01\n" +
+	"\x13WatchLeasesResponse\x124\n" +
+	"\x04type\x18\x01 \x01(\x0e2 .egress.lease.v1.LeaseChangeTypeR\x04type\x12,\n" +
+	"\x05lease\x18\x02 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\x12:\n" +
+	"\bcooldown\x18\x03 \x01(\v2\x1e.egress.lease.v1.ProxyCooldownR\bcooldown\x12;\n" +
+	"\vchange_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"changeTime*\x9d\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_SUCCESS\x10\x01\x12\x13\n" +
@@ -1319,7 +1890,14 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\rCooldownScope\x12\x1e\n" +
 	"\x1aCOOLDOWN_SCOPE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15COOLDOWN_SCOPE_TARGET\x10\x01\x12\x19\n" +
-	"\x15COOLDOWN_SCOPE_GLOBAL\x10\x022\x8b\x05\n" +
+	"\x15COOLDOWN_SCOPE_GLOBAL\x10\x02*\xd2\x01\n" +
+	"\x0fLeaseChangeType\x12!\n" +
+	"\x1dLEASE_CHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aLEASE_CHANGE_TYPE_ACQUIRED\x10\x01\x12\x1d\n" +
+	"\x19LEASE_CHANGE_TYPE_RENEWED\x10\x02\x12\x1e\n" +
+	"\x1aLEASE_CHANGE_TYPE_RELEASED\x10\x03\x12\x1d\n" +
+	"\x19LEASE_CHANGE_TYPE_EXPIRED\x10\x04\x12\x1e\n" +
+	"\x1aLEASE_CHANGE_TYPE_REPORTED\x10\x052\xe3\a\n" +
 	"\fLeaseService\x12v\n" +
 	"\vListProxies\x12#.egress.lease.v1.ListProxiesRequest\x1a$.egress.lease.v1.ListProxiesResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/v1/leasable-proxies\x12r\n" +
 	"\fAcquireLease\x12$.egress.lease.v1.AcquireLeaseRequest\x1a%.egress.lease.v1.AcquireLeaseResponse\"\x15\x82\xd3\xe4\x93\x02\x0f:\x01*\"\n" +
@@ -1327,7 +1905,12 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
 	"RenewLease\x12\".egress.lease.v1.RenewLeaseRequest\x1a#.egress.lease.v1.RenewLeaseResponse\"&\x82\xd3\xe4\x93\x02 :\x01*\"\x1b/v1/leases/{lease_id}:renew\x12\x85\x01\n" +
 	"\fReleaseLease\x12$.egress.lease.v1.ReleaseLeaseRequest\x1a%.egress.lease.v1.ReleaseLeaseResponse\"(\x82\xd3\xe4\x93\x02\":\x01*\"\x1d/v1/leases/{lease_id}:release\x12\x87\x01\n" +
-	"\rReportOutcome\x12%.egress.lease.v1.ReportOutcomeRequest\x1a&.egress.lease.v1.ReportOutcomeResponse\"'\x82\xd3\xe4\x93\x02!:\x01*\"\x1c/v1/leases/{lease_id}:reportBJZHgithub.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1;leasev1b\x06proto3"
+	"\rReportOutcome\x12%.egress.lease.v1.ReportOutcomeRequest\x1a&.egress.lease.v1.ReportOutcomeResponse\"'\x82\xd3\xe4\x93\x02!:\x01*\"\x1c/v1/leases/{lease_id}:report\x12i\n" +
+	"\n" +
+	"ListLeases\x12\".egress.lease.v1.ListLeasesRequest\x1a#.egress.lease.v1.ListLeasesResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
+	"/v1/leases\x12u\n" +
+	"\rListCooldowns\x12%.egress.lease.v1.ListCooldownsRequest\x1a&.egress.lease.v1.ListCooldownsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/cooldowns\x12t\n" +
+	"\vWatchLeases\x12#.egress.lease.v1.WatchLeasesRequest\x1a$.egress.lease.v1.WatchLeasesResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/v1/leases:watch0\x01BJZHgithub.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1;leasev1b\x06proto3"
 
 var (
 	file_egress_lease_v1_lease_proto_rawDescOnce sync.Once
@@ -1341,69 +1924,90 @@ func file_egress_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egress_lease_v1_lease_proto_rawDescData
 }
 
-var file_egress_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_egress_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_egress_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_egress_lease_v1_lease_proto_goTypes = []any{
 	(Outcome)(0),                  // 0: egress.lease.v1.Outcome
 	(CooldownScope)(0),            // 1: egress.lease.v1.CooldownScope
-	(*ProxySelector)(nil),         // 2: egress.lease.v1.ProxySelector
-	(*ProxyAddress)(nil),          // 3: egress.lease.v1.ProxyAddress
-	(*Cooldown)(nil),              // 4: egress.lease.v1.Cooldown
-	(*LeasableProxy)(nil),         // 5: egress.lease.v1.LeasableProxy
-	(*ListProxiesRequest)(nil),    // 6: egress.lease.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),   // 7: egress.lease.v1.ListProxiesResponse
-	(*Lease)(nil),                 // 8: egress.lease.v1.Lease
-	(*AcquireLeaseRequest)(nil),   // 9: egress.lease.v1.AcquireLeaseRequest
-	(*AcquireLeaseResponse)(nil),  // 10: egress.lease.v1.AcquireLeaseResponse
-	(*NoProxyAvailable)(nil),      // 11: egress.lease.v1.NoProxyAvailable
-	(*RenewLeaseRequest)(nil),     // 12: egress.lease.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),    // 13: egress.lease.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),   // 14: egress.lease.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),  // 15: egress.lease.v1.ReleaseLeaseResponse
-	(*ReportOutcomeRequest)(nil),  // 16: egress.lease.v1.ReportOutcomeRequest
-	(*ReportOutcomeResponse)(nil), // 17: egress.lease.v1.ReportOutcomeResponse
-	nil,                           // 18: egress.lease.v1.ProxySelector.LabelsEntry
-	nil,                           // 19: egress.lease.v1.LeasableProxy.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(LeaseChangeType)(0),          // 2: egress.lease.v1.LeaseChangeType
+	(*ProxySelector)(nil),         // 3: egress.lease.v1.ProxySelector
+	(*ProxyAddress)(nil),          // 4: egress.lease.v1.ProxyAddress
+	(*Cooldown)(nil),              // 5: egress.lease.v1.Cooldown
+	(*LeasableProxy)(nil),         // 6: egress.lease.v1.LeasableProxy
+	(*ListProxiesRequest)(nil),    // 7: egress.lease.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),   // 8: egress.lease.v1.ListProxiesResponse
+	(*Lease)(nil),                 // 9: egress.lease.v1.Lease
+	(*AcquireLeaseRequest)(nil),   // 10: egress.lease.v1.AcquireLeaseRequest
+	(*AcquireLeaseResponse)(nil),  // 11: egress.lease.v1.AcquireLeaseResponse
+	(*NoProxyAvailable)(nil),      // 12: egress.lease.v1.NoProxyAvailable
+	(*RenewLeaseRequest)(nil),     // 13: egress.lease.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),    // 14: egress.lease.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),   // 15: egress.lease.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),  // 16: egress.lease.v1.ReleaseLeaseResponse
+	(*ReportOutcomeRequest)(nil),  // 17: egress.lease.v1.ReportOutcomeRequest
+	(*ReportOutcomeResponse)(nil), // 18: egress.lease.v1.ReportOutcomeResponse
+	(*ListLeasesRequest)(nil),     // 19: egress.lease.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),    // 20: egress.lease.v1.ListLeasesResponse
+	(*ListCooldownsRequest)(nil),  // 21: egress.lease.v1.ListCooldownsRequest
+	(*ProxyCooldown)(nil),         // 22: egress.lease.v1.ProxyCooldown
+	(*ListCooldownsResponse)(nil), // 23: egress.lease.v1.ListCooldownsResponse
+	(*WatchLeasesRequest)(nil),    // 24: egress.lease.v1.WatchLeasesRequest
+	(*WatchLeasesResponse)(nil),   // 25: egress.lease.v1.WatchLeasesResponse
+	nil,                           // 26: egress.lease.v1.ProxySelector.LabelsEntry
+	nil,                           // 27: egress.lease.v1.LeasableProxy.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
 }
 var file_egress_lease_v1_lease_proto_depIdxs = []int32{
-	18, // 0: egress.lease.v1.ProxySelector.labels:type_name -> egress.lease.v1.ProxySelector.LabelsEntry
-	20, // 1: egress.lease.v1.Cooldown.expire_time:type_name -> google.protobuf.Timestamp
+	26, // 0: egress.lease.v1.ProxySelector.labels:type_name -> egress.lease.v1.ProxySelector.LabelsEntry
+	28, // 1: egress.lease.v1.Cooldown.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 2: egress.lease.v1.Cooldown.outcome:type_name -> egress.lease.v1.Outcome
-	19, // 3: egress.lease.v1.LeasableProxy.labels:type_name -> egress.lease.v1.LeasableProxy.LabelsEntry
-	3,  // 4: egress.lease.v1.LeasableProxy.address:type_name -> egress.lease.v1.ProxyAddress
-	4,  // 5: egress.lease.v1.LeasableProxy.cooldowns:type_name -> egress.lease.v1.Cooldown
-	20, // 6: egress.lease.v1.LeasableProxy.last_lease_time:type_name -> google.protobuf.Timestamp
-	2,  // 7: egress.lease.v1.ListProxiesRequest.selector:type_name -> egress.lease.v1.ProxySelector
-	5,  // 8: egress.lease.v1.ListProxiesResponse.proxies:type_name -> egress.lease.v1.LeasableProxy
-	3,  // 9: egress.lease.v1.Lease.address:type_name -> egress.lease.v1.ProxyAddress
-	20, // 10: egress.lease.v1.Lease.acquire_time:type_name -> google.protobuf.Timestamp
-	20, // 11: egress.lease.v1.Lease.expire_time:type_name -> google.protobuf.Timestamp
-	21, // 12: egress.lease.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	2,  // 13: egress.lease.v1.AcquireLeaseRequest.selector:type_name -> egress.lease.v1.ProxySelector
-	8,  // 14: egress.lease.v1.AcquireLeaseResponse.lease:type_name -> egress.lease.v1.Lease
-	21, // 15: egress.lease.v1.RenewLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	8,  // 16: egress.lease.v1.RenewLeaseResponse.lease:type_name -> egress.lease.v1.Lease
+	27, // 3: egress.lease.v1.LeasableProxy.labels:type_name -> egress.lease.v1.LeasableProxy.LabelsEntry
+	4,  // 4: egress.lease.v1.LeasableProxy.address:type_name -> egress.lease.v1.ProxyAddress
+	5,  // 5: egress.lease.v1.LeasableProxy.cooldowns:type_name -> egress.lease.v1.Cooldown
+	28, // 6: egress.lease.v1.LeasableProxy.last_lease_time:type_name -> google.protobuf.Timestamp
+	3,  // 7: egress.lease.v1.ListProxiesRequest.selector:type_name -> egress.lease.v1.ProxySelector
+	6,  // 8: egress.lease.v1.ListProxiesResponse.proxies:type_name -> egress.lease.v1.LeasableProxy
+	4,  // 9: egress.lease.v1.Lease.address:type_name -> egress.lease.v1.ProxyAddress
+	28, // 10: egress.lease.v1.Lease.acquire_time:type_name -> google.protobuf.Timestamp
+	28, // 11: egress.lease.v1.Lease.expire_time:type_name -> google.protobuf.Timestamp
+	29, // 12: egress.lease.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	3,  // 13: egress.lease.v1.AcquireLeaseRequest.selector:type_name -> egress.lease.v1.ProxySelector
+	9,  // 14: egress.lease.v1.AcquireLeaseResponse.lease:type_name -> egress.lease.v1.Lease
+	29, // 15: egress.lease.v1.RenewLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	9,  // 16: egress.lease.v1.RenewLeaseResponse.lease:type_name -> egress.lease.v1.Lease
 	0,  // 17: egress.lease.v1.ReportOutcomeRequest.outcome:type_name -> egress.lease.v1.Outcome
-	21, // 18: egress.lease.v1.ReportOutcomeRequest.cooldown:type_name -> google.protobuf.Duration
+	29, // 18: egress.lease.v1.ReportOutcomeRequest.cooldown:type_name -> google.protobuf.Duration
 	1,  // 19: egress.lease.v1.ReportOutcomeRequest.scope:type_name -> egress.lease.v1.CooldownScope
-	4,  // 20: egress.lease.v1.ReportOutcomeResponse.cooldown:type_name -> egress.lease.v1.Cooldown
-	6,  // 21: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
-	9,  // 22: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
-	12, // 23: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
-	14, // 24: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
-	16, // 25: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
-	7,  // 26: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
-	10, // 27: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
-	13, // 28: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
-	15, // 29: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
-	17, // 30: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	5,  // 20: egress.lease.v1.ReportOutcomeResponse.cooldown:type_name -> egress.lease.v1.Cooldown
+	9,  // 21: egress.lease.v1.ListLeasesResponse.leases:type_name -> egress.lease.v1.Lease
+	5,  // 22: egress.lease.v1.ProxyCooldown.cooldown:type_name -> egress.lease.v1.Cooldown
+	22, // 23: egress.lease.v1.ListCooldownsResponse.cooldowns:type_name -> egress.lease.v1.ProxyCooldown
+	2,  // 24: egress.lease.v1.WatchLeasesResponse.type:type_name -> egress.lease.v1.LeaseChangeType
+	9,  // 25: egress.lease.v1.WatchLeasesResponse.lease:type_name -> egress.lease.v1.Lease
+	22, // 26: egress.lease.v1.WatchLeasesResponse.cooldown:type_name -> egress.lease.v1.ProxyCooldown
+	28, // 27: egress.lease.v1.WatchLeasesResponse.change_time:type_name -> google.protobuf.Timestamp
+	7,  // 28: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
+	10, // 29: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
+	13, // 30: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
+	15, // 31: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
+	17, // 32: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
+	19, // 33: egress.lease.v1.LeaseService.ListLeases:input_type -> egress.lease.v1.ListLeasesRequest
+	21, // 34: egress.lease.v1.LeaseService.ListCooldowns:input_type -> egress.lease.v1.ListCooldownsRequest
+	24, // 35: egress.lease.v1.LeaseService.WatchLeases:input_type -> egress.lease.v1.WatchLeasesRequest
+	8,  // 36: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
+	11, // 37: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
+	14, // 38: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
+	16, // 39: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
+	18, // 40: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
+	20, // 41: egress.lease.v1.LeaseService.ListLeases:output_type -> egress.lease.v1.ListLeasesResponse
+	23, // 42: egress.lease.v1.LeaseService.ListCooldowns:output_type -> egress.lease.v1.ListCooldownsResponse
+	25, // 43: egress.lease.v1.LeaseService.WatchLeases:output_type -> egress.lease.v1.WatchLeasesResponse
+	36, // [36:44] is the sub-list for method output_type
+	28, // [28:36] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_egress_lease_v1_lease_proto_init() }
@@ -1416,8 +2020,8 @@ func file_egress_lease_v1_lease_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_lease_v1_lease_proto_rawDesc), len(file_egress_lease_v1_lease_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   18,
+			NumEnums:      3,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

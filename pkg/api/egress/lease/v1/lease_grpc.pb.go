@@ -24,6 +24,9 @@ const (
 	LeaseService_RenewLease_FullMethodName    = "/egress.lease.v1.LeaseService/RenewLease"
 	LeaseService_ReleaseLease_FullMethodName  = "/egress.lease.v1.LeaseService/ReleaseLease"
 	LeaseService_ReportOutcome_FullMethodName = "/egress.lease.v1.LeaseService/ReportOutcome"
+	LeaseService_ListLeases_FullMethodName    = "/egress.lease.v1.LeaseService/ListLeases"
+	LeaseService_ListCooldowns_FullMethodName = "/egress.lease.v1.LeaseService/ListCooldowns"
+	LeaseService_WatchLeases_FullMethodName   = "/egress.lease.v1.LeaseService/WatchLeases"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -55,6 +58,21 @@ type LeaseServiceClient interface {
 	// cooldown, for the lease's target or globally. Accepted for active leases
 	// and for released or expired ones still retained.
 	ReportOutcome(ctx context.Context, in *ReportOutcomeRequest, opts ...grpc.CallOption) (*ReportOutcomeResponse, error)
+	// Lists the active leases of every client, oldest first, filtered and
+	// paginated. For operators and dashboards: which client holds which
+	// proxy, for which target.
+	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
+	// Lists the cooldowns in force, on any proxy the lease service knows,
+	// ordered by proxy name and target.
+	ListCooldowns(ctx context.Context, in *ListCooldownsRequest, opts ...grpc.CallOption) (*ListCooldownsResponse, error)
+	// Streams lease changes as they are committed by any replica: acquired,
+	// renewed, ended (released or expired) and reported (with the cooldown
+	// it started). Changes from the call on only; List first, then apply the
+	// changes (each carries the whole lease, so applying one twice is
+	// harmless). The stream ends with UNAVAILABLE when the replica loses the
+	// change feed (NATS): list again and watch anew. Through the REST layer,
+	// one JSON object per line.
+	WatchLeases(ctx context.Context, in *WatchLeasesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchLeasesResponse], error)
 }
 
 type leaseServiceClient struct {
@@ -115,6 +133,45 @@ func (c *leaseServiceClient) ReportOutcome(ctx context.Context, in *ReportOutcom
 	return out, nil
 }
 
+func (c *leaseServiceClient) ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLeasesResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ListLeases_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *leaseServiceClient) ListCooldowns(ctx context.Context, in *ListCooldownsRequest, opts ...grpc.CallOption) (*ListCooldownsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCooldownsResponse)
+	err := c.cc.Invoke(ctx, LeaseService_ListCooldowns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *leaseServiceClient) WatchLeases(ctx context.Context, in *WatchLeasesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchLeasesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LeaseService_ServiceDesc.Streams[0], LeaseService_WatchLeases_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchLeasesRequest, WatchLeasesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchLeasesClient = grpc.ServerStreamingClient[WatchLeasesResponse]
+
 // LeaseServiceServer is the server API for LeaseService service.
 // All implementations must embed UnimplementedLeaseServiceServer
 // for forward compatibility.
@@ -144,6 +201,21 @@ type LeaseServiceServer interface {
 	// cooldown, for the lease's target or globally. Accepted for active leases
 	// and for released or expired ones still retained.
 	ReportOutcome(context.Context, *ReportOutcomeRequest) (*ReportOutcomeResponse, error)
+	// Lists the active leases of every client, oldest first, filtered and
+	// paginated. For operators and dashboards: which client holds which
+	// proxy, for which target.
+	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
+	// Lists the cooldowns in force, on any proxy the lease service knows,
+	// ordered by proxy name and target.
+	ListCooldowns(context.Context, *ListCooldownsRequest) (*ListCooldownsResponse, error)
+	// Streams lease changes as they are committed by any replica: acquired,
+	// renewed, ended (released or expired) and reported (with the cooldown
+	// it started). Changes from the call on only; List first, then apply the
+	// changes (each carries the whole lease, so applying one twice is
+	// harmless). The stream ends with UNAVAILABLE when the replica loses the
+	// change feed (NATS): list again and watch anew. Through the REST layer,
+	// one JSON object per line.
+	WatchLeases(*WatchLeasesRequest, grpc.ServerStreamingServer[WatchLeasesResponse]) error
 	mustEmbedUnimplementedLeaseServiceServer()
 }
 
@@ -168,6 +240,15 @@ func (UnimplementedLeaseServiceServer) ReleaseLease(context.Context, *ReleaseLea
 }
 func (UnimplementedLeaseServiceServer) ReportOutcome(context.Context, *ReportOutcomeRequest) (*ReportOutcomeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportOutcome not implemented")
+}
+func (UnimplementedLeaseServiceServer) ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLeases not implemented")
+}
+func (UnimplementedLeaseServiceServer) ListCooldowns(context.Context, *ListCooldownsRequest) (*ListCooldownsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCooldowns not implemented")
+}
+func (UnimplementedLeaseServiceServer) WatchLeases(*WatchLeasesRequest, grpc.ServerStreamingServer[WatchLeasesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchLeases not implemented")
 }
 func (UnimplementedLeaseServiceServer) mustEmbedUnimplementedLeaseServiceServer() {}
 func (UnimplementedLeaseServiceServer) testEmbeddedByValue()                      {}
@@ -280,6 +361,53 @@ func _LeaseService_ReportOutcome_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LeaseService_ListLeases_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLeasesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ListLeases(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ListLeases_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ListLeases(ctx, req.(*ListLeasesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LeaseService_ListCooldowns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCooldownsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeaseServiceServer).ListCooldowns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LeaseService_ListCooldowns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeaseServiceServer).ListCooldowns(ctx, req.(*ListCooldownsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LeaseService_WatchLeases_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchLeasesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LeaseServiceServer).WatchLeases(m, &grpc.GenericServerStream[WatchLeasesRequest, WatchLeasesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchLeasesServer = grpc.ServerStreamingServer[WatchLeasesResponse]
+
 // LeaseService_ServiceDesc is the grpc.ServiceDesc for LeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -307,7 +435,21 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ReportOutcome",
 			Handler:    _LeaseService_ReportOutcome_Handler,
 		},
+		{
+			MethodName: "ListLeases",
+			Handler:    _LeaseService_ListLeases_Handler,
+		},
+		{
+			MethodName: "ListCooldowns",
+			Handler:    _LeaseService_ListCooldowns_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchLeases",
+			Handler:       _LeaseService_WatchLeases_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "egress/lease/v1/lease.proto",
 }

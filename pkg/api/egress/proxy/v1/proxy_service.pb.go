@@ -1157,6 +1157,118 @@ func (x *ListProvidersResponse) GetProviders() []*Provider {
 	return nil
 }
 
+// Request of ListProxyChanges.
+type ListProxyChangesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the proxy.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Most changes to return; 0 means 100, at most 1000.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Only changes with a revision below this one (the revision of the last
+	// change of the previous page); 0 starts at the newest.
+	BeforeRevision int64 `protobuf:"varint,3,opt,name=before_revision,json=beforeRevision,proto3" json:"before_revision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ListProxyChangesRequest) Reset() {
+	*x = ListProxyChangesRequest{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProxyChangesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProxyChangesRequest) ProtoMessage() {}
+
+func (x *ListProxyChangesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProxyChangesRequest.ProtoReflect.Descriptor instead.
+func (*ListProxyChangesRequest) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListProxyChangesRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ListProxyChangesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListProxyChangesRequest) GetBeforeRevision() int64 {
+	if x != nil {
+		return x.BeforeRevision
+	}
+	return 0
+}
+
+// Response of ListProxyChanges.
+type ListProxyChangesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The changes, newest first, each with the proxy's snapshot after it
+	// (BASIC view: never cloud-init).
+	Changes       []*WatchProxiesResponse `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProxyChangesResponse) Reset() {
+	*x = ListProxyChangesResponse{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProxyChangesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProxyChangesResponse) ProtoMessage() {}
+
+func (x *ListProxyChangesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProxyChangesResponse.ProtoReflect.Descriptor instead.
+func (*ListProxyChangesResponse) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListProxyChangesResponse) GetChanges() []*WatchProxiesResponse {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
 var File_egress_proxy_v1_proxy_service_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
@@ -1234,7 +1346,14 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\"P\n" +
 	"\x15ListProvidersResponse\x127\n" +
-	"\tproviders\x18\x01 \x03(\v2\x19.egress.proxy.v1.ProviderR\tproviders*R\n" +
+	"\tproviders\x18\x01 \x03(\v2\x19.egress.proxy.v1.ProviderR\tproviders\"\xb2\x01\n" +
+	"\x17ListProxyChangesRequest\x12<\n" +
+	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x120\n" +
+	"\x0fbefore_revision\x18\x03 \x01(\x03B\a\xbaH\x04\"\x02(\x00R\x0ebeforeRevision\"[\n" +
+	"\x18ListProxyChangesResponse\x12?\n" +
+	"\achanges\x18\x01 \x03(\v2%.egress.proxy.v1.WatchProxiesResponseR\achanges*R\n" +
 	"\tProxyView\x12\x1a\n" +
 	"\x16PROXY_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10PROXY_VIEW_BASIC\x10\x01\x12\x13\n" +
@@ -1244,7 +1363,7 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x17CHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CHANGE_TYPE_CREATED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_TYPE_UPDATED\x10\x02\x12\x17\n" +
-	"\x13CHANGE_TYPE_DELETED\x10\x032\xb8\a\n" +
+	"\x13CHANGE_TYPE_DELETED\x10\x032\xc6\b\n" +
 	"\fProxyService\x12p\n" +
 	"\vCreateProxy\x12#.egress.proxy.v1.CreateProxyRequest\x1a$.egress.proxy.v1.CreateProxyResponse\"\x16\x82\xd3\xe4\x93\x02\x10:\x01*\"\v/v1/proxies\x12k\n" +
 	"\bGetProxy\x12 .egress.proxy.v1.GetProxyRequest\x1a!.egress.proxy.v1.GetProxyResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/proxies/{name}\x12m\n" +
@@ -1253,7 +1372,8 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\vDeleteProxy\x12#.egress.proxy.v1.DeleteProxyRequest\x1a$.egress.proxy.v1.DeleteProxyResponse\"\x1a\x82\xd3\xe4\x93\x02\x14*\x12/v1/proxies/{name}\x12x\n" +
 	"\fWatchProxies\x12$.egress.proxy.v1.WatchProxiesRequest\x1a%.egress.proxy.v1.WatchProxiesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/proxies:watch0\x01\x12z\n" +
 	"\n" +
-	"DrainProxy\x12\".egress.proxy.v1.DrainProxyRequest\x1a#.egress.proxy.v1.DrainProxyResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/proxies/{name}:drain\x12u\n" +
+	"DrainProxy\x12\".egress.proxy.v1.DrainProxyRequest\x1a#.egress.proxy.v1.DrainProxyResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/proxies/{name}:drain\x12\x8b\x01\n" +
+	"\x10ListProxyChanges\x12(.egress.proxy.v1.ListProxyChangesRequest\x1a).egress.proxy.v1.ListProxyChangesResponse\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/proxies/{name}/changes\x12u\n" +
 	"\rListProviders\x12%.egress.proxy.v1.ListProvidersRequest\x1a&.egress.proxy.v1.ListProvidersResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/providersB\xbc\x03\x92A\xee\x02\x12\xc3\x01\n" +
 	"\x12egress-proxies API\x12\xa8\x01Egress proxy fleets for web crawlers: proxies (orchestrator), leases (lease) and health (health). Every service answers gRPC and this REST mapping through grpc-gateway.2\x02v1*\x02\x01\x022\x10application/json:\x10application/jsonZp\n" +
 	"n\n" +
@@ -1275,78 +1395,83 @@ func file_egress_proxy_v1_proxy_service_proto_rawDescGZIP() []byte {
 }
 
 var file_egress_proxy_v1_proxy_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_proxy_v1_proxy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_egress_proxy_v1_proxy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_egress_proxy_v1_proxy_service_proto_goTypes = []any{
-	(ProxyView)(0),                // 0: egress.proxy.v1.ProxyView
-	(ChangeType)(0),               // 1: egress.proxy.v1.ChangeType
-	(*CreateProxyRequest)(nil),    // 2: egress.proxy.v1.CreateProxyRequest
-	(*CreateProxyResponse)(nil),   // 3: egress.proxy.v1.CreateProxyResponse
-	(*GetProxyRequest)(nil),       // 4: egress.proxy.v1.GetProxyRequest
-	(*GetProxyResponse)(nil),      // 5: egress.proxy.v1.GetProxyResponse
-	(*ListProxiesRequest)(nil),    // 6: egress.proxy.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),   // 7: egress.proxy.v1.ListProxiesResponse
-	(*UpdateProxyRequest)(nil),    // 8: egress.proxy.v1.UpdateProxyRequest
-	(*UpdateProxyResponse)(nil),   // 9: egress.proxy.v1.UpdateProxyResponse
-	(*DeleteProxyRequest)(nil),    // 10: egress.proxy.v1.DeleteProxyRequest
-	(*DeleteProxyResponse)(nil),   // 11: egress.proxy.v1.DeleteProxyResponse
-	(*WatchProxiesRequest)(nil),   // 12: egress.proxy.v1.WatchProxiesRequest
-	(*WatchProxiesResponse)(nil),  // 13: egress.proxy.v1.WatchProxiesResponse
-	(*DrainProxyRequest)(nil),     // 14: egress.proxy.v1.DrainProxyRequest
-	(*DrainProxyResponse)(nil),    // 15: egress.proxy.v1.DrainProxyResponse
-	(*ListProvidersRequest)(nil),  // 16: egress.proxy.v1.ListProvidersRequest
-	(*Provider)(nil),              // 17: egress.proxy.v1.Provider
-	(*ListProvidersResponse)(nil), // 18: egress.proxy.v1.ListProvidersResponse
-	nil,                           // 19: egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	nil,                           // 20: egress.proxy.v1.ListProxiesRequest.LabelsEntry
-	nil,                           // 21: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	(*ProxySpec)(nil),             // 22: egress.proxy.v1.ProxySpec
-	(*Proxy)(nil),                 // 23: egress.proxy.v1.Proxy
-	(ProxyPhase)(0),               // 24: egress.proxy.v1.ProxyPhase
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(ProxyView)(0),                   // 0: egress.proxy.v1.ProxyView
+	(ChangeType)(0),                  // 1: egress.proxy.v1.ChangeType
+	(*CreateProxyRequest)(nil),       // 2: egress.proxy.v1.CreateProxyRequest
+	(*CreateProxyResponse)(nil),      // 3: egress.proxy.v1.CreateProxyResponse
+	(*GetProxyRequest)(nil),          // 4: egress.proxy.v1.GetProxyRequest
+	(*GetProxyResponse)(nil),         // 5: egress.proxy.v1.GetProxyResponse
+	(*ListProxiesRequest)(nil),       // 6: egress.proxy.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),      // 7: egress.proxy.v1.ListProxiesResponse
+	(*UpdateProxyRequest)(nil),       // 8: egress.proxy.v1.UpdateProxyRequest
+	(*UpdateProxyResponse)(nil),      // 9: egress.proxy.v1.UpdateProxyResponse
+	(*DeleteProxyRequest)(nil),       // 10: egress.proxy.v1.DeleteProxyRequest
+	(*DeleteProxyResponse)(nil),      // 11: egress.proxy.v1.DeleteProxyResponse
+	(*WatchProxiesRequest)(nil),      // 12: egress.proxy.v1.WatchProxiesRequest
+	(*WatchProxiesResponse)(nil),     // 13: egress.proxy.v1.WatchProxiesResponse
+	(*DrainProxyRequest)(nil),        // 14: egress.proxy.v1.DrainProxyRequest
+	(*DrainProxyResponse)(nil),       // 15: egress.proxy.v1.DrainProxyResponse
+	(*ListProvidersRequest)(nil),     // 16: egress.proxy.v1.ListProvidersRequest
+	(*Provider)(nil),                 // 17: egress.proxy.v1.Provider
+	(*ListProvidersResponse)(nil),    // 18: egress.proxy.v1.ListProvidersResponse
+	(*ListProxyChangesRequest)(nil),  // 19: egress.proxy.v1.ListProxyChangesRequest
+	(*ListProxyChangesResponse)(nil), // 20: egress.proxy.v1.ListProxyChangesResponse
+	nil,                              // 21: egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	nil,                              // 22: egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	nil,                              // 23: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	(*ProxySpec)(nil),                // 24: egress.proxy.v1.ProxySpec
+	(*Proxy)(nil),                    // 25: egress.proxy.v1.Proxy
+	(ProxyPhase)(0),                  // 26: egress.proxy.v1.ProxyPhase
+	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 28: google.protobuf.Duration
 }
 var file_egress_proxy_v1_proxy_service_proto_depIdxs = []int32{
-	19, // 0: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	22, // 1: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	23, // 2: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	21, // 0: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	24, // 1: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	25, // 2: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
 	0,  // 3: egress.proxy.v1.GetProxyRequest.view:type_name -> egress.proxy.v1.ProxyView
-	23, // 4: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	24, // 5: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
-	20, // 6: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	25, // 4: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	26, // 5: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
+	22, // 6: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
 	0,  // 7: egress.proxy.v1.ListProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
-	23, // 8: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
-	21, // 9: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	22, // 10: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	23, // 11: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	23, // 12: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	25, // 8: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
+	23, // 9: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	24, // 10: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	25, // 11: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	25, // 12: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
 	0,  // 13: egress.proxy.v1.WatchProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
 	1,  // 14: egress.proxy.v1.WatchProxiesResponse.type:type_name -> egress.proxy.v1.ChangeType
-	23, // 15: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	25, // 16: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
-	26, // 17: egress.proxy.v1.DrainProxyRequest.drain_timeout:type_name -> google.protobuf.Duration
-	23, // 18: egress.proxy.v1.DrainProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	25, // 15: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	27, // 16: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
+	28, // 17: egress.proxy.v1.DrainProxyRequest.drain_timeout:type_name -> google.protobuf.Duration
+	25, // 18: egress.proxy.v1.DrainProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
 	17, // 19: egress.proxy.v1.ListProvidersResponse.providers:type_name -> egress.proxy.v1.Provider
-	2,  // 20: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
-	4,  // 21: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
-	6,  // 22: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
-	8,  // 23: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
-	10, // 24: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
-	12, // 25: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
-	14, // 26: egress.proxy.v1.ProxyService.DrainProxy:input_type -> egress.proxy.v1.DrainProxyRequest
-	16, // 27: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
-	3,  // 28: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
-	5,  // 29: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
-	7,  // 30: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
-	9,  // 31: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
-	11, // 32: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
-	13, // 33: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
-	15, // 34: egress.proxy.v1.ProxyService.DrainProxy:output_type -> egress.proxy.v1.DrainProxyResponse
-	18, // 35: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
-	28, // [28:36] is the sub-list for method output_type
-	20, // [20:28] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	13, // 20: egress.proxy.v1.ListProxyChangesResponse.changes:type_name -> egress.proxy.v1.WatchProxiesResponse
+	2,  // 21: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
+	4,  // 22: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
+	6,  // 23: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
+	8,  // 24: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
+	10, // 25: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
+	12, // 26: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
+	14, // 27: egress.proxy.v1.ProxyService.DrainProxy:input_type -> egress.proxy.v1.DrainProxyRequest
+	19, // 28: egress.proxy.v1.ProxyService.ListProxyChanges:input_type -> egress.proxy.v1.ListProxyChangesRequest
+	16, // 29: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
+	3,  // 30: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
+	5,  // 31: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
+	7,  // 32: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
+	9,  // 33: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
+	11, // 34: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
+	13, // 35: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
+	15, // 36: egress.proxy.v1.ProxyService.DrainProxy:output_type -> egress.proxy.v1.DrainProxyResponse
+	20, // 37: egress.proxy.v1.ProxyService.ListProxyChanges:output_type -> egress.proxy.v1.ListProxyChangesResponse
+	18, // 38: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_egress_proxy_v1_proxy_service_proto_init() }
@@ -1361,7 +1486,7 @@ func file_egress_proxy_v1_proxy_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_proxy_v1_proxy_service_proto_rawDesc), len(file_egress_proxy_v1_proxy_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

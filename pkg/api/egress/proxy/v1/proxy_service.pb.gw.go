@@ -359,6 +359,59 @@ func local_request_ProxyService_DrainProxy_0(ctx context.Context, marshaler runt
 	return msg, metadata, err
 }
 
+var filter_ProxyService_ListProxyChanges_0 = &utilities.DoubleArray{Encoding: map[string]int{"name": 0}, Base: []int{1, 1, 0}, Check: []int{0, 1, 2}}
+
+func request_ProxyService_ListProxyChanges_0(ctx context.Context, marshaler runtime.Marshaler, client ProxyServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq ListProxyChangesRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_ProxyService_ListProxyChanges_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.ListProxyChanges(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_ProxyService_ListProxyChanges_0(ctx context.Context, marshaler runtime.Marshaler, server ProxyServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq ListProxyChangesRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_ProxyService_ListProxyChanges_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.ListProxyChanges(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 func request_ProxyService_ListProviders_0(ctx context.Context, marshaler runtime.Marshaler, client ProxyServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq ListProvidersRequest
@@ -512,6 +565,26 @@ func RegisterProxyServiceHandlerServer(ctx context.Context, mux *runtime.ServeMu
 			return
 		}
 		forward_ProxyService_DrainProxy_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodGet, pattern_ProxyService_ListProxyChanges_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/egress.proxy.v1.ProxyService/ListProxyChanges", runtime.WithHTTPPathPattern("/v1/proxies/{name}/changes"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_ProxyService_ListProxyChanges_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ProxyService_ListProxyChanges_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 	mux.Handle(http.MethodGet, pattern_ProxyService_ListProviders_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
@@ -692,6 +765,23 @@ func RegisterProxyServiceHandlerClient(ctx context.Context, mux *runtime.ServeMu
 		}
 		forward_ProxyService_DrainProxy_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodGet, pattern_ProxyService_ListProxyChanges_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/egress.proxy.v1.ProxyService/ListProxyChanges", runtime.WithHTTPPathPattern("/v1/proxies/{name}/changes"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_ProxyService_ListProxyChanges_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ProxyService_ListProxyChanges_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodGet, pattern_ProxyService_ListProviders_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -713,23 +803,25 @@ func RegisterProxyServiceHandlerClient(ctx context.Context, mux *runtime.ServeMu
 }
 
 var (
-	pattern_ProxyService_CreateProxy_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
-	pattern_ProxyService_GetProxy_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
-	pattern_ProxyService_ListProxies_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
-	pattern_ProxyService_UpdateProxy_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
-	pattern_ProxyService_DeleteProxy_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
-	pattern_ProxyService_WatchProxies_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, "watch"))
-	pattern_ProxyService_DrainProxy_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, "drain"))
-	pattern_ProxyService_ListProviders_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "providers"}, ""))
+	pattern_ProxyService_CreateProxy_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
+	pattern_ProxyService_GetProxy_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
+	pattern_ProxyService_ListProxies_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
+	pattern_ProxyService_UpdateProxy_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
+	pattern_ProxyService_DeleteProxy_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
+	pattern_ProxyService_WatchProxies_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, "watch"))
+	pattern_ProxyService_DrainProxy_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, "drain"))
+	pattern_ProxyService_ListProxyChanges_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "proxies", "name", "changes"}, ""))
+	pattern_ProxyService_ListProviders_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "providers"}, ""))
 )
 
 var (
-	forward_ProxyService_CreateProxy_0   = runtime.ForwardResponseMessage
-	forward_ProxyService_GetProxy_0      = runtime.ForwardResponseMessage
-	forward_ProxyService_ListProxies_0   = runtime.ForwardResponseMessage
-	forward_ProxyService_UpdateProxy_0   = runtime.ForwardResponseMessage
-	forward_ProxyService_DeleteProxy_0   = runtime.ForwardResponseMessage
-	forward_ProxyService_WatchProxies_0  = runtime.ForwardResponseStream
-	forward_ProxyService_DrainProxy_0    = runtime.ForwardResponseMessage
-	forward_ProxyService_ListProviders_0 = runtime.ForwardResponseMessage
+	forward_ProxyService_CreateProxy_0      = runtime.ForwardResponseMessage
+	forward_ProxyService_GetProxy_0         = runtime.ForwardResponseMessage
+	forward_ProxyService_ListProxies_0      = runtime.ForwardResponseMessage
+	forward_ProxyService_UpdateProxy_0      = runtime.ForwardResponseMessage
+	forward_ProxyService_DeleteProxy_0      = runtime.ForwardResponseMessage
+	forward_ProxyService_WatchProxies_0     = runtime.ForwardResponseStream
+	forward_ProxyService_DrainProxy_0       = runtime.ForwardResponseMessage
+	forward_ProxyService_ListProxyChanges_0 = runtime.ForwardResponseMessage
+	forward_ProxyService_ListProviders_0    = runtime.ForwardResponseMessage
 )

@@ -19,14 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ProxyService_CreateProxy_FullMethodName   = "/egress.proxy.v1.ProxyService/CreateProxy"
-	ProxyService_GetProxy_FullMethodName      = "/egress.proxy.v1.ProxyService/GetProxy"
-	ProxyService_ListProxies_FullMethodName   = "/egress.proxy.v1.ProxyService/ListProxies"
-	ProxyService_UpdateProxy_FullMethodName   = "/egress.proxy.v1.ProxyService/UpdateProxy"
-	ProxyService_DeleteProxy_FullMethodName   = "/egress.proxy.v1.ProxyService/DeleteProxy"
-	ProxyService_WatchProxies_FullMethodName  = "/egress.proxy.v1.ProxyService/WatchProxies"
-	ProxyService_DrainProxy_FullMethodName    = "/egress.proxy.v1.ProxyService/DrainProxy"
-	ProxyService_ListProviders_FullMethodName = "/egress.proxy.v1.ProxyService/ListProviders"
+	ProxyService_CreateProxy_FullMethodName      = "/egress.proxy.v1.ProxyService/CreateProxy"
+	ProxyService_GetProxy_FullMethodName         = "/egress.proxy.v1.ProxyService/GetProxy"
+	ProxyService_ListProxies_FullMethodName      = "/egress.proxy.v1.ProxyService/ListProxies"
+	ProxyService_UpdateProxy_FullMethodName      = "/egress.proxy.v1.ProxyService/UpdateProxy"
+	ProxyService_DeleteProxy_FullMethodName      = "/egress.proxy.v1.ProxyService/DeleteProxy"
+	ProxyService_WatchProxies_FullMethodName     = "/egress.proxy.v1.ProxyService/WatchProxies"
+	ProxyService_DrainProxy_FullMethodName       = "/egress.proxy.v1.ProxyService/DrainProxy"
+	ProxyService_ListProxyChanges_FullMethodName = "/egress.proxy.v1.ProxyService/ListProxyChanges"
+	ProxyService_ListProviders_FullMethodName    = "/egress.proxy.v1.ProxyService/ListProviders"
 )
 
 // ProxyServiceClient is the client API for ProxyService service.
@@ -67,6 +68,11 @@ type ProxyServiceClient interface {
 	// drains keeps its original deadline. FAILED_PRECONDITION for a proxy that
 	// is being deleted.
 	DrainProxy(ctx context.Context, in *DrainProxyRequest, opts ...grpc.CallOption) (*DrainProxyResponse, error)
+	// Lists the retained changes of one proxy, newest first: its phase,
+	// health, reason and message as they were after each change, for as
+	// long as the change log keeps them (the orchestrator's
+	// --watch-retention). NOT_FOUND when no proxy has the name.
+	ListProxyChanges(ctx context.Context, in *ListProxyChangesRequest, opts ...grpc.CallOption) (*ListProxyChangesResponse, error)
 	// Lists the providers from the providers config: the names a MANAGED
 	// proxy's spec.provider may use.
 	ListProviders(ctx context.Context, in *ListProvidersRequest, opts ...grpc.CallOption) (*ListProvidersResponse, error)
@@ -159,6 +165,16 @@ func (c *proxyServiceClient) DrainProxy(ctx context.Context, in *DrainProxyReque
 	return out, nil
 }
 
+func (c *proxyServiceClient) ListProxyChanges(ctx context.Context, in *ListProxyChangesRequest, opts ...grpc.CallOption) (*ListProxyChangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListProxyChangesResponse)
+	err := c.cc.Invoke(ctx, ProxyService_ListProxyChanges_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *proxyServiceClient) ListProviders(ctx context.Context, in *ListProvidersRequest, opts ...grpc.CallOption) (*ListProvidersResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListProvidersResponse)
@@ -207,6 +223,11 @@ type ProxyServiceServer interface {
 	// drains keeps its original deadline. FAILED_PRECONDITION for a proxy that
 	// is being deleted.
 	DrainProxy(context.Context, *DrainProxyRequest) (*DrainProxyResponse, error)
+	// Lists the retained changes of one proxy, newest first: its phase,
+	// health, reason and message as they were after each change, for as
+	// long as the change log keeps them (the orchestrator's
+	// --watch-retention). NOT_FOUND when no proxy has the name.
+	ListProxyChanges(context.Context, *ListProxyChangesRequest) (*ListProxyChangesResponse, error)
 	// Lists the providers from the providers config: the names a MANAGED
 	// proxy's spec.provider may use.
 	ListProviders(context.Context, *ListProvidersRequest) (*ListProvidersResponse, error)
@@ -240,6 +261,9 @@ func (UnimplementedProxyServiceServer) WatchProxies(*WatchProxiesRequest, grpc.S
 }
 func (UnimplementedProxyServiceServer) DrainProxy(context.Context, *DrainProxyRequest) (*DrainProxyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DrainProxy not implemented")
+}
+func (UnimplementedProxyServiceServer) ListProxyChanges(context.Context, *ListProxyChangesRequest) (*ListProxyChangesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListProxyChanges not implemented")
 }
 func (UnimplementedProxyServiceServer) ListProviders(context.Context, *ListProvidersRequest) (*ListProvidersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProviders not implemented")
@@ -384,6 +408,24 @@ func _ProxyService_DrainProxy_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ProxyService_ListProxyChanges_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListProxyChangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProxyServiceServer).ListProxyChanges(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ProxyService_ListProxyChanges_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProxyServiceServer).ListProxyChanges(ctx, req.(*ListProxyChangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ProxyService_ListProviders_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListProvidersRequest)
 	if err := dec(in); err != nil {
@@ -432,6 +474,10 @@ var ProxyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DrainProxy",
 			Handler:    _ProxyService_DrainProxy_Handler,
+		},
+		{
+			MethodName: "ListProxyChanges",
+			Handler:    _ProxyService_ListProxyChanges_Handler,
 		},
 		{
 			MethodName: "ListProviders",

@@ -1,6 +1,6 @@
 -- +goose Up
 
--- proxies is the pool as the lease service knows it: one row per proxy ever
+-- proxies is the lease service's proxy mirror: one row per proxy ever
 -- seen, kept from the orchestrator's ProxyEvents (idempotent by revision),
 -- the health service's transitions and full resyncs. A deleted proxy stays
 -- as a tombstone so that a late, older event cannot bring it back.

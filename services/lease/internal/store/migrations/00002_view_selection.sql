@@ -1,6 +1,6 @@
 -- +goose Up
 
--- Selection moved into each replica's in-memory view of the pool; the
+-- Selection moved into each replica's in-memory view of the proxy mirror; the
 -- database only confirms a choice by primary key. Without an index on
 -- active_leases and last_lease_time, the two updates every lease makes to
 -- its proxy's row are HOT updates: no index entry is written and no dead

@@ -1,0 +1,252 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Rejected reports an error PostgreSQL raised about the values of a row
+// (a data exception such as a NUL byte in text, an integrity violation, a
+// value over a limit): the same row fails every time, so it must be
+// skipped, not retried.
+func Rejected(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || strings.HasPrefix(pgErr.Code, "54")
+}
+
+// ProxyState is what the lease service keeps of a proxy from the
+// orchestrator: a ProxyEvent's snapshot or a resync listing.
+type ProxyState struct {
+	UID        string
+	Name       string
+	Provider   string
+	Region     string
+	Zone       string
+	Labels     map[string]string
+	Host       string
+	Port       uint32
+	ProviderID string
+	// Ready is phase PROXY_PHASE_READY.
+	Ready bool
+	// Healthy is status.healthy, as of HealthTime (status.
+	// health_transition_time; nil when it never changed).
+	Healthy    bool
+	HealthTime *time.Time
+	// Deleted is a DELETED event (or absence from a resync listing).
+	Deleted bool
+	// MaxLeases is spec.lease.max_leases: nil takes the service default, 0
+	// is unlimited.
+	MaxLeases *uint32
+	// Pool is the name of the pool that owns the proxy; empty for none.
+	Pool string
+	// Draining: the proxy keeps its leases but takes no new one.
+	Draining bool
+}
+
+// applySQL upserts a snapshot unless the stored revision is as new. The
+// health verdict of the snapshot replaces the stored one unless the stored
+// one came later (a health transition seen before the orchestrator
+// republished the proxy) for the same instance.
+const applySQL = `
+INSERT INTO lease.proxies AS o (uid, name, provider, region, zone, labels, host, port, provider_id,
+                                ready, healthy, health_time, deleted, max_leases, revision, tiebreak, update_time,
+                                pool, draining)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+ON CONFLICT (uid) DO UPDATE SET
+	name = EXCLUDED.name, provider = EXCLUDED.provider, region = EXCLUDED.region, zone = EXCLUDED.zone,
+	labels = EXCLUDED.labels, host = EXCLUDED.host, port = EXCLUDED.port, provider_id = EXCLUDED.provider_id,
+	ready = EXCLUDED.ready, deleted = EXCLUDED.deleted, max_leases = EXCLUDED.max_leases,
+	revision = EXCLUDED.revision, update_time = EXCLUDED.update_time,
+	applied = nextval('lease.proxy_applied'),
+	pool = EXCLUDED.pool, draining = EXCLUDED.draining,
+	healthy = CASE WHEN o.provider_id <> EXCLUDED.provider_id OR o.health_time IS NULL
+	                    OR EXCLUDED.health_time >= o.health_time
+	               THEN EXCLUDED.healthy ELSE o.healthy END,
+	health_time = CASE WHEN o.provider_id <> EXCLUDED.provider_id OR o.health_time IS NULL
+	                        OR EXCLUDED.health_time >= o.health_time
+	                   THEN EXCLUDED.health_time ELSE o.health_time END
+WHERE o.revision < EXCLUDED.revision`
+
+func (s *Store) applyArgs(p ProxyState, revision int64) []any {
+	labels := "{}"
+	if len(p.Labels) > 0 {
+		labels = Selector{Labels: p.Labels}.labelsJSON()
+	}
+	var maxLeases *int32
+	if p.MaxLeases != nil {
+		v := int32(min(*p.MaxLeases, 1<<31-1))
+		maxLeases = &v
+	}
+	return []any{p.UID, p.Name, p.Provider, p.Region, p.Zone, labels, p.Host, int32(p.Port), p.ProviderID,
+		p.Ready, p.Healthy, p.HealthTime, p.Deleted, maxLeases, revision, Tiebreak(p.UID), s.cfg.Now().UTC(),
+		p.Pool, p.Draining}
+}
+
+// ApplyProxy stores a snapshot of revision unless a newer or equal one is
+// stored already; applied says whether it changed anything.
+func (s *Store) ApplyProxy(ctx context.Context, p ProxyState, revision int64) (applied bool, err error) {
+	err = retry(ctx, func() error {
+		tag, err := s.pool.Exec(ctx, applySQL, s.applyArgs(p, revision)...)
+		applied = tag.RowsAffected() > 0
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("applying proxy %s revision %d: %w", p.UID, revision, err)
+	}
+	s.Invalidate()
+	return applied, nil
+}
+
+// HealthTransition is a flip of the health service's verdict on a proxy.
+type HealthTransition struct {
+	Sequence   int64
+	ProxyUID   string
+	ProviderID string
+	Healthy    bool
+	Time       time.Time
+}
+
+// ApplyHealth stores a health transition if it is for the proxy's current
+// instance, newer than the last transition applied, and not older than the
+// verdict the orchestrator last published. A transition for a proxy not
+// known yet is dropped: the orchestrator's next event carries the verdict.
+func (s *Store) ApplyHealth(ctx context.Context, t HealthTransition) (applied bool, err error) {
+	err = retry(ctx, func() error {
+		tag, err := s.pool.Exec(ctx, `
+			UPDATE lease.proxies SET healthy = $3, health_time = $4, health_sequence = $5, update_time = $6
+			WHERE uid = $1 AND provider_id = $2 AND health_sequence < $5
+			  AND (health_time IS NULL OR health_time <= $4)`,
+			t.ProxyUID, t.ProviderID, t.Healthy, t.Time.UTC(), t.Sequence, s.cfg.Now().UTC())
+		applied = tag.RowsAffected() > 0
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("applying health transition %d of %s: %w", t.Sequence, t.ProxyUID, err)
+	}
+	s.Invalidate()
+	return applied, nil
+}
+
+// Withdraw makes a proxy whose snapshot at revision could not be stored
+// unleasable: not Ready (and deleted when deleted is set) until a newer
+// snapshot that can be stored arrives. It changes nothing when the
+// proxy is unknown or known at revision or later.
+func (s *Store) Withdraw(ctx context.Context, uid string, revision int64, deleted bool) error {
+	err := retry(ctx, func() error {
+		_, err := s.pool.Exec(ctx, `
+			UPDATE lease.proxies SET ready = false, deleted = deleted OR $3, revision = $2, update_time = $4,
+				applied = nextval('lease.proxy_applied')
+			WHERE uid = $1 AND revision < $2`,
+			uid, revision, deleted, s.cfg.Now().UTC())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("withdrawing proxy %s at revision %d: %w", uid, revision, err)
+	}
+	s.Invalidate()
+	return nil
+}
+
+// RejectedProxy is a proxy of a resync page PostgreSQL would not store.
+type RejectedProxy struct {
+	Proxy ProxyState
+	Err   error
+}
+
+// ApplySnapshot applies a page of a full listing taken at revision, in one
+// round trip. When PostgreSQL rejects a row's values, the page is applied
+// row by row instead and the rejected proxies are returned, the others
+// applied.
+func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revision int64) (applied int, rejected []RejectedProxy, err error) {
+	if len(proxies) == 0 {
+		return 0, nil, nil
+	}
+	applied, err = s.applyBatch(ctx, proxies, revision)
+	if err == nil || !Rejected(err) {
+		return applied, nil, err
+	}
+	applied = 0
+	for _, p := range proxies {
+		ok, err := s.ApplyProxy(ctx, p, revision)
+		switch {
+		case Rejected(err):
+			rejected = append(rejected, RejectedProxy{Proxy: p, Err: err})
+		case err != nil:
+			return applied, rejected, err
+		case ok:
+			applied++
+		}
+	}
+	return applied, rejected, nil
+}
+
+func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revision int64) (applied int, err error) {
+	err = retry(ctx, func() error {
+		applied = 0
+		b := &pgx.Batch{}
+		for _, p := range proxies {
+			b.Queue(applySQL, s.applyArgs(p, revision)...)
+		}
+		br := s.pool.SendBatch(ctx, b)
+		defer br.Close()
+		for range proxies {
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			applied += int(tag.RowsAffected())
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("applying a resync page at revision %d: %w", revision, err)
+	}
+	s.Invalidate()
+	return applied, nil
+}
+
+// ResyncMark is taken before a resync lists the orchestrator's proxies:
+// every snapshot applied after it (by this replica or another) is newer
+// than the listing's start. See DeleteMissing.
+func (s *Store) ResyncMark(ctx context.Context) (mark int64, err error) {
+	err = retry(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT nextval('lease.proxy_applied')`).Scan(&mark)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("taking a resync mark: %w", err)
+	}
+	return mark, nil
+}
+
+// DeleteMissing marks deleted every live proxy not in seen (the complete
+// listing) whose snapshot was applied before mark (ResyncMark, taken
+// before the listing began): it was deleted while its events were missed.
+// Which proxies are gone is decided by the listing, not by revisions, so
+// after a reset of the orchestrator's database (revisions start again
+// from one) the proxies it no longer holds go too. A tombstone keeps the
+// higher of its revision and the listing's (revision), so that a replayed
+// older event cannot bring it back.
+func (s *Store) DeleteMissing(ctx context.Context, seen []string, mark, revision int64) (deleted int, err error) {
+	err = retry(ctx, func() error {
+		tag, err := s.pool.Exec(ctx, `
+			UPDATE lease.proxies SET deleted = true, revision = GREATEST(revision, $2), update_time = $3
+			WHERE NOT deleted AND applied < $4 AND NOT (uid = ANY($1))`,
+			seen, revision, s.cfg.Now().UTC(), mark)
+		deleted = int(tag.RowsAffected())
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("deleting proxies missing from the resync: %w", err)
+	}
+	s.Invalidate()
+	return deleted, nil
+}
