@@ -10,6 +10,7 @@ import (
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/google/uuid"
+	"github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/protobuf/proto"
 
@@ -150,6 +151,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	cctx, cancel := be.call(ctx)
 	op, err := c.instances.Insert(cctx, ins)
 	cancel()
+	existed := false
 	switch {
 	case err == nil:
 		log.DebugContext(ctx, "gcp instance insert accepted", "operation", op.Name(), "status", op.Proto().GetStatus().String())
@@ -158,18 +160,24 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 			return nil, notFoundAsTransient(err)
 		}
 	case isAlreadyExists(err):
+		existed = true
 		log.DebugContext(ctx, "gcp instance already exists; checking it is ours")
 	default:
 		return nil, notFoundAsTransient(err)
 	}
 	inst, err := be.getInstance(ctx, c, p.zone, name)
-	if err != nil {
-		if errclass.Is(err, errclass.NotFound) {
-			// The insert is still running (or Get has not caught up).
-			return &provisionerv1.Instance{ProviderId: pid, ProxyUid: req.GetProxyUid(), Name: name,
-				State:   provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING,
-				Details: map[string]string{"zone": p.zone, "project": be.cfg.Project}}, nil
-		}
+	switch {
+	case errclass.Is(err, errclass.NotFound) && existed:
+		// The name is taken by an instance Get no longer finds: one
+		// being deleted. Create answers only an instance it has seen.
+		return nil, errclass.New(errclass.Transient, "instance %s in %s exists (the insert answered alreadyExists) but Get does not find it: it is being deleted; Create retries once the name is free", name, p.zone).
+			WithMetadata("zone", p.zone, "name", name)
+	case errclass.Is(err, errclass.NotFound):
+		// Our insert is still running (or Get has not caught up).
+		return &provisionerv1.Instance{ProviderId: pid, ProxyUid: req.GetProxyUid(), Name: name,
+			State:   provisionerv1.InstanceState_INSTANCE_STATE_PROVISIONING,
+			Details: map[string]string{"zone": p.zone, "project": be.cfg.Project}}, nil
+	case err != nil:
 		return nil, notFoundAsTransient(err)
 	}
 	m := markOf(inst.GetLabels())
@@ -181,9 +189,38 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 		return nil, errclass.New(errclass.Permanent, "instance %s in %s already exists with %s; delete or rename it", name, p.zone, who).
 			WithMetadata("zone", p.zone, "name", name)
 	}
+	switch inst.GetStatus() {
+	case "STOPPING":
+		// Being deleted (or stopped): adopting it would answer an
+		// instance that is gone seconds later.
+		return nil, errclass.New(errclass.Transient, "instance %s in %s is stopping (being deleted or stopped); Create retries once it is gone or stopped", name, p.zone).
+			WithMetadata("zone", p.zone, "name", name, "status", inst.GetStatus())
+	case "TERMINATED":
+		// Ours, stopped (a maintenance event, a stop by hand): nothing
+		// else would ever start it.
+		if inst, err = be.start(ctx, c, p.zone, name); err != nil {
+			return nil, notFoundAsTransient(err)
+		}
+		log.InfoContext(ctx, "gcp instance of the proxy was stopped; started it", "status", inst.GetStatus())
+	}
 	out := be.toInstance(inst, p.zone)
 	log.DebugContext(ctx, "gcp instance created", "state", out.GetState().String(), "ip", out.GetIp())
 	return out, nil
+}
+
+// start starts a stopped instance, watches the start operation and reads
+// the instance again.
+func (be *Backend) start(ctx context.Context, c *clients, zone, name string) (*computepb.Instance, error) {
+	cctx, cancel := be.call(ctx)
+	op, err := c.instances.Start(cctx, &computepb.StartInstanceRequest{Project: be.cfg.Project, Zone: zone, Instance: name, RequestId: proto.String(uuid.NewString())})
+	cancel()
+	if err != nil {
+		return nil, classify(err)
+	}
+	if err := be.watch(ctx, op); err != nil {
+		return nil, err
+	}
+	return be.getInstance(ctx, c, zone, name)
 }
 
 // watch polls an operation until it is done or operationWait has passed.
@@ -210,9 +247,7 @@ func (be *Backend) watch(ctx context.Context, op *compute.Operation) error {
 			return nil
 		case <-t.C:
 		}
-		pctx, pcancel := be.call(wctx)
-		err := op.Poll(pctx)
-		pcancel()
+		err := be.retried(wctx, func(ctx context.Context, opt gax.CallOption) error { return op.Poll(ctx, opt) })
 		if oerr := operationError(op.Proto()); oerr != nil {
 			return oerr
 		}
@@ -220,7 +255,7 @@ func (be *Backend) watch(ctx context.Context, op *compute.Operation) error {
 			if wctx.Err() != nil && ctx.Err() == nil {
 				return nil
 			}
-			return classify(err)
+			return err
 		}
 		if op.Done() {
 			return nil

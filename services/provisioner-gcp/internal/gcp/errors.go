@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/googleapi"
 
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
@@ -146,10 +149,57 @@ func operationError(op *computepb.Operation) error {
 }
 
 // notFoundAsTransient is for Create, which must never answer NotFound.
+// The API's status and reason stay in the metadata.
 func notFoundAsTransient(err error) error {
 	err = classify(err)
-	if errclass.Is(err, errclass.NotFound) {
-		return &errclass.Error{Class: errclass.Transient, Message: err.Error(), Err: err}
+	var ce *errclass.Error
+	if errors.As(err, &ce) && ce.Class == errclass.NotFound {
+		out := *ce
+		out.Class, out.Metadata, out.Err = errclass.Transient, maps.Clone(ce.Metadata), err
+		return &out
 	}
 	return err
+}
+
+// retried runs one read of Compute (a Get, an operation poll), which the
+// SDK retries on 503 and 504 until the request's deadline, and classifies
+// its error. A read that its deadline ended while retrying says what
+// Compute last answered, with that answer's status and reason.
+func (be *Backend) retried(ctx context.Context, read func(ctx context.Context, opt gax.CallOption) error) error {
+	cctx, cancel := be.call(ctx)
+	defer cancel()
+	var last error
+	opt := gax.WithRetry(func() gax.Retryer {
+		return &recorder{inner: readRetryer(), last: &last}
+	})
+	err := read(cctx, opt)
+	if err == nil {
+		return nil
+	}
+	if last == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		return classify(err)
+	}
+	var ce *errclass.Error
+	if !errors.As(classify(last), &ce) {
+		return classify(err)
+	}
+	return &errclass.Error{Class: errclass.Transient, Message: "gcp request timed out retrying; Compute last answered " + ce.Message,
+		Metadata: maps.Clone(ce.Metadata), Err: err}
+}
+
+// readRetryer is the SDK's own retry policy for Compute's reads.
+func readRetryer() gax.Retryer {
+	return gax.OnHTTPCodes(gax.Backoff{Initial: 100 * time.Millisecond, Max: time.Minute, Multiplier: 1.3},
+		http.StatusGatewayTimeout, http.StatusServiceUnavailable)
+}
+
+// recorder is a Retryer that keeps the last error it was asked about.
+type recorder struct {
+	inner gax.Retryer
+	last  *error
+}
+
+func (r *recorder) Retry(err error) (time.Duration, bool) {
+	*r.last = err
+	return r.inner.Retry(err)
 }

@@ -7,6 +7,7 @@ import (
 
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/iterator"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -17,11 +18,13 @@ import (
 
 // getInstance reads one instance; errors are classified (404 NotFound).
 func (be *Backend) getInstance(ctx context.Context, c *clients, zone, name string) (*computepb.Instance, error) {
-	cctx, cancel := be.call(ctx)
-	defer cancel()
-	inst, err := c.instances.Get(cctx, &computepb.GetInstanceRequest{Project: be.cfg.Project, Zone: zone, Instance: name})
+	var inst *computepb.Instance
+	err := be.retried(ctx, func(ctx context.Context, opt gax.CallOption) (err error) {
+		inst, err = c.instances.Get(ctx, &computepb.GetInstanceRequest{Project: be.cfg.Project, Zone: zone, Instance: name}, opt)
+		return err
+	})
 	if err != nil {
-		return nil, classify(err)
+		return nil, err
 	}
 	return inst, nil
 }

@@ -139,6 +139,7 @@ func (f *Fake) zoneURL(zone string) string {
 var (
 	instancesRE  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances$`)
 	instanceRE   = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$`)
+	startRE      = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/start$`)
 	operationRE  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)$`)
 	aggregatedRE = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/aggregated/instances$`)
 	nameRE       = regexp.MustCompile(`^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -181,6 +182,12 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.delete(w, m[2], m[3])
 		default:
 			writeError(w, http.StatusMethodNotAllowed, "methodNotAllowed", "Method not allowed")
+		}
+		return
+	}
+	if m := startRE.FindStringSubmatch(p); m != nil && r.Method == http.MethodPost {
+		if f.project(w, m[1]) && f.zone(w, m[2]) {
+			f.start(w, m[2], m[3])
 		}
 		return
 	}
@@ -379,6 +386,32 @@ func (f *Fake) delete(w http.ResponseWriter, zone, name string) {
 	o.apply = func() {
 		delete(f.instances, key)
 		delete(f.pending, key)
+	}
+	writeProto(w, o.proto)
+}
+
+// start starts a TERMINATED instance (STAGING, then RUNNING as Get
+// reads it); a running one is left as it is, with a done operation, and
+// one in transition is refused resourceNotReady, as Compute does.
+func (f *Fake) start(w http.ResponseWriter, zone, name string) {
+	key := zone + "/" + name
+	in, ok := f.instances[key]
+	if !ok {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", f.opts.Project, zone, name))
+		return
+	}
+	switch in.GetStatus() {
+	case "TERMINATED", "RUNNING", "STAGING", "PROVISIONING":
+	default:
+		writeError(w, http.StatusBadRequest, "resourceNotReady", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' is not ready", f.opts.Project, zone, name))
+		return
+	}
+	o := f.newOp(zone, "start", name)
+	if in.GetStatus() == "TERMINATED" {
+		in.Status = proto.String("STAGING")
+	} else {
+		o.advance()
+		o.advance()
 	}
 	writeProto(w, o.proto)
 }
