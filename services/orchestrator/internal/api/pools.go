@@ -54,7 +54,7 @@ func (s *PoolServer) CreateProxyPool(ctx context.Context, req *proxyv1.CreatePro
 	want := pool.Normalize(req.GetSpec())
 	var out *store.PoolRow
 	created := false
-	err := s.store().Write(ctx, func(tx *store.Tx) error {
+	write := func(tx *store.Tx) error {
 		created = false
 		existing, err := tx.LockPool(ctx, req.GetName())
 		switch {
@@ -80,9 +80,13 @@ func (s *PoolServer) CreateProxyPool(ctx context.Context, req *proxyv1.CreatePro
 		}
 		out, created = p, true
 		return nil
-	})
+	}
+	err := s.store().Write(ctx, write)
 	if errors.Is(err, store.ErrPoolExists) {
-		return nil, status.Errorf(codes.Aborted, "pool %q was created concurrently; retry", req.GetName())
+		// Another request created the name between our look and our
+		// insert: a second look answers as if it had come first
+		// (the same pool, or AlreadyExists for another spec).
+		err = s.store().Write(ctx, write)
 	}
 	if err != nil {
 		return nil, poolErr(err)

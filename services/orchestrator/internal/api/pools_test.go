@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -163,5 +164,52 @@ func TestDrainProxy(t *testing.T) {
 	}
 	if _, err := h.Client.DrainProxy(ctx, &proxyv1.DrainProxyRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("drain missing: %v", err)
+	}
+}
+
+// TestPoolConcurrentCreates: creates of one name racing each other answer
+// as if they had come one after the other: one creates the pool, the same
+// spec is answered the same pool, another spec AlreadyExists; none is
+// Aborted.
+func TestPoolConcurrentCreates(t *testing.T) {
+	t.Parallel()
+	h := orchtest.New(t)
+	ctx := context.Background()
+	for round := 0; round < 5; round++ {
+		name := fmt.Sprintf("race-%d", round)
+		const n = 8
+		type answer struct {
+			resp *proxyv1.CreateProxyPoolResponse
+			err  error
+		}
+		answers := make(chan answer, n)
+		start := make(chan struct{})
+		for i := 0; i < n; i++ {
+			replicas := int32(0)
+			if i%2 == 1 {
+				replicas = 1 // another spec
+			}
+			go func() {
+				<-start
+				resp, err := h.Pools.CreateProxyPool(ctx, &proxyv1.CreateProxyPoolRequest{Name: name, Spec: orchtest.PoolSpec(replicas)})
+				answers <- answer{resp, err}
+			}()
+		}
+		close(start)
+		createdN := 0
+		for i := 0; i < n; i++ {
+			a := <-answers
+			switch {
+			case a.err == nil && a.resp.GetCreated():
+				createdN++
+			case a.err == nil:
+			case status.Code(a.err) == codes.AlreadyExists:
+			default:
+				t.Errorf("round %d: create answered %v, want OK or AlreadyExists", round, a.err)
+			}
+		}
+		if createdN != 1 {
+			t.Errorf("round %d: %d creates report created, want 1", round, createdN)
+		}
 	}
 }

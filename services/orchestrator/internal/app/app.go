@@ -215,6 +215,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 			Health:   healthv1.NewHealthServiceClient(conn),
 			Interval: c.ProviderHealthInterval, StaleAfter: c.ProviderHealthStale,
 			Log: s.Log.With("component", "pools"), Changed: changes.Notify,
+			PollFailures: ctrl.Metrics.ProviderHealthFails,
 		}
 		ctrl.ProviderNotReady = provHealth.NotReady
 		s.Go(func(ctx context.Context) error {

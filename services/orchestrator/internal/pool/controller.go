@@ -27,6 +27,8 @@ type Metrics struct {
 	// Claimed counts syncs that claimed their pool (not skipped because
 	// another replica held it).
 	Claimed prometheus.Counter
+	// ProviderHealthFails counts failed polls of the providers' health.
+	ProviderHealthFails prometheus.Counter
 }
 
 // NewMetrics registers the controller's metrics on reg.
@@ -51,9 +53,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Claimed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "egress_pool_syncs_total", Help: "Pool syncs this replica ran (it held the pool's claim).",
 		}),
+		ProviderHealthFails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egress_pool_provider_health_poll_failures_total", Help: "Polls of the providers' health (ListProviderHealth) that failed; the pools keep the last verdicts for --provider-health-stale-after.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Actions, m.Scaling, m.SyncTime, m.Desired, m.SyncFails, m.Claimed)
+		reg.MustRegister(m.Actions, m.Scaling, m.SyncTime, m.Desired, m.SyncFails, m.Claimed, m.ProviderHealthFails)
 	}
 	return m
 }

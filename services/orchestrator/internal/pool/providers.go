@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 )
 
@@ -36,6 +38,9 @@ type ProviderHealth struct {
 	// Changed, when set, is called after a poll that changed the verdicts
 	// (the controller then syncs the pools at once).
 	Changed func()
+	// PollFailures, when set, counts the failed polls: the log warns once
+	// per spell, the counter shows how long a spell lasts.
+	PollFailures prometheus.Counter
 
 	now func() time.Time
 
@@ -103,6 +108,9 @@ func (h *ProviderHealth) Poll(ctx context.Context, timeout time.Duration) {
 	cancel()
 	if ctx.Err() != nil {
 		return
+	}
+	if err != nil && h.PollFailures != nil {
+		h.PollFailures.Inc()
 	}
 	h.mu.Lock()
 	if err != nil {

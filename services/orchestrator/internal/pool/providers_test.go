@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -61,7 +62,8 @@ func TestProviderHealthPolls(t *testing.T) {
 	h := &ProviderHealth{
 		Health: healthv1.NewHealthServiceClient(conn), StaleAfter: time.Minute,
 		Log: slog.New(slog.NewTextHandler(logs, nil)), Changed: func() { changed++ },
-		now: func() time.Time { return now },
+		PollFailures: NewMetrics(nil).ProviderHealthFails,
+		now:          func() time.Time { return now },
 	}
 	ctx := context.Background()
 	poll := func() { h.Poll(ctx, 5*time.Second) }
@@ -95,6 +97,9 @@ func TestProviderHealthPolls(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "WARNING: reading the providers' health failed"); n != 1 {
 		t.Fatalf("%d failure warnings in one spell, want 1:\n%s", n, logs)
+	}
+	if n := testutil.ToFloat64(h.PollFailures); n != 3 {
+		t.Fatalf("poll failures counted %v, want 3", n)
 	}
 	now = now.Add(20 * time.Second) // 65s after the last good poll
 	wantNotReady("past StaleAfter", nil)
