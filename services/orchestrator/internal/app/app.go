@@ -198,7 +198,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	s.MountREST(proxyv1.RegisterProxyServiceHandler)
 	proxyv1.RegisterProxyPoolServiceServer(s.GRPC, &api.PoolServer{Server: srv})
 	s.MountREST(proxyv1.RegisterProxyPoolServiceHandler)
-	book := poolctl.NewBook(24 * time.Hour)
+	book := poolctl.NewBook()
 	ctrl := &poolctl.Controller{
 		Store: st, Changes: changes, Log: s.Log.With("component", "pools"), Metrics: poolctl.NewMetrics(s.Metrics),
 		Resync: c.PoolResync, Demand: book.Get,

@@ -10,54 +10,54 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
-// Demand is what the lease service reported for a pool: the latest report
-// and the recent ones the scale-down stabilisation looks back on.
+// Demand is what the lease service last reported for a pool.
 type Demand struct {
 	// Pool is the latest report.
 	Pool *proxyv1.PoolDemand
 	// LeasesByProxyID counts the leases each proxy of the pool holds
 	// (proxies without a lease are absent).
 	LeasesByProxyID map[string]int
-	// Received is when the latest report arrived.
+	// Received is when the latest report arrived (its observe time when
+	// that is earlier).
 	Received time.Time
-	// History holds the reports of the longest stabilisation window,
-	// oldest first; Since is when this replica began to listen, so a
-	// window that reaches further back is not complete.
-	History []Sample
-	Since   time.Time
 }
 
 // Sample is one demand report as the autoscaler uses it.
 type Sample struct {
-	At       time.Time
 	Active   int64
 	Capacity int64
 	Leasable int64
 	Refused  int64
 }
 
+// sample is the latest report as a Sample.
+func (d *Demand) sample() Sample {
+	p := d.Pool
+	return Sample{Active: p.GetActiveLeases(), Capacity: p.GetCapacity(), Leasable: p.GetLeasableProxies(), Refused: p.GetRefusedAcquires()}
+}
+
 // MaxStale is how old the latest report may be for the autoscaler to act
 // on it: a silent lease service changes nothing.
 const MaxStale = time.Minute
 
-// Book keeps every pool's demand as reports arrive (on every replica, so
-// whichever replica owns a pool next has its history).
+// Book keeps every pool's latest demand as reports arrive (on every
+// replica, so whichever replica owns a pool next has it). What the
+// scale-downs look back on is kept with the pool (store.ScaleHistory).
 type Book struct {
 	mu      sync.Mutex
 	pools   map[string]*Demand
-	since   time.Time
-	keep    time.Duration
 	nowFunc func() time.Time
 }
 
-// NewBook starts a book that keeps keep of history.
-func NewBook(keep time.Duration) *Book {
-	return &Book{pools: map[string]*Demand{}, since: time.Now(), keep: keep, nowFunc: time.Now}
+// NewBook starts an empty book.
+func NewBook() *Book {
+	return &Book{pools: map[string]*Demand{}, nowFunc: time.Now}
 }
 
-// Record adds a report for a pool.
+// Record replaces a pool's latest report.
 func (b *Book) Record(pool string, d *proxyv1.PoolDemand, leases map[string]int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -65,19 +65,7 @@ func (b *Book) Record(pool string, d *proxyv1.PoolDemand, leases map[string]int)
 	if t := d.GetObserveTime(); t != nil && t.AsTime().Before(now) {
 		now = t.AsTime()
 	}
-	cur := b.pools[pool]
-	if cur == nil {
-		cur = &Demand{Since: b.since}
-		b.pools[pool] = cur
-	}
-	cur.Pool, cur.LeasesByProxyID, cur.Received = d, leases, now
-	cur.History = append(cur.History, Sample{At: now, Active: d.GetActiveLeases(), Capacity: d.GetCapacity(),
-		Leasable: d.GetLeasableProxies(), Refused: d.GetRefusedAcquires()})
-	cut := 0
-	for cut < len(cur.History) && now.Sub(cur.History[cut].At) > b.keep {
-		cut++
-	}
-	cur.History = cur.History[cut:]
+	b.pools[pool] = &Demand{Pool: d, LeasesByProxyID: leases, Received: now}
 }
 
 // Get returns a copy of a pool's demand, nil when none was reported.
@@ -90,8 +78,31 @@ func (b *Book) Get(pool string) *Demand {
 	}
 	out := *d
 	out.Pool = proto.Clone(d.Pool).(*proxyv1.PoolDemand)
-	out.History = append([]Sample(nil), d.History...)
 	return &out
+}
+
+// remember adds the count a report received at asked for to h, and drops
+// what the window no longer covers. Steps stay in decreasing order of
+// count: a step is dropped once a later one asks for as many, since the
+// later one covers every window the earlier one is in.
+func remember(h store.ScaleHistory, at time.Time, want int32, window time.Duration) store.ScaleHistory {
+	if h.Since.IsZero() {
+		h.Since = at
+	}
+	if at.After(h.Last) {
+		h.Last = at
+		steps := append([]store.ScaleStep(nil), h.Steps...)
+		for len(steps) > 0 && steps[len(steps)-1].Want <= want {
+			steps = steps[:len(steps)-1]
+		}
+		h.Steps = append(steps, store.ScaleStep{At: at, Want: want})
+	}
+	cut := 0
+	for cut < len(h.Steps)-1 && at.Sub(h.Steps[cut].At) > window {
+		cut++
+	}
+	h.Steps = h.Steps[cut:]
+	return h
 }
 
 // Target is the autoscaling's utilisation target as a fraction.
@@ -134,9 +145,10 @@ func Recommend(s Sample, target float64, cur int32) int32 {
 // Autoscale decides the desired count of an autoscaled pool from its
 // demand: up at once to what the latest report asks for, down only to the
 // highest count any report of the stabilisation window asked for, and
-// only once this replica has heard a whole window. It returns the count
-// and the decision, or a nil decision when the count stays.
-func Autoscale(s *proxyv1.ProxyPoolSpec, st *proxyv1.ProxyPoolStatus, d *Demand, now time.Time) (int32, *proxyv1.ScalingDecision) {
+// only once the pool's history covers a whole window. It returns the
+// count and the decision (nil when the count stays), and the history with
+// the latest report in it.
+func Autoscale(s *proxyv1.ProxyPoolSpec, st *proxyv1.ProxyPoolStatus, d *Demand, h store.ScaleHistory, now time.Time) (int32, *proxyv1.ScalingDecision, store.ScaleHistory) {
 	a := s.GetAutoscaling()
 	cur := st.GetDesiredReplicas()
 	clamped := Clamp(s, cur)
@@ -148,19 +160,22 @@ func Autoscale(s *proxyv1.ProxyPoolSpec, st *proxyv1.ProxyPoolStatus, d *Demand,
 	}
 	if d == nil || d.Pool == nil || now.Sub(d.Received) > MaxStale {
 		if clamped != cur {
-			return decide(clamped, clampReason(clamped, cur), "replicas outside [min_replicas, max_replicas]")
+			to, dec := decide(clamped, clampReason(clamped, cur), "replicas outside [min_replicas, max_replicas]")
+			return to, dec, h
 		}
-		return cur, nil
+		return cur, nil, h
 	}
 	target := targetFraction(a)
-	latest := d.History[len(d.History)-1]
+	latest := d.sample()
 	want := Recommend(latest, target, cur)
+	window := Stabilization(a)
+	h = remember(h, d.Received, want, window)
 	inputs := fmt.Sprintf("active leases %d, capacity %d on %d leasable proxies, %d acquires refused, target utilisation %.0f%%",
 		latest.Active, latest.Capacity, latest.Leasable, latest.Refused, target*100)
 	if want > cur {
 		to := min(want, a.GetMaxReplicas())
 		if to == cur {
-			return cur, nil
+			return cur, nil, h
 		}
 		reason := ScaleDemandUp
 		if latest.Refused > 0 {
@@ -169,24 +184,28 @@ func Autoscale(s *proxyv1.ProxyPoolSpec, st *proxyv1.ProxyPoolStatus, d *Demand,
 		if to < want {
 			inputs += fmt.Sprintf("; %d wanted, capped at max_replicas", want)
 		}
-		return decide(to, reason, inputs)
+		to, dec := decide(to, reason, inputs)
+		return to, dec, h
 	}
-	window := Stabilization(a)
-	if now.Sub(d.Since) < window {
-		return decide2(cur, clamped, decide)
+	if now.Sub(h.Since) < window {
+		to, dec := decide2(cur, clamped, decide)
+		return to, dec, h
 	}
-	// The highest recommendation within the window.
+	// The highest count asked within the window: its first step.
 	highest := want
-	for _, smp := range d.History {
-		if now.Sub(smp.At) <= window {
-			highest = max(highest, Recommend(smp, target, cur))
+	for _, step := range h.Steps {
+		if now.Sub(step.At) <= window {
+			highest = max(highest, step.Want)
+			break
 		}
 	}
 	to := max(highest, a.GetMinReplicas())
 	if to < cur {
-		return decide(to, ScaleDemandDown, fmt.Sprintf("%s; the highest count asked within %s is %d", inputs, window, highest))
+		to, dec := decide(to, ScaleDemandDown, fmt.Sprintf("%s; the highest count asked within %s is %d", inputs, window, highest))
+		return to, dec, h
 	}
-	return decide2(cur, clamped, decide)
+	to, dec := decide2(cur, clamped, decide)
+	return to, dec, h
 }
 
 func decide2(cur, clamped int32, decide func(int32, string, string) (int32, *proxyv1.ScalingDecision)) (int32, *proxyv1.ScalingDecision) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -228,7 +229,13 @@ func (c *Controller) Sync(ctx context.Context, name string) error {
 		}
 		members := Members(p.Spec, name, rows, demand)
 		st := proto.Clone(p.Status).(*proxyv1.ProxyPoolStatus)
+		hist := p.ScaleHistory
 		desired, decision := c.desired(p, st, demand, now)
+		if !reflect.DeepEqual(hist, p.ScaleHistory) {
+			if err := tx.WriteScaleHistory(ctx, p.UID, p.ScaleHistory); err != nil {
+				return err
+			}
+		}
 		if decision != nil {
 			st.LastScalingDecision = decision
 			st.DesiredReplicas = decision.GetToReplicas()
@@ -295,7 +302,9 @@ func (c *Controller) desired(p *store.PoolRow, st *proxyv1.ProxyPoolStatus, dema
 		}
 		return cur, nil
 	}
-	if to, d := Autoscale(p.Spec, st, demand, now); d != nil {
+	to, d, hist := Autoscale(p.Spec, st, demand, p.ScaleHistory, now)
+	p.ScaleHistory = hist
+	if d != nil {
 		return to, d
 	}
 	return Clamp(p.Spec, cur), nil

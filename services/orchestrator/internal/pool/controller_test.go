@@ -76,7 +76,7 @@ func waitPoolFor(t testing.TB, h *orchtest.Harness, name, what string, timeout t
 func startPools(t testing.TB) *orchtest.Harness {
 	t.Helper()
 	h := orchtest.New(t)
-	h.Demand = poolctl.NewBook(time.Minute)
+	h.Demand = poolctl.NewBook()
 	cloud := orchtest.NewCloud()
 	h.StartProvisioner("fake", cloud.Answer)
 	h.StartProvisioner("other", cloud.Answer)
@@ -90,7 +90,7 @@ func startPools(t testing.TB) *orchtest.Harness {
 func startSolo(t testing.TB) (*orchtest.Harness, *orchtest.Cloud, *proxyv1.Proxy) {
 	t.Helper()
 	h := orchtest.New(t)
-	h.Demand = poolctl.NewBook(time.Minute)
+	h.Demand = poolctl.NewBook()
 	cloud, _ := h.StartCloud("fake")
 	h.StartReplica()
 	p := h.Create(orchtest.Managed("solo"))
@@ -344,4 +344,57 @@ func TestPoolAutoscalesOnDemand(t *testing.T) {
 		t.Errorf("scaled down %s after the refusals, within the 2s window", at.Sub(refusedAt))
 	}
 	waitPool(t, h, "auto", "1 live", func(live, _, _ []*lifecycle.Proxy) bool { return len(live) == 1 && live[0].UID == busy })
+}
+
+// TestAutoscaleHistoryOutlivesTheReplica: the scale-down window looks back
+// on the pool's own history, so a replica that takes the pool over, whose
+// book heard only the latest report, scales down once the window since the
+// busy report has passed, not a whole window after it started listening.
+func TestAutoscaleHistoryOutlivesTheReplica(t *testing.T) {
+	t.Parallel()
+	h := orchtest.New(t)
+	ctx := context.Background()
+	spec := orchtest.PoolSpec(1)
+	spec.Autoscaling = &proxyv1.Autoscaling{MinReplicas: 1, MaxReplicas: 4, TargetUtilizationPercent: 100,
+		ScaleDownStabilization: durationpb.New(20 * time.Second)}
+	if _, err := h.Pools.CreateProxyPool(ctx, &proxyv1.CreateProxyPoolRequest{Name: "auto", Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	sync := func(c *poolctl.Controller) *proxyv1.ProxyPool {
+		t.Helper()
+		if err := c.Sync(ctx, "auto"); err != nil {
+			t.Fatal(err)
+		}
+		p, err := h.Pools.GetProxyPool(ctx, &proxyv1.GetProxyPoolRequest{Name: "auto"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.GetPool()
+	}
+	// Replica A heard 30s ago: one proxy leased, three acquires refused.
+	busyAt := time.Now().Add(-30 * time.Second)
+	a := h.Controller()
+	bookA := poolctl.NewBook()
+	a.Demand = bookA.Get
+	bookA.Record("auto", &proxyv1.PoolDemand{ActiveLeases: 1, Capacity: 1, LeasableProxies: 1, RefusedAcquires: 3, ObserveTime: timestamppb.New(busyAt)}, nil)
+	sync(a) // the pool's first count
+	if p := sync(a); p.GetStatus().GetDesiredReplicas() != 4 {
+		t.Fatalf("replica A: desired %d after the refusals, want 4 (%v)", p.GetStatus().GetDesiredReplicas(), p.GetStatus().GetLastScalingDecision())
+	}
+	row, err := h.Store.GetPool(ctx, "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hist := row.ScaleHistory; hist.Since.Sub(busyAt).Abs() > time.Millisecond || len(hist.Steps) != 1 || hist.Steps[0].Want != 4 {
+		t.Fatalf("stored history %+v, want since the busy report, one step of 4", hist)
+	}
+	// Replica B takes over; its book holds only a quiet report.
+	b := h.Controller()
+	bookB := poolctl.NewBook()
+	b.Demand = bookB.Get
+	bookB.Record("auto", &proxyv1.PoolDemand{ActiveLeases: 1, Capacity: 4, LeasableProxies: 4, ObserveTime: timestamppb.Now()}, nil)
+	p := sync(b)
+	if d := p.GetStatus().GetLastScalingDecision(); p.GetStatus().GetDesiredReplicas() != 1 || d.GetReason() != poolctl.ScaleDemandDown {
+		t.Fatalf("replica B: desired %d (%v), want 1 by %s: the busy report is older than the window", p.GetStatus().GetDesiredReplicas(), d, poolctl.ScaleDemandDown)
+	}
 }

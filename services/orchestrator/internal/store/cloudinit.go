@@ -141,7 +141,7 @@ func (s *Store) ReencryptCloudInit(ctx context.Context, batchSize int) (int, err
 func (s *Store) reencryptPools(ctx context.Context, keys *atrest.Keyring) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, "SELECT "+poolColumns+` FROM orchestrator.pools
+		rows, err := tx.Query(ctx, "SELECT "+poolSelect+` FROM orchestrator.pools
 			WHERE cloud_init_key <> '' AND cloud_init_key <> $1 FOR UPDATE`, keys.Active())
 		if err != nil {
 			return err

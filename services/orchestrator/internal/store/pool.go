@@ -35,6 +35,29 @@ type PoolRow struct {
 	CreateTime time.Time
 	UpdateTime time.Time
 	DeleteTime *time.Time
+	// ScaleHistory is the autoscaler's, written by WriteScaleHistory.
+	ScaleHistory ScaleHistory
+}
+
+// ScaleHistory is what an autoscaled pool's scale-downs look back on: the
+// counts its demand asked for within the scale-down window, kept in the
+// pool's row so that whichever replica syncs the pool next has them.
+type ScaleHistory struct {
+	// Since is when the pool's demand was first recorded: a window that
+	// reaches further back is not complete.
+	Since time.Time `json:"since,omitzero"`
+	// Last is the time of the last demand report recorded.
+	Last time.Time `json:"last,omitzero"`
+	// Steps, oldest first, each asking for fewer proxies than the one
+	// before: the highest count of any part of the window is its first
+	// step.
+	Steps []ScaleStep `json:"steps,omitempty"`
+}
+
+// ScaleStep is the count one demand report asked for.
+type ScaleStep struct {
+	At   time.Time `json:"at"`
+	Want int32     `json:"want"`
 }
 
 // Deleting reports whether deletion was requested.
@@ -68,6 +91,10 @@ func (p *PoolRow) Proto(withCloudInit bool) *proxyv1.ProxyPool {
 const poolColumns = `uid, name, labels, spec, cloud_init, cloud_init_key, status, generation, revision,
 	create_time, update_time, delete_time`
 
+// poolSelect is what scanPool reads: the columns WritePool writes and the
+// scale history.
+const poolSelect = poolColumns + ", scale_history"
+
 func scanPool(keys *atrest.Keyring, row pgx.Row) (*PoolRow, error) {
 	var (
 		p      PoolRow
@@ -76,9 +103,10 @@ func scanPool(keys *atrest.Keyring, row pgx.Row) (*PoolRow, error) {
 		sealed []byte
 		keyID  string
 		status []byte
+		hist   []byte
 	)
 	err := row.Scan(&p.UID, &p.Name, &labels, &spec, &sealed, &keyID, &status, &p.Generation, &p.Revision,
-		&p.CreateTime, &p.UpdateTime, &p.DeleteTime)
+		&p.CreateTime, &p.UpdateTime, &p.DeleteTime, &hist)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrPoolNotFound
 	}
@@ -87,6 +115,9 @@ func scanPool(keys *atrest.Keyring, row pgx.Row) (*PoolRow, error) {
 	}
 	if err := json.Unmarshal(labels, &p.Labels); err != nil {
 		return nil, fmt.Errorf("labels of pool %s: %w", p.Name, err)
+	}
+	if err := json.Unmarshal(hist, &p.ScaleHistory); err != nil {
+		return nil, fmt.Errorf("scale history of pool %s: %w", p.Name, err)
 	}
 	p.Spec, p.Status = &proxyv1.ProxyPoolSpec{}, &proxyv1.ProxyPoolStatus{}
 	if err := proto.Unmarshal(spec, p.Spec); err != nil {
@@ -129,7 +160,7 @@ func scanPools(keys *atrest.Keyring, rows pgx.Rows) ([]*PoolRow, error) {
 
 // GetPool reads one pool by name.
 func (s *Store) GetPool(ctx context.Context, name string) (*PoolRow, error) {
-	return scanPool(s.keyring(), s.pool.QueryRow(ctx, "SELECT "+poolColumns+" FROM orchestrator.pools WHERE name = $1", name))
+	return scanPool(s.keyring(), s.pool.QueryRow(ctx, "SELECT "+poolSelect+" FROM orchestrator.pools WHERE name = $1", name))
 }
 
 // ListPools returns up to limit pools after name after, in name order, and
@@ -141,7 +172,7 @@ func (s *Store) ListPools(ctx context.Context, after string, limit int) ([]*Pool
 		if err := tx.QueryRow(ctx, "SELECT value FROM orchestrator.pool_revision").Scan(&rev); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, "SELECT "+poolColumns+" FROM orchestrator.pools WHERE name > $1 ORDER BY name LIMIT $2", after, limit)
+		rows, err := tx.Query(ctx, "SELECT "+poolSelect+" FROM orchestrator.pools WHERE name > $1 ORDER BY name LIMIT $2", after, limit)
 		if err != nil {
 			return err
 		}
@@ -200,14 +231,14 @@ func (s *Store) PrunePoolChanges(ctx context.Context, retention time.Duration) (
 
 // LockPool reads a pool by name and locks it until the transaction ends.
 func (t *Tx) LockPool(ctx context.Context, name string) (*PoolRow, error) {
-	return scanPool(t.keys, t.tx.QueryRow(ctx, "SELECT "+poolColumns+" FROM orchestrator.pools WHERE name = $1 FOR UPDATE", name))
+	return scanPool(t.keys, t.tx.QueryRow(ctx, "SELECT "+poolSelect+" FROM orchestrator.pools WHERE name = $1 FOR UPDATE", name))
 }
 
 // ClaimPool locks a pool by name unless another transaction holds it
 // (ErrPoolNotFound then, as for a pool that does not exist): the pool
 // controller's claim, so that one replica at a time works on a pool.
 func (t *Tx) ClaimPool(ctx context.Context, name string) (*PoolRow, error) {
-	return scanPool(t.keys, t.tx.QueryRow(ctx, "SELECT "+poolColumns+" FROM orchestrator.pools WHERE name = $1 FOR UPDATE SKIP LOCKED", name))
+	return scanPool(t.keys, t.tx.QueryRow(ctx, "SELECT "+poolSelect+" FROM orchestrator.pools WHERE name = $1 FOR UPDATE SKIP LOCKED", name))
 }
 
 // PoolProxies reads the live and deleting proxies a pool owns, without
@@ -228,6 +259,18 @@ func (t *Tx) LockIfFree(ctx context.Context, uid string) (*lifecycle.Proxy, erro
 		t.locked(r)
 	}
 	return r, err
+}
+
+// WriteScaleHistory stores a pool's scale history: no change of the pool
+// (its revision and watchers see nothing), as the history is the
+// autoscaler's own.
+func (t *Tx) WriteScaleHistory(ctx context.Context, uid string, h ScaleHistory) error {
+	raw, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	_, err = t.tx.Exec(ctx, "UPDATE orchestrator.pools SET scale_history = $2 WHERE uid = $1", uid, raw)
+	return err
 }
 
 // WritePool stores a pool change at once (unlike proxies, which are
