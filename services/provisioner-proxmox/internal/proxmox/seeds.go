@@ -74,24 +74,16 @@ func (be *Backend) sweepSeeds(ctx context.Context) {
 			}
 		}
 	}
-	if len(cands) == 0 {
-		return
-	}
-	// Read after the listings: a listed seed was uploaded after its VM's
-	// clone ended, so a VM of its proxy, if any, is in this read.
-	res, err := be.resources(ctx)
-	if err != nil {
-		be.log.DebugContext(ctx, "proxmox seed sweep skipped: resources not read", "error", classify(err).Error())
-		return
-	}
-	names := map[string]bool{}
-	byID := map[int]resource{}
-	for _, r := range res {
-		names[r.Name] = true
-		byID[r.VMID] = r
-	}
 	for _, f := range cands {
-		if be.seedMayBeInUse(f.uid, names, byID) {
+		// Read after the listing and right before each delete: a listed
+		// seed was uploaded after its VM's clone ended, and a new clone
+		// shows at once (locked), so a VM of its proxy, if any, is here.
+		res, err := be.resources(ctx)
+		if err != nil {
+			be.log.DebugContext(ctx, "proxmox seed sweep stopped: resources not read", "error", classify(err).Error())
+			return
+		}
+		if be.seedMayBeInUse(f.uid, res) {
 			continue
 		}
 		name := namePrefix + f.uid
@@ -109,12 +101,13 @@ func (be *Backend) sweepSeeds(ctx context.Context) {
 	}
 }
 
-func (be *Backend) seedMayBeInUse(uid string, names map[string]bool, byID map[int]resource) bool {
-	if names[namePrefix+uid] {
-		return true
-	}
+func (be *Backend) seedMayBeInUse(uid string, res []resource) bool {
+	probes := map[int]bool{}
 	for p := 0; p < maxProbes; p++ {
-		if r, ok := byID[vmidFor(uid, be.cfg.VMIDRange, p)]; ok && (r.Status == "unknown" || r.Lock != "") {
+		probes[vmidFor(uid, be.cfg.VMIDRange, p)] = true
+	}
+	for _, r := range res {
+		if r.Name == namePrefix+uid || (probes[r.VMID] && (r.Status == "unknown" || r.Lock != "")) {
 			return true
 		}
 	}

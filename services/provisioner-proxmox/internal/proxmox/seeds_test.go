@@ -111,6 +111,7 @@ func TestSweepKeepsSeedsThatMayStillBeInUse(t *testing.T) {
 		orphan = "5eed0000-0000-4000-8000-00000000000c"
 		hidden = "5eed0000-0000-4000-8000-00000000000d" // a VM at its VMID is on a node that does not answer
 		away   = "5eed0000-0000-4000-8000-00000000000e" // on a node whose storage does not answer
+		clone  = "5eed0000-0000-4000-8000-00000000000f" // a clone (no name yet) at its VMID
 	)
 	nodes := []string{"pv1-1", "pv1-2", "pv1-3"}
 	e := newEnv(t, func(c *Config) { c.Nodes = nodes }, func(o *pvefake.Options) { o.Nodes = nodes })
@@ -132,6 +133,8 @@ func TestSweepKeepsSeedsThatMayStillBeInUse(t *testing.T) {
 	put("pv1-1", "iso/proxy-handmade-seed.iso", old)
 	put("pv1-1", "iso/debian-13.iso", old)
 	put("pv1-2", seedVolume(away), old)
+	put("pv1-1", seedVolume(clone), old)
+	e.fake.AddVM(pvefake.VM{VMID: vmidFor(clone, e.be.cfg.VMIDRange, 0), Node: "pv1-1", Status: "stopped", Config: map[string]string{"lock": "clone"}})
 	e.fake.AddVM(pvefake.VM{VMID: vmidFor(hidden, e.be.cfg.VMIDRange, 1), Node: "pv1-3", Status: "running", Config: map[string]string{"name": "proxy-" + hidden}})
 	e.fake.SetNodeDown("pv1-3", 595)
 	e.fake.Inject(pvefake.Fault{Method: "GET", Path: "/nodes/pv1-2/storage/proxy-seeds/content", Status: 500, Message: "storage 'proxy-seeds' is not online", Times: 1})
@@ -140,7 +143,7 @@ func TestSweepKeepsSeedsThatMayStillBeInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string][]string{
-		"pv1-1": {"iso/debian-13.iso", "iso/proxy-handmade-seed.iso", seedVolume(live), seedVolume(young), seedVolume(hidden)},
+		"pv1-1": {"iso/debian-13.iso", "iso/proxy-handmade-seed.iso", seedVolume(live), seedVolume(young), seedVolume(hidden), seedVolume(clone)},
 		"pv1-2": {seedVolume(live), seedVolume(away)},
 	}
 	for node, vols := range want {
