@@ -52,14 +52,14 @@ func (be *Backend) seedsOn(ctx context.Context, node string) ([]seedFile, error)
 }
 
 // sweepSeeds deletes the seeds of proxies that have no VM: those a Delete
-// could not reach on a node that did not answer, and those of VMs
-// destroyed outside the system or migrated away from their seed's node
-// and since deleted. It runs with List, never fails it, and spares a
-// seed that may still be in use: one younger than seedGrace or without a
-// ctime, one whose proxy's name is on any VM, and one with a VM at any of
-// its proxy's VMIDs on a node that does not answer (it may be the proxy's
-// own, unseen) or locked (a clone has no name yet). A node that fails is
-// skipped until a later sweep.
+// could not reach on a node that did not answer, those of VMs destroyed
+// outside the system, and those a migration left on another node. It
+// runs with List, never fails it, and spares a seed that may still be in
+// use: one younger than seedGrace or without a ctime, one whose proxy's
+// name is on any VM, and one with a VM at any of its proxy's VMIDs on a
+// node that does not answer (it may be the proxy's own, unseen) or locked
+// (a clone has no name yet). A node that fails is skipped until a later
+// sweep.
 func (be *Backend) sweepSeeds(ctx context.Context) {
 	var cands []seedFile
 	for _, n := range be.cfg.Nodes {
