@@ -13,10 +13,11 @@ import (
 )
 
 // Delete stops (a paused VM too) and destroys the VM with its disks, then
-// deletes its seed on the VM's node. A VM already gone, not ours or
-// unmarked is left alone, and the seed is looked for on every node. When
-// Delete returns nil nothing of the proxy is left: a seed that could not
-// be deleted fails the call, on a repeated Delete too.
+// deletes its seed on the VM's node; a seed that could not be deleted
+// there fails the call, on a repeated Delete too. A VM already gone, not
+// ours or unmarked is left alone, and the seed is looked for on every
+// node (deleteSeedEverywhere: a node that does not answer is skipped and
+// its seed left to List's sweep).
 func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error) {
 	_, name, err := parseProviderID(req.GetProviderId())
 	if err != nil {
