@@ -13,10 +13,11 @@ import (
 )
 
 // Delete stops (a paused VM too) and destroys the VM with its disks, then
-// deletes its seed on the VM's node. A VM already gone, not ours or
-// unmarked is left alone, and the seed is looked for on every node. When
-// Delete returns nil nothing of the proxy is left: a seed that could not
-// be deleted fails the call, on a repeated Delete too.
+// deletes its seed on the VM's node; a seed that could not be deleted
+// there fails the call, on a repeated Delete too. A VM already gone, not
+// ours or unmarked is left alone, and the seed is looked for on every
+// node (deleteSeedEverywhere: a node that does not answer is skipped and
+// its seed left to List's sweep).
 func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error) {
 	_, name, err := parseProviderID(req.GetProviderId())
 	if err != nil {
@@ -77,39 +78,64 @@ func (be *Backend) deleteClass(err error) error {
 // deleteSeed deletes <name>-seed.iso on node's isoStorage. A seed that is
 // not there is done; a 403 (no Datastore.Allocate) is Permanent.
 func (be *Backend) deleteSeed(ctx context.Context, node, name string) error {
+	_, err := be.deleteSeedOn(ctx, node, name)
+	return err
+}
+
+// deleteSeedOn is deleteSeed, also reporting a seed that was not there.
+func (be *Backend) deleteSeedOn(ctx context.Context, node, name string) (absent bool, err error) {
 	volid := be.cfg.ISOStorage + ":iso/" + name + "-seed.iso"
-	err := be.task(ctx, call{name: "DeleteVolume", method: http.MethodDelete,
+	err = be.task(ctx, call{name: "DeleteVolume", method: http.MethodDelete,
 		path:  "/nodes/" + url.PathEscape(node) + "/storage/" + url.PathEscape(be.cfg.ISOStorage) + "/content/" + url.PathEscape(volid),
 		attrs: []any{"node", node, "storage", be.cfg.ISOStorage, "volid", volid}}, node, be.b.SeedDelete)
 	var te *TaskError
 	if errors.As(err, &te) && !te.TimedOut && seedAbsent(te.ExitStatus) {
-		return nil
+		return true, nil
 	}
 	if err != nil && apiStatus(err) == 500 && seedAbsent(apiMessage(err)) {
-		return nil
+		return true, nil
 	}
-	return err
+	return false, err
 }
 
 func seedAbsent(msg string) bool {
 	return strings.Contains(msg, "No such file or directory") || strings.Contains(msg, "does not exist")
 }
 
-// deleteSeedEverywhere looks for the seed on every configured node. A node
-// that fails is logged and the others are still tried; the first failure
-// (classified: a 403 for a missing Datastore.Allocate is Permanent, a node
-// that does not answer Transient) is returned, because the seed may be
-// there.
+// deleteSeedEverywhere looks for the seed on every configured node, for a
+// VM already gone. A node that does not answer is logged and skipped: a
+// node down for good must not block the deletion, and List's sweep deletes
+// the seed left there once the node answers. Any other failure (a 403 for
+// a missing Datastore.Allocate, a task that fails on a node that answers)
+// is returned, classified, after every node was tried.
 func (be *Backend) deleteSeedEverywhere(ctx context.Context, name string) error {
 	var first error
 	for _, n := range be.cfg.Nodes {
-		if err := be.deleteSeed(ctx, n, name); err != nil {
-			err = be.deleteClass(err)
-			be.log.WarnContext(ctx, "WARNING: proxmox seed delete failed on a node; the proxy's seed may be left there", "node", n, "name", name, "class", errclass.Of(err).String(), "error", err.Error())
-			if first == nil {
-				first = err
-			}
+		err := be.deleteSeed(ctx, n, name)
+		if err == nil {
+			continue
+		}
+		if ctx.Err() == nil && nodeUnanswered(err) {
+			be.log.WarnContext(ctx, "WARNING: proxmox seed delete skipped on a node that does not answer; the sweep deletes the seed once it does", "node", n, "name", name, "error", err.Error())
+			continue
+		}
+		err = be.deleteClass(err)
+		be.log.WarnContext(ctx, "WARNING: proxmox seed delete failed on a node; the proxy's seed may be left there", "node", n, "name", name, "class", errclass.Of(err).String(), "error", err.Error())
+		if first == nil {
+			first = err
 		}
 	}
 	return first
+}
+
+// nodeUnanswered reports a request or task the node did not answer: a
+// transport failure or timeout, a 5xx (pveproxy's 595/596 for a node it
+// cannot reach included), or a task that did not end within its budget.
+func nodeUnanswered(err error) bool {
+	var te *TaskError
+	if errors.As(err, &te) {
+		return te.TimedOut
+	}
+	var tr *transportError
+	return errors.As(err, &tr) || isTimeout(err) || apiStatus(err) >= 500
 }

@@ -3,6 +3,7 @@ package proxmox
 import (
 	"strings"
 	"testing"
+	"time"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
@@ -98,11 +99,26 @@ func TestDeleteCases(t *testing.T) {
 				}
 			}
 		}},
-		{name: "a node that does not answer the seed delete of a gone VM is Transient", nodes: []string{"pv1-1", "pv1-2"}, setup: func(e *env, vmid int) {
+		{name: "a node that does not answer the seed delete of a gone VM is skipped", nodes: []string{"pv1-1", "pv1-2"}, setup: func(e *env, vmid int) {
 			e.fake.SetVM(vmid, func(v *pvefake.VM) { v.Config["name"] = "reused" })
 			e.fake.PutFile("pv1-2", "proxy-seeds", "iso/proxy-"+uid+"-seed.iso", []byte("x"))
 			e.fake.Inject(pvefake.Fault{Method: "DELETE", Path: "/nodes/pv1-1/storage/", Status: 595, Message: "Errors during connection establishment, proxy handler: No route to host", Times: 1})
-		}, wantClass: errclass.Transient, wantMsg: "No route to host"},
+		}, check: func(t *testing.T, e *env, vmid int) {
+			if f := e.fake.Files("pv1-2", "proxy-seeds"); len(f) != 0 {
+				t.Errorf("seed left on the node that answers: %v", f)
+			}
+			if f := e.fake.Files("pv1-1", "proxy-seeds"); len(f) != 1 {
+				t.Errorf("seeds on the node that did not answer: %v, want the one left for the sweep", f)
+			}
+		}},
+		{name: "a node whose seed delete times out is skipped", nodes: []string{"pv1-1", "pv1-2"}, setup: func(e *env, vmid int) {
+			e.fake.SetVM(vmid, func(v *pvefake.VM) { v.Config["name"] = "reused" })
+			e.fake.Inject(pvefake.Fault{Method: "DELETE", Path: "/nodes/pv1-1/storage/", Delay: time.Minute, Times: 1})
+		}},
+		{name: "a seed delete answered 500 on a gone VM's node is skipped", nodes: []string{"pv1-1", "pv1-2"}, setup: func(e *env, vmid int) {
+			e.fake.SetVM(vmid, func(v *pvefake.VM) { v.Config["name"] = "reused" })
+			e.fake.Inject(pvefake.Fault{Method: "DELETE", Path: "/nodes/pv1-2/storage/", Status: 500, Message: "storage 'proxy-seeds' is not online", Times: 1})
+		}},
 		{name: "a destroy task that fails is Transient", setup: func(e *env, vmid int) {
 			e.fake.FailNextTask("qmdestroy", "VM is locked (backup)")
 		}, wantClass: errclass.Transient, wantMsg: "VM is locked (backup)"},

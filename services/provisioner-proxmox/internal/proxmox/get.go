@@ -178,7 +178,9 @@ func (be *Backend) agentIP(ctx context.Context, node string, vmid int) (string, 
 
 // List returns every VM carrying the mark, for orphan GC. Candidates are
 // VMs tagged proxy_operator or named proxy-*; the mark decides. A running
-// VM's address comes from its guest agent, one more call each.
+// VM's address comes from its guest agent, one more call each. It then
+// sweeps the seeds of proxies without a VM (sweepSeeds), which the
+// contract's instances do not cover.
 func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) {
 	res, err := be.resources(ctx)
 	if err != nil {
@@ -249,6 +251,7 @@ func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) 
 	}
 	wg.Wait()
 	be.log.DebugContext(ctx, "proxmox vms listed", "vms", len(res), "candidates", len(cands), "managed", len(out), "skipped", skipped)
+	be.sweepSeeds(ctx)
 	return out, nil
 }
 

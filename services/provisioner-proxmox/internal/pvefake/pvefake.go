@@ -13,7 +13,8 @@
 //     the connection is closed after an error;
 //   - asynchronous tasks with real-format UPIDs and exitstatus, `lock:
 //     clone` on the new VM while a clone runs (listed as `VM <vmid>`),
-//     cluster/resources, multipart ISO upload, guest-agent answers, 595
+//     cluster/resources, multipart ISO upload, the storage content
+//     listing with ctimes, guest-agent answers, 595
 //     for a node pveproxy cannot reach;
 //   - switches to inject each failure (Inject, FailNextTask, HoldClones,
 //     SetNodeDown, SetAgent, ...) and counters of every call.
@@ -115,6 +116,16 @@ type storage struct {
 	active  bool
 	avail   int64
 	files   map[string][]byte // "iso/<name>" → content
+	ctimes  map[string]int64  // "iso/<name>" → when it was last written (Unix seconds)
+}
+
+// put writes a file, stamping its ctime as a directory storage reports it.
+func (st *storage) put(volume string, data []byte, at time.Time) {
+	if st.ctimes == nil {
+		st.ctimes = map[string]int64{}
+	}
+	st.files[volume] = data
+	st.ctimes[volume] = at.Unix()
 }
 
 // VM is a snapshot of one fake VM.
@@ -413,7 +424,16 @@ func (s *Server) Files(nodeName, storageID string) []string {
 func (s *Server) PutFile(nodeName, storageID, volume string, data []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.nodes[nodeName].storages[storageID].files[volume] = data
+	s.nodes[nodeName].storages[storageID].put(volume, data, time.Now())
+}
+
+// SetFileTime sets the ctime the content listing reports for a file.
+func (s *Server) SetFileTime(nodeName, storageID, volume string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.nodes[nodeName].storages[storageID]; st != nil && st.files[volume] != nil {
+		st.put(volume, st.files[volume], at)
+	}
 }
 
 // SetStorage changes a node's storage: active and content.
@@ -630,6 +650,7 @@ func (s *Server) routes() http.Handler {
 	add("GET /nodes/{node}/status", (*Server).nodeStatus)
 	add("GET /nodes/{node}/storage/{storage}/status", (*Server).storageStatus)
 	add("POST /nodes/{node}/storage/{storage}/upload", (*Server).upload)
+	add("GET /nodes/{node}/storage/{storage}/content", (*Server).listContent)
 	add("DELETE /nodes/{node}/storage/{storage}/content/{volume...}", (*Server).deleteVolume)
 	add("GET /nodes/{node}/tasks/{upid}/status", (*Server).taskStatus)
 	add("GET /nodes/{node}/qemu/{vmid}/config", (*Server).getConfig)
@@ -1399,10 +1420,48 @@ func (s *Server) upload(q *request) (any, *apiError) {
 		return nil, errf(400, "storage '%s' does not support '%s' content", id, content)
 	}
 	t := s.newTaskLocked(n, "imgcopy", "", q.user, func() string {
-		st.files[content+"/"+filename] = data
+		st.put(content+"/"+filename, data, time.Now())
 		return "OK"
 	})
 	return t.upid, nil
+}
+
+// listContent answers a storage's volumes as pvesm list does: volid,
+// content, format, size and ctime, filtered by content when given.
+func (s *Server) listContent(q *request) (any, *apiError) {
+	n, id := q.r.PathValue("node"), q.r.PathValue("storage")
+	if !s.allowed(q.user, "/storage/"+id, "Datastore.Audit") && !s.allowed(q.user, "/storage/"+id, "Datastore.AllocateSpace") {
+		return nil, errf(403, "Permission check failed (/storage/%s, Datastore.Audit|Datastore.AllocateSpace)", id)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.nodes[n].storages[id]
+	if st == nil {
+		return nil, &apiError{status: 400, message: "Parameter verification failed.", errors: map[string]string{"storage": "No such storage."}}
+	}
+	if !st.active {
+		return nil, errf(500, "storage '%s' is not online", id)
+	}
+	want := q.form.Get("content")
+	vols := make([]string, 0, len(st.files))
+	for v := range st.files {
+		vols = append(vols, v)
+	}
+	sort.Strings(vols)
+	out := []map[string]any{}
+	for _, v := range vols {
+		content, _, _ := strings.Cut(v, "/")
+		if want != "" && content != want {
+			continue
+		}
+		format := "raw"
+		if content == "iso" {
+			format = "iso"
+		}
+		out = append(out, map[string]any{"volid": id + ":" + v, "content": content, "format": format,
+			"size": len(st.files[v]), "ctime": st.ctimes[v]})
+	}
+	return out, nil
 }
 
 func (s *Server) deleteVolume(q *request) (any, *apiError) {
@@ -1426,6 +1485,7 @@ func (s *Server) deleteVolume(q *request) (any, *apiError) {
 			return fmt.Sprintf("unlink '/var/lib/%s/template/%s' failed - No such file or directory", sid, strings.TrimPrefix(volname, "iso/"))
 		}
 		delete(st.files, volname)
+		delete(st.ctimes, volname)
 		return "OK"
 	})
 	return t.upid, nil

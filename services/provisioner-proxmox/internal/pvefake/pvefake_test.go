@@ -249,6 +249,22 @@ func TestUploadAndAgent(t *testing.T) {
 	if got := s.File("pv1-1", "proxy-seeds", "iso/my_seed_.iso"); string(got) != "ISO" {
 		t.Errorf("stored = %q (%v)", got, s.Files("pv1-1", "proxy-seeds"))
 	}
+	// The content listing reports the upload with its ctime.
+	s.PutFile("pv1-1", "proxy-seeds", "vztmpl/t.tar.zst", []byte("T"))
+	a = do(t, s, c, "GET", "/nodes/pv1-1/storage/proxy-seeds/content", tok, url.Values{"content": {"iso"}})
+	items, _ := a.body["data"].([]any)
+	if a.status != 200 || len(items) != 1 {
+		t.Fatalf("content: %d %v", a.status, a.body)
+	}
+	it := items[0].(map[string]any)
+	if it["volid"] != "proxy-seeds:iso/my_seed_.iso" || it["format"] != "iso" || it["content"] != "iso" || it["size"] != float64(3) ||
+		time.Since(time.Unix(int64(it["ctime"].(float64)), 0)) > time.Minute {
+		t.Errorf("content item = %v", it)
+	}
+	s.SetStorage("pv1-1", "local", false, "iso")
+	if a := do(t, s, c, "GET", "/nodes/pv1-1/storage/local/content", tok, nil); a.status != 500 || a.reason != "storage 'local' is not online" {
+		t.Errorf("inactive storage: %d %q", a.status, a.reason)
+	}
 	if a := upload("seed.txt"); a.status != 400 || a.body["errors"].(map[string]any)["filename"] != "wrong file extension" {
 		t.Errorf("wrong extension: %d %v", a.status, a.body)
 	}
