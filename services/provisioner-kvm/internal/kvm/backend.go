@@ -209,8 +209,9 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 			out, err = be.build(buildCtx, api, p, name, basePath, req)
 			return err
 		})
+		timedOut := errors.Is(buildCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 		cancel()
-		if err != nil && ctx.Err() == nil && buildCtx.Err() != nil {
+		if err != nil && timedOut {
 			err = errclass.New(errclass.Transient, "building domain %s on host %s took over %s; the connection was dropped and the next attempt resumes", name, p.host.Name, buildTimeout).
 				WithMetadata("host", p.host.Name, "domain", name)
 		}
