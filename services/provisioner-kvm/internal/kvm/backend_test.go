@@ -257,6 +257,53 @@ func TestImageCacheLeavesAnotherProcessesUpload(t *testing.T) {
 	}
 }
 
+// Left by a dead process or an accident: a marker without its base is
+// replaced by the new upload's; a base without marker that volumes back
+// onto is never deleted.
+func TestImageCacheLeftovers(t *testing.T) {
+	t.Parallel()
+	long := time.Now().Add(-time.Hour)
+	t.Run("marker without its base", func(t *testing.T) {
+		t.Parallel()
+		srv := newImageServer(t)
+		api := newFakeAPI("default")
+		api.pools["default"][testBase()+".sha256"] = &fakeVol{format: "raw", data: []byte(strings.Repeat("0", 64)), mtime: long}
+		be, _ := fakeBackend(t, api, srv, nil)
+		if _, err := be.Create(context.Background(), req("u")); err != nil {
+			t.Fatal(err)
+		}
+		if m := api.pools["default"][testBase()+".sha256"]; string(m.data) != testImageSHA() || srv.hits.Load() != 1 {
+			t.Errorf("marker = %q after %d downloads", m.data, srv.hits.Load())
+		}
+	})
+	t.Run("base without marker with an overlay", func(t *testing.T) {
+		t.Parallel()
+		srv := newImageServer(t)
+		api := newFakeAPI("default")
+		api.pools["default"][testBase()] = &fakeVol{format: "qcow2", data: testImage, mtime: long}
+		api.pools["default"]["proxy-x.qcow2"] = &fakeVol{format: "qcow2", backing: "/pools/default/" + testBase()}
+		be, _ := fakeBackend(t, api, srv, nil)
+		_, err := be.Create(context.Background(), req("u"))
+		if !errclass.Is(err, errclass.Transient) || !strings.Contains(err.Error(), "1 volumes back onto it") {
+			t.Fatalf("Create = %v, want Transient naming the overlay", err)
+		}
+		if api.pools["default"][testBase()] == nil || srv.hits.Load() != 0 {
+			t.Errorf("the base in use was replaced (%d downloads)", srv.hits.Load())
+		}
+	})
+	t.Run("base created by another process meanwhile", func(t *testing.T) {
+		t.Parallel()
+		srv := newImageServer(t)
+		api := newFakeAPI("default")
+		api.fail["StorageVolCreateXML"] = lvErr(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", testBase())
+		be, _ := fakeBackend(t, api, srv, nil)
+		_, err := be.Create(context.Background(), req("u"))
+		if !errclass.Is(err, errclass.Transient) || !strings.Contains(err.Error(), "another process is uploading it") {
+			t.Fatalf("Create = %v, want Transient naming the other upload", err)
+		}
+	})
+}
+
 // The image's other versions go once no volume backs onto them; a recent
 // one without marker (another process's upload) and other images stay.
 func TestImageCacheSweepsOldVersions(t *testing.T) {

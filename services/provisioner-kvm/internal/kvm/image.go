@@ -167,15 +167,32 @@ func (ic *imageCache) ensureOnce(ctx context.Context, api libvirtAPI, pool libvi
 			return "", errclass.New(errclass.Transient, "image %s: base volume %s has no valid marker and was written %s ago: another process is uploading it (it is taken for abandoned after %s unwritten)",
 				src.URL, src.volumeName(), age.Round(time.Second), staleUpload)
 		}
-		ic.log.InfoContext(ctx, "abandoned partial base image removed", "pool", pool.Name, "volume", src.volumeName(), "unwrittenFor", age.Round(time.Second).String())
-	}
-	// Missing or abandoned: start over. A marker may be left without its
-	// base (the sweep removes the base first).
-	for _, name := range []string{src.volumeName(), src.markerName()} {
-		if err := deleteVolume(api, pool, name); err != nil {
+		// Only a base whose marker was seen gets overlays; one without
+		// its marker that has some lost it by accident and is not ours to
+		// delete.
+		vols, _, err := api.StoragePoolListAllVolumes(pool, 1, 0)
+		if err != nil {
 			return "", err
 		}
+		backing, err := backingPaths(api, vols, src)
+		if err != nil {
+			return "", err
+		}
+		p, err := api.StorageVolGetPath(base)
+		if err != nil {
+			return "", err
+		}
+		if n := backing[p]; n > 0 {
+			return "", errclass.New(errclass.Transient, "image %s: base volume %s has no valid marker and %d volumes back onto it; it is left alone (delete its overlays, or write its digest into %s)",
+				src.URL, src.volumeName(), n, src.markerName())
+		}
+		if err := deleteVolume(api, pool, src.volumeName()); err != nil {
+			return "", err
+		}
+		ic.log.InfoContext(ctx, "abandoned partial base image removed", "pool", pool.Name, "volume", src.volumeName(), "unwrittenFor", age.Round(time.Second).String())
 	}
+	// Only the base is deleted here, never a marker alone: the base may
+	// be another process's by now, and its marker with it.
 	return ic.download(ctx, api, pool, src)
 }
 
@@ -329,6 +346,10 @@ func (ic *imageCache) download(ctx context.Context, api libvirtAPI, pool libvirt
 	}
 	size := uint64(resp.ContentLength)
 	vol, err := createVolume(api, pool, src.volumeName(), src.Format, size, nil)
+	if hasCode(err, libvirt.ErrStorageVolExist) {
+		// libvirt makes a name once: another process got there first.
+		return "", errclass.New(errclass.Transient, "image %s: base volume %s was created meanwhile: another process is uploading it", src.URL, src.volumeName())
+	}
 	if err != nil {
 		return "", err
 	}
@@ -342,7 +363,15 @@ func (ic *imageCache) download(ctx context.Context, api libvirtAPI, pool libvirt
 		_ = api.StorageVolDelete(vol, 0)
 		return "", errclass.New(errclass.Permanent, "image %s: sha256 mismatch: configured %s, downloaded %s", src.URL, src.SHA256, got)
 	}
-	if err := writeVolume(api, pool, src.markerName(), []byte(got)); err != nil {
+	err = writeVolume(api, pool, src.markerName(), []byte(got))
+	if hasCode(err, libvirt.ErrStorageVolExist) {
+		// A marker of an earlier base of this name, removed before it:
+		// this process made the base, so the marker is this one's to write.
+		if err = deleteVolume(api, pool, src.markerName()); err == nil {
+			err = writeVolume(api, pool, src.markerName(), []byte(got))
+		}
+	}
+	if err != nil {
 		return "", err
 	}
 	return api.StorageVolGetPath(vol)
