@@ -125,12 +125,12 @@ func newImageCache(c *http.Client, log *slog.Logger) *imageCache {
 }
 
 // ensure returns the path of src's base volume in pool on host, downloading
-// and verifying it first when the pool has no complete, current copy; then
-// it removes the image's other versions that no volume backs onto. The
-// flight is per image, not per version, so the sweep never runs beside an
-// ensure of the same image in this process.
+// and verifying it first when the pool has no complete, current copy; then,
+// in the same flight, it removes the image's other versions that no volume
+// backs onto. The flight is per version: callers still on another digest
+// (a config reload under way) must not be handed this one's path.
 func (ic *imageCache) ensure(ctx context.Context, api libvirtAPI, host string, pool libvirt.StoragePool, src imageSource) (string, error) {
-	v, err, _ := ic.flight.Do(host+"/"+pool.Name+"/base-"+src.baseKey(), func() (any, error) {
+	v, err, _ := ic.flight.Do(host+"/"+pool.Name+"/"+src.volumeName(), func() (any, error) {
 		p, err := ic.ensureOnce(ctx, api, pool, src)
 		if err != nil {
 			return "", err
