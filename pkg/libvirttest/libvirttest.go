@@ -355,15 +355,21 @@ func (e *Env) RemoveDomain(name string) {
 // serveImage makes a 16 MiB qcow2 (a few hundred KiB on the wire) and
 // serves it.
 func (e *Env) serveImage() {
-	p := filepath.Join(e.Dir, "tiny.qcow2")
-	run(e.t, "qemu-img", "create", "-q", "-f", "qcow2", p, "16M")
+	e.ImageURL, e.ImageSHA256 = e.ServeImage("tiny.qcow2", 16)
+}
+
+// ServeImage makes an empty qcow2 of sizeMiB (images of different sizes
+// differ in content, hence in digest) and serves it at /name; its
+// downloads count in ImageHits.
+func (e *Env) ServeImage(name string, sizeMiB int) (url, sha256Hex string) {
+	p := filepath.Join(e.Dir, name)
+	run(e.t, "qemu-img", "create", "-q", "-f", "qcow2", p, strconv.Itoa(sizeMiB)+"M")
 	body, err := os.ReadFile(p)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	sum := sha256.Sum256(body)
-	e.ImageSHA256 = hex.EncodeToString(sum[:])
-	e.ImageURL = e.serve("tiny.qcow2", body)
+	return e.serve(name, body), hex.EncodeToString(sum[:])
 }
 
 // ImageHits is how often the image was downloaded.

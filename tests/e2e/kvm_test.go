@@ -102,7 +102,9 @@ func TestKVMBackend(t *testing.T) {
 	}
 	vols := env.Volumes()
 	slices.Sort(vols)
-	if want := []string{"base-tiny.qcow2", "base-tiny.qcow2.sha256"}; !slices.Equal(vols, want) {
+	// The base is versioned by the first 16 hex of its digest.
+	baseVol := "base-tiny@" + guest.SHA256[:16] + ".qcow2"
+	if want := []string{baseVol, baseVol + ".sha256"}; !slices.Equal(vols, want) {
 		t.Errorf("pool after the delete = %v, want only the cached base %v", vols, want)
 	}
 }

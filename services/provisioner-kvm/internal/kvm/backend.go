@@ -113,7 +113,7 @@ func New(provider string, cfg Config, log *slog.Logger, opts Options) (*Backend,
 		cfg:          cfg,
 		log:          log,
 		hosts:        newHostPool(dial, cfg.MaxConcurrentPerHost, log, opts.wrap),
-		images:       newImageCache(opts.HTTPClient),
+		images:       newImageCache(opts.HTTPClient, log),
 		now:          opts.Now,
 		checkTimeout: opts.CheckTimeout,
 	}, nil

@@ -104,7 +104,7 @@ func TestCreateGetDeleteOverTheFake(t *testing.T) {
 		t.Fatalf("Create = %v", in)
 	}
 	ov := api.pools["default"]["proxy-u1.qcow2"]
-	if ov == nil || ov.backing != "/pools/default/base-debian.qcow2" || ov.format != "qcow2" {
+	if ov == nil || ov.backing != "/pools/default/"+testBase() || ov.format != "qcow2" {
 		t.Errorf("overlay = %+v", ov)
 	}
 	if api.domains["proxy-u1"].state != libvirt.DomainRunning {
@@ -136,7 +136,7 @@ func TestCreateGetDeleteOverTheFake(t *testing.T) {
 	}
 	vols := api.volNames("default")
 	slices.Sort(vols)
-	if want := []string{"base-debian.qcow2", "base-debian.qcow2.sha256"}; !slices.Equal(vols, want) {
+	if want := []string{testBase(), testBase() + ".sha256"}; !slices.Equal(vols, want) {
 		t.Errorf("pool after Delete = %v, want %v", vols, want)
 	}
 	if _, err := be.Get(ctx, getReq); !errclass.Is(err, errclass.NotFound) {
@@ -197,26 +197,31 @@ func TestResolvePlacement(t *testing.T) {
 	}
 }
 
+// testBase is the base volume of testImage under the key debian.
+func testBase() string { return "base-debian@" + testImageSHA()[:16] + ".qcow2" }
+
 func TestImageCache(t *testing.T) {
 	t.Parallel()
+	long := time.Now().Add(-time.Hour)
 	tests := []struct {
 		name     string
 		base     []byte
 		marker   string
+		mtime    time.Time
 		wantHits int32
 	}{
-		{"cached and verified", testImage, testImageSHA(), 0},
-		{"base without marker is a partial upload", []byte("half"), "", 1},
-		{"configured checksum changed", []byte("older"), strings.Repeat("0", 64), 1},
+		{"cached and verified", testImage, testImageSHA(), long, 0},
+		{"base without marker left by a dead upload", []byte("half"), "", long, 1},
+		{"marker of other content", []byte("older"), strings.Repeat("0", 64), long, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := newImageServer(t)
 			api := newFakeAPI("default")
-			api.pools["default"]["base-debian.qcow2"] = &fakeVol{format: "qcow2", data: tc.base}
+			api.pools["default"][testBase()] = &fakeVol{format: "qcow2", data: tc.base, mtime: tc.mtime}
 			if tc.marker != "" {
-				api.pools["default"]["base-debian.qcow2.sha256"] = &fakeVol{format: "raw", data: []byte(tc.marker)}
+				api.pools["default"][testBase()+".sha256"] = &fakeVol{format: "raw", data: []byte(tc.marker), mtime: tc.mtime}
 			}
 			be, _ := fakeBackend(t, api, srv, nil)
 			if _, err := be.Create(context.Background(), req("u")); err != nil {
@@ -225,13 +230,130 @@ func TestImageCache(t *testing.T) {
 			if srv.hits.Load() != tc.wantHits {
 				t.Errorf("downloads = %d, want %d", srv.hits.Load(), tc.wantHits)
 			}
-			if b := api.pools["default"]["base-debian.qcow2"]; string(b.data) != string(testImage) {
+			if b := api.pools["default"][testBase()]; string(b.data) != string(testImage) {
 				t.Errorf("base = %q", b.data)
 			}
-			if m := api.pools["default"]["base-debian.qcow2.sha256"]; string(m.data) != testImageSHA() {
+			if m := api.pools["default"][testBase()+".sha256"]; string(m.data) != testImageSHA() {
 				t.Errorf("marker = %q", m.data)
 			}
 		})
+	}
+}
+
+// A base without marker written recently is another process's upload: it
+// is left alone and the Create is Transient.
+func TestImageCacheLeavesAnotherProcessesUpload(t *testing.T) {
+	t.Parallel()
+	srv := newImageServer(t)
+	api := newFakeAPI("default")
+	api.pools["default"][testBase()] = &fakeVol{format: "qcow2", data: []byte("half"), mtime: time.Now()}
+	be, _ := fakeBackend(t, api, srv, nil)
+	_, err := be.Create(context.Background(), req("u"))
+	if !errclass.Is(err, errclass.Transient) || !strings.Contains(err.Error(), "another process is uploading it") {
+		t.Fatalf("Create = %v, want Transient naming the other upload", err)
+	}
+	if b := api.pools["default"][testBase()]; b == nil || string(b.data) != "half" || srv.hits.Load() != 0 {
+		t.Errorf("the other upload was touched (base %+v, %d downloads)", b, srv.hits.Load())
+	}
+}
+
+// Left by a dead process or an accident: a marker without its base is
+// replaced by the new upload's; a base without marker that volumes back
+// onto is never deleted.
+func TestImageCacheLeftovers(t *testing.T) {
+	t.Parallel()
+	long := time.Now().Add(-time.Hour)
+	t.Run("marker without its base", func(t *testing.T) {
+		t.Parallel()
+		srv := newImageServer(t)
+		api := newFakeAPI("default")
+		api.pools["default"][testBase()+".sha256"] = &fakeVol{format: "raw", data: []byte(strings.Repeat("0", 64)), mtime: long}
+		be, _ := fakeBackend(t, api, srv, nil)
+		if _, err := be.Create(context.Background(), req("u")); err != nil {
+			t.Fatal(err)
+		}
+		if m := api.pools["default"][testBase()+".sha256"]; string(m.data) != testImageSHA() || srv.hits.Load() != 1 {
+			t.Errorf("marker = %q after %d downloads", m.data, srv.hits.Load())
+		}
+	})
+	t.Run("base without marker with an overlay", func(t *testing.T) {
+		t.Parallel()
+		srv := newImageServer(t)
+		api := newFakeAPI("default")
+		api.pools["default"][testBase()] = &fakeVol{format: "qcow2", data: testImage, mtime: long}
+		api.pools["default"]["proxy-x.qcow2"] = &fakeVol{format: "qcow2", backing: "/pools/default/" + testBase()}
+		be, _ := fakeBackend(t, api, srv, nil)
+		_, err := be.Create(context.Background(), req("u"))
+		if !errclass.Is(err, errclass.Transient) || !strings.Contains(err.Error(), "1 volumes back onto it") {
+			t.Fatalf("Create = %v, want Transient naming the overlay", err)
+		}
+		if api.pools["default"][testBase()] == nil || srv.hits.Load() != 0 {
+			t.Errorf("the base in use was replaced (%d downloads)", srv.hits.Load())
+		}
+	})
+	t.Run("base created by another process meanwhile", func(t *testing.T) {
+		t.Parallel()
+		srv := newImageServer(t)
+		api := newFakeAPI("default")
+		api.fail["StorageVolCreateXML"] = lvErr(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", testBase())
+		be, _ := fakeBackend(t, api, srv, nil)
+		_, err := be.Create(context.Background(), req("u"))
+		if !errclass.Is(err, errclass.Transient) || !strings.Contains(err.Error(), "another process is uploading it") {
+			t.Fatalf("Create = %v, want Transient naming the other upload", err)
+		}
+	})
+}
+
+// The image's other versions go once no volume backs onto them; a recent
+// one without marker (another process's upload) and other images stay.
+func TestImageCacheSweepsOldVersions(t *testing.T) {
+	t.Parallel()
+	srv := newImageServer(t)
+	api := newFakeAPI("default")
+	long := time.Now().Add(-time.Hour)
+	old := "base-debian@" + strings.Repeat("0", 16) + ".qcow2"
+	legacy := "base-debian.qcow2"
+	uploading := "base-debian@" + strings.Repeat("1", 16) + ".qcow2"
+	abandoned := "base-debian@" + strings.Repeat("2", 16) + ".qcow2"
+	orphan := "base-debian@" + strings.Repeat("3", 16) + ".qcow2.sha256"
+	other := "base-debian-13.qcow2"
+	p := api.pools["default"]
+	for _, n := range []string{old, legacy, other} {
+		p[n] = &fakeVol{format: "qcow2", mtime: long}
+		p[n+".sha256"] = &fakeVol{format: "raw", data: []byte(strings.Repeat("0", 64)), mtime: long}
+	}
+	p[uploading] = &fakeVol{format: "qcow2", mtime: time.Now()}
+	p[abandoned] = &fakeVol{format: "qcow2", mtime: long}
+	p[orphan] = &fakeVol{format: "raw", mtime: long}
+	p["proxy-old.qcow2"] = &fakeVol{format: "qcow2", backing: "/pools/default/" + old}
+	p["proxy-old-seed.iso"] = &fakeVol{format: "raw"}
+	var logs logtest.Buffer
+	be, _ := fakeBackend(t, api, srv, nil)
+	be.images.log = slog.New(slog.NewJSONHandler(&logs, nil))
+	if _, err := be.Create(context.Background(), req("u")); err != nil {
+		t.Fatal(err)
+	}
+	has := func(n string) bool { _, ok := api.pools["default"][n]; return ok }
+	for _, n := range []string{old, old + ".sha256", uploading, other, other + ".sha256", testBase(), testBase() + ".sha256"} {
+		if !has(n) {
+			t.Errorf("%s removed", n)
+		}
+	}
+	for _, n := range []string{legacy, legacy + ".sha256", abandoned, orphan} {
+		if has(n) {
+			t.Errorf("%s left", n)
+		}
+	}
+	if !strings.Contains(logs.String(), `"level":"INFO","msg":"old base image removed: no volume backs onto it"`) || !strings.Contains(logs.String(), `"volume":"`+legacy+`"`) {
+		t.Errorf("no INFO line for the removed base:\n%s", logs.String())
+	}
+	// Once its overlay is gone, the next ensure removes the old base.
+	delete(api.pools["default"], "proxy-old.qcow2")
+	if _, err := be.Create(context.Background(), req("u2")); err != nil {
+		t.Fatal(err)
+	}
+	if has(old) || has(old+".sha256") {
+		t.Errorf("%s left after its last overlay went", old)
 	}
 }
 

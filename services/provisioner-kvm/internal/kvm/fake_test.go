@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -33,6 +34,7 @@ type fakeVol struct {
 	format  string
 	backing string
 	data    []byte
+	mtime   time.Time // zero: long ago
 }
 
 type fakeDomain struct {
@@ -357,7 +359,7 @@ func (f *fakeAPI) StorageVolCreateXML(pool libvirt.StoragePool, x string, _ libv
 	if _, ok := f.pools[pool.Name][v.Name]; ok {
 		return libvirt.StorageVol{}, lvErr(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", v.Name)
 	}
-	fv := &fakeVol{format: v.Target.Format.Type}
+	fv := &fakeVol{format: v.Target.Format.Type, mtime: time.Now()}
 	if v.BackingStore != nil {
 		fv.backing = v.BackingStore.Path
 	}
@@ -383,6 +385,7 @@ func (f *fakeAPI) StorageVolUpload(vol libvirt.StorageVol, r io.Reader, _, lengt
 		return lvErr(libvirt.ErrNoStorageVol, "no storage vol '%s'", vol.Name)
 	}
 	v.data = data
+	v.mtime = time.Now()
 	return nil
 }
 
@@ -411,6 +414,44 @@ func (f *fakeAPI) StorageVolDelete(vol libvirt.StorageVol, _ libvirt.StorageVolD
 	}
 	delete(f.pools[vol.Pool], vol.Name)
 	return nil
+}
+
+func (f *fakeAPI) StoragePoolListAllVolumes(pool libvirt.StoragePool, _ int32, _ uint32) ([]libvirt.StorageVol, uint32, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("StoragePoolListAllVolumes"); err != nil {
+		return nil, 0, err
+	}
+	var out []libvirt.StorageVol
+	for n := range f.pools[pool.Name] {
+		out = append(out, libvirt.StorageVol{Pool: pool.Name, Name: n, Key: "/pools/" + pool.Name + "/" + n})
+	}
+	return out, uint32(len(out)), nil
+}
+
+// StorageVolGetXMLDesc answers the path, format, mtime and backing store,
+// as a dir pool does.
+func (f *fakeAPI) StorageVolGetXMLDesc(vol libvirt.StorageVol, _ uint32) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("StorageVolGetXMLDesc"); err != nil {
+		return "", err
+	}
+	v, ok := f.pools[vol.Pool][vol.Name]
+	if !ok {
+		return "", lvErr(libvirt.ErrNoStorageVol, "no storage vol '%s'", vol.Name)
+	}
+	doc := libvirtxml.StorageVolume{Name: vol.Name, Target: &libvirtxml.StorageVolumeTarget{
+		Path: "/pools/" + vol.Pool + "/" + vol.Name, Format: &libvirtxml.StorageVolumeTargetFormat{Type: v.format},
+		Timestamps: &libvirtxml.StorageVolumeTargetTimestamps{Mtime: fmt.Sprintf("%d.%09d", v.mtime.Unix(), v.mtime.Nanosecond())},
+	}}
+	if v.mtime.IsZero() {
+		doc.Target.Timestamps.Mtime = "0"
+	}
+	if v.backing != "" {
+		doc.BackingStore = &libvirtxml.StorageVolumeBackingStore{Path: v.backing}
+	}
+	return doc.Marshal()
 }
 
 // fakeDialer hands out connections to one fakeAPI and counts dials.

@@ -1,9 +1,12 @@
 package kvm
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
@@ -323,5 +327,97 @@ func TestLiveProvidersSharingAHost(t *testing.T) {
 	}
 	if _, err := b.Get(ctx, &provisionerv1.GetInstanceRequest{ProviderId: lid, ProxyUid: lu}); !errclass.Is(err, errclass.NotFound) {
 		t.Errorf("kvm-b's Get of the claimed domain = %v, want NotFound", err)
+	}
+}
+
+// TestLiveChecksumChangeKeepsTheBaseInUse: a changed checksum downloads a
+// new base beside the old one, whose running domain keeps its backing
+// file; once that domain is deleted, the next ensure of the image removes
+// the old base and its marker, and the new one stays.
+func TestLiveChecksumChangeKeepsTheBaseInUse(t *testing.T) {
+	t.Parallel()
+	env := libvirttest.New(t)
+	ctx := liveCtx(t)
+	cfgA := liveConfig(env)
+	urlB, shaB := env.ServeImage("tiny-b.qcow2", 32)
+	cfgB := liveConfig(env)
+	cfgB.Images = map[string]Image{"tiny": {URL: urlB, SHA256: shaB, Firmware: FirmwareBIOS}}
+	var logs logtest.Buffer
+	beA := newLive(t, cfgA, nil)
+	beB := newLive(t, cfgB, slog.New(slog.NewJSONHandler(&logs, nil)))
+
+	base := uid(t) + "sum"
+	names := map[string]string{}
+	ids := map[string]string{}
+	for _, k := range []string{"a", "b", "c"} {
+		names[k], _ = instanceName(base + k)
+		t.Cleanup(func() { env.RemoveDomain(names[k]) })
+	}
+	create := func(be *Backend, k string) {
+		t.Helper()
+		in, err := be.Create(ctx, createReq(base+k, "tiny"))
+		if err != nil {
+			t.Fatalf("Create %s: %v", k, err)
+		}
+		ids[k] = in.GetProviderId()
+	}
+	// backing is the path the overlay of k backs onto and the digest of
+	// the file there.
+	backing := func(k string) (string, string) {
+		t.Helper()
+		var doc libvirtxml.StorageVolume
+		if err := doc.Unmarshal(env.Virsh("vol-dumpxml", "--pool", env.Pool, overlayName(names[k]))); err != nil || doc.BackingStore == nil {
+			t.Fatalf("overlay of %s: %v, %+v", k, err, doc.BackingStore)
+		}
+		b, err := readFileRoot(doc.BackingStore.Path)
+		if err != nil {
+			return doc.BackingStore.Path, "missing: " + err.Error()
+		}
+		sum := sha256.Sum256([]byte(b))
+		return doc.BackingStore.Path, hex.EncodeToString(sum[:])
+	}
+
+	create(beA, "a")
+	pathA, _ := backing("a")
+	create(beB, "b")
+	if p, sum := backing("a"); p != pathA || sum != env.ImageSHA256 {
+		t.Errorf("after the checksum changed, the first overlay backs onto %s holding %s, want %s holding image A %s", p, sum, pathA, env.ImageSHA256)
+	}
+	pathB, sumB := backing("b")
+	if pathB == pathA || sumB != shaB {
+		t.Errorf("the second overlay backs onto %s holding %s, want a new base holding image B %s", pathB, sumB, shaB)
+	}
+	if st := env.DomainState(names["a"]); st != "running" {
+		t.Errorf("first domain %s, want running", st)
+	}
+	baseA, baseB := filepath.Base(pathA), filepath.Base(pathB)
+	if vols := env.Volumes(); !slices.Contains(vols, baseA) || !slices.Contains(vols, baseA+".sha256") || !slices.Contains(vols, baseB+".sha256") {
+		t.Errorf("pool = %v, want both bases with their markers", vols)
+	}
+
+	if _, err := beB.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: ids["a"], ProxyUid: base + "a"}); err != nil {
+		t.Fatal(err)
+	}
+	create(beB, "c")
+	vols := env.Volumes()
+	if slices.Contains(vols, baseA) || slices.Contains(vols, baseA+".sha256") {
+		t.Errorf("pool = %v: %s or its marker left after its last overlay went", vols, baseA)
+	}
+	if !slices.Contains(vols, baseB) || !slices.Contains(vols, baseB+".sha256") {
+		t.Errorf("pool = %v: %s or its marker gone", vols, baseB)
+	}
+	if p, sum := backing("c"); p != pathB || sum != shaB {
+		t.Errorf("third overlay backs onto %s holding %s, want %s", p, sum, pathB)
+	}
+	if !strings.Contains(logs.String(), `"msg":"old base image removed: no volume backs onto it"`) || !strings.Contains(logs.String(), `"volume":"`+baseA+`"`) {
+		t.Errorf("no INFO line for the removed base:\n%s", logs.String())
+	}
+	if env.ImageHits() != 2 {
+		t.Errorf("%d downloads, want one per checksum (2)", env.ImageHits())
+	}
+	for _, k := range []string{"b", "c"} {
+		if _, err := beB.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: ids[k], ProxyUid: base + k}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

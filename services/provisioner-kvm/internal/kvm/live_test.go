@@ -179,7 +179,8 @@ func TestLiveLifecycle(t *testing.T) {
 	// each downloaded once.
 	vols := env.Volumes()
 	slices.Sort(vols)
-	want := []string{"base-tiny-uefi.qcow2", "base-tiny-uefi.qcow2.sha256", "base-tiny.qcow2", "base-tiny.qcow2.sha256"}
+	tag := "@" + env.ImageSHA256[:16]
+	want := []string{"base-tiny-uefi" + tag + ".qcow2", "base-tiny-uefi" + tag + ".qcow2.sha256", "base-tiny" + tag + ".qcow2", "base-tiny" + tag + ".qcow2.sha256"}
 	if !slices.Equal(vols, want) {
 		t.Errorf("pool after the deletes = %v, want %v", vols, want)
 	}

@@ -173,6 +173,20 @@ func (t *tracingAPI) StorageVolDownload(vol libvirt.StorageVol, w io.Writer, off
 	return err
 }
 
+func (t *tracingAPI) StoragePoolListAllVolumes(pool libvirt.StoragePool, needResults int32, flags uint32) ([]libvirt.StorageVol, uint32, error) {
+	s := time.Now()
+	v, n, err := t.inner.StoragePoolListAllVolumes(pool, needResults, flags)
+	t.done("StoragePoolListAllVolumes", s, err, "pool", pool.Name, "volumes", len(v))
+	return v, n, err
+}
+
+func (t *tracingAPI) StorageVolGetXMLDesc(vol libvirt.StorageVol, flags uint32) (string, error) {
+	s := time.Now()
+	x, err := t.inner.StorageVolGetXMLDesc(vol, flags)
+	t.done("StorageVolGetXMLDesc", s, err, "volume", vol.Name, "xmlLength", len(x))
+	return x, err
+}
+
 func (t *tracingAPI) StorageVolDelete(vol libvirt.StorageVol, flags libvirt.StorageVolDeleteFlags) error {
 	s := time.Now()
 	err := t.inner.StorageVolDelete(vol, flags)
