@@ -194,27 +194,31 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	}
 	var out *provisionerv1.Instance
 	var basePath string
-	err = be.hosts.call(ctx, p.host, func(api libvirtAPI) error {
+	// Looking up and building move kilobytes and start a process: a
+	// libvirt call that has not answered within stepTimeout never will,
+	// and the dropped connection lets the next attempt resume. Only a
+	// base image's download may take longer.
+	err = be.step(ctx, p.host, name, "looking up", func(ctx context.Context, api libvirtAPI) error {
 		var err error
-		out, basePath, err = be.adoptOrImage(ctx, api, p, name, req)
+		out, basePath, err = be.adoptOrCached(ctx, api, p, name, req)
 		return err
 	})
-	if err == nil && out == nil {
-		// Building the domain moves kilobytes and starts a process: a
-		// libvirt call that has not answered by then never will, and
-		// the dropped connection lets the next attempt resume.
-		buildCtx, cancel := context.WithTimeout(ctx, buildTimeout)
-		err = be.hosts.call(buildCtx, p.host, func(api libvirtAPI) error {
-			var err error
-			out, err = be.build(buildCtx, api, p, name, basePath, req)
+	if err == nil && out == nil && basePath == "" {
+		err = be.hosts.call(ctx, p.host, func(api libvirtAPI) error {
+			pool, err := api.StoragePoolLookupByName(p.host.Pool)
+			if err != nil {
+				return err
+			}
+			basePath, err = be.images.ensure(ctx, api, p.host.Name, pool, p.image)
 			return err
 		})
-		timedOut := errors.Is(buildCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-		cancel()
-		if err != nil && timedOut {
-			err = errclass.New(errclass.Transient, "building domain %s on host %s took over %s; the connection was dropped and the next attempt resumes", name, p.host.Name, buildTimeout).
-				WithMetadata("host", p.host.Name, "domain", name)
-		}
+	}
+	if err == nil && out == nil {
+		err = be.step(ctx, p.host, name, "building", func(ctx context.Context, api libvirtAPI) error {
+			var err error
+			out, err = be.build(ctx, api, p, name, basePath, req)
+			return err
+		})
 	}
 	if err != nil {
 		err = classify(err)
@@ -227,13 +231,26 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	return out, nil
 }
 
-// buildTimeout bounds the part of a Create after the base image is in
-// place: the overlay, the seed, the define and the start.
-const buildTimeout = 90 * time.Second
+// stepTimeout bounds each step of a Create but a base image's download.
+const stepTimeout = 90 * time.Second
 
-// adoptOrImage answers the proxy's existing domain, started, or, when
-// there is none, the path of the base image the new one backs onto.
-func (be *Backend) adoptOrImage(ctx context.Context, api libvirtAPI, p placement, name string, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, string, error) {
+// step runs fn on host's connection within stepTimeout; running out of it
+// is Transient, saying what was being done to which domain.
+func (be *Backend) step(ctx context.Context, h Host, name, doing string, fn func(ctx context.Context, api libvirtAPI) error) error {
+	sctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	err := be.hosts.call(sctx, h, func(api libvirtAPI) error { return fn(sctx, api) })
+	if err != nil && errors.Is(sctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		return errclass.New(errclass.Transient, "%s domain %s on host %s took over %s; the connection was dropped and the next attempt resumes", doing, name, h.Name, stepTimeout).
+			WithMetadata("host", h.Name, "domain", name)
+	}
+	return err
+}
+
+// adoptOrCached answers the proxy's existing domain, started, or, when
+// there is none, the path of the cached base image the new one backs onto
+// ("" when the base must be downloaded first).
+func (be *Backend) adoptOrCached(ctx context.Context, api libvirtAPI, p placement, name string, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.Instance, string, error) {
 	uid := req.GetProxyUid()
 	dom, err := api.DomainLookupByName(name)
 	switch {
@@ -259,7 +276,7 @@ func (be *Backend) adoptOrImage(ctx context.Context, api libvirtAPI, p placement
 	if err != nil {
 		return nil, "", err
 	}
-	basePath, err := be.images.ensure(ctx, api, p.host.Name, pool, p.image)
+	basePath, err := be.images.cached(ctx, api, p.host.Name, pool, p.image)
 	return nil, basePath, err
 }
 

@@ -144,6 +144,36 @@ func (ic *imageCache) ensure(ctx context.Context, api libvirtAPI, host string, p
 	return v.(string), nil
 }
 
+// cached returns the path of src's base when the pool holds a complete,
+// current copy (and sweeps the image's other versions, as ensure does),
+// "" otherwise. It changes nothing else: it is the part of a Create that
+// is bounded, the download being the part that is not.
+func (ic *imageCache) cached(ctx context.Context, api libvirtAPI, host string, pool libvirt.StoragePool, src imageSource) (string, error) {
+	v, err, _ := ic.flight.Do(host+"/"+pool.Name+"/"+src.volumeName()+"#cached", func() (any, error) {
+		base, err := api.StorageVolLookupByName(pool, src.volumeName())
+		if hasCode(err, libvirt.ErrNoStorageVol) {
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		marker, err := readMarker(api, pool, src.markerName())
+		if err != nil || marker == "" || (src.SHA256 != "" && marker != src.SHA256) {
+			return "", err
+		}
+		p, err := api.StorageVolGetPath(base)
+		if err != nil {
+			return "", err
+		}
+		ic.sweep(ctx, api, host, pool, src, p)
+		return p, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return v.(string), nil
+}
+
 func (ic *imageCache) ensureOnce(ctx context.Context, api libvirtAPI, pool libvirt.StoragePool, src imageSource) (string, error) {
 	base, baseErr := api.StorageVolLookupByName(pool, src.volumeName())
 	if baseErr != nil && !hasCode(baseErr, libvirt.ErrNoStorageVol) {
