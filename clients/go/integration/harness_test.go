@@ -131,14 +131,20 @@ func (s *suite) publish(p *proxyv1.Proxy, revision int64) {
 func (s *suite) waitLeasable(n int) {
 	s.t.Helper()
 	waittest.For(s.t, 20*time.Second, fmt.Sprintf("%d proxies leasable", n), func() bool {
-		return len(s.list()) == n
+		// The service may still be starting: an error is "not yet".
+		resp, err := s.raw.ListProxies(ctx(s.t), &leasev1.ListProxiesRequest{})
+		return err == nil && len(resp.GetProxies()) == n
 	})
 }
 
+// list is the service's leasable proxies. A failed call fails the test
+// (Errorf, so that subtests' goroutines may call it): an empty answer
+// would read as "no active lease" and pass a check it should fail.
 func (s *suite) list() []*leasev1.LeasableProxy {
 	s.t.Helper()
 	resp, err := s.raw.ListProxies(ctx(s.t), &leasev1.ListProxiesRequest{})
 	if err != nil {
+		s.t.Errorf("ListProxies: %v", err)
 		return nil
 	}
 	return resp.GetProxies()
