@@ -1,14 +1,18 @@
 // Package natstest gives each test its own NATS server with JetStream: the
 // real nats-server, embedded in the test process, on a random loopback port
-// with its store in the test's temporary directory. Streams, consumers and
+// below the ephemeral range (so that a restart gets it back), with its
+// store in the test's temporary directory. Streams, consumers and
 // subjects of one test can never be seen by another.
 package natstest
 
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +36,7 @@ func New(t testing.TB) *Server {
 	opts := &server.Options{
 		ServerName: "natstest",
 		Host:       "127.0.0.1",
-		Port:       server.RANDOM_PORT,
+		Port:       restartablePort(t),
 		JetStream:  true,
 		StoreDir:   t.TempDir(),
 		NoLog:      true,
@@ -40,10 +44,39 @@ func New(t testing.TB) *Server {
 	}
 	s := &Server{opts: opts}
 	s.Start(t)
-	// Restarts keep the port the first start was given.
-	s.opts.Port = s.srv.Addr().(*net.TCPAddr).Port
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// restartablePort is a free loopback port below the kernel's ephemeral
+// range, which restarts keep. A port of that range, free while the server
+// is stopped, can be taken meanwhile as the local port of any outgoing
+// connection on the machine, and the restart then cannot listen on it.
+func restartablePort(t testing.TB) int {
+	t.Helper()
+	low := 32768
+	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const from = 10000
+	if low <= from+1000 {
+		t.Fatalf("natstest: the ephemeral port range starts at %d, leaving no port below it", low)
+	}
+	for range 100 {
+		port := from + rand.IntN(low-from)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return port
+	}
+	t.Fatalf("natstest: no free port between %d and %d", from, low)
+	return 0
 }
 
 // Start starts the server again after Stop, on the same port with the same
@@ -127,20 +160,15 @@ func NewCluster(t testing.TB, size int) *Cluster {
 	routes := make([]*url.URL, size)
 	ports := make([]int, size)
 	for i := range size {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("natstest: %v", err)
-		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		routes[i] = &url.URL{Scheme: "nats", Host: l.Addr().String()}
-		l.Close()
+		ports[i] = restartablePort(t)
+		routes[i] = &url.URL{Scheme: "nats", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i]))}
 	}
 	c := &Cluster{}
 	for i := range size {
 		opts := &server.Options{
 			ServerName: fmt.Sprintf("natstest-%d", i),
 			Host:       "127.0.0.1",
-			Port:       server.RANDOM_PORT,
+			Port:       restartablePort(t),
 			JetStream:  true,
 			StoreDir:   t.TempDir(),
 			NoLog:      true,
@@ -163,8 +191,6 @@ func NewCluster(t testing.TB, size int) *Cluster {
 		if !s.srv.ReadyForConnections(30 * time.Second) {
 			t.Fatal("natstest: a cluster server did not become ready in 30s")
 		}
-		// Restarts keep the port the first start was given.
-		s.opts.Port = s.srv.Addr().(*net.TCPAddr).Port
 	}
 	nc, err := nats.Connect(c.URL())
 	if err != nil {

@@ -36,6 +36,7 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 )
 
 // ProviderName is the provider name the suite's provisioners serve.
@@ -264,7 +265,15 @@ func ctxFor(t *testing.T) context.Context {
 // create creates uid's instance through the main provisioner.
 func (s *Suite) create(t *testing.T, uid string) *provisionerv1.Instance {
 	t.Helper()
-	resp, err := s.main.Client.CreateInstance(ctxFor(t), s.request(uid))
+	ctx := ctxFor(t)
+	resp, err := s.main.Client.CreateInstance(ctx, s.request(uid))
+	// Transient means "retry", and the orchestrator does: so does the
+	// suite, within its patience.
+	for err != nil && ctx.Err() == nil && errclass.Of(errclass.FromStatus(err)) == errclass.Transient {
+		t.Logf("Create %s answered Transient, retried: %v", uid, err)
+		time.Sleep(200 * time.Millisecond)
+		resp, err = s.main.Client.CreateInstance(ctx, s.request(uid))
+	}
 	if err != nil {
 		t.Fatalf("Create %s: %v", uid, err)
 	}
