@@ -95,6 +95,10 @@ func TestListAndWatchLeasesAcrossReplicas(t *testing.T) {
 		got.GetPool() != "web" || got.GetTargetHost() != "shop.example" || got.GetAddress().GetPort() != 3128 {
 		t.Errorf("watched lease %v, want %v", got, l)
 	}
+	// A millisecond later, so that "oldest first" has an order: leases of
+	// one millisecond are listed in no particular one.
+	a.Clock.Advance(time.Millisecond)
+	b.Clock.Advance(time.Millisecond)
 	other := mustAcquire(t, a.Client("grpc", "crawler-b"), &leasev1.AcquireLeaseRequest{Ttl: durationpb.New(10 * time.Second)})
 	next(t, w, leasev1.LeaseChangeType_LEASE_CHANGE_TYPE_ACQUIRED)
 
