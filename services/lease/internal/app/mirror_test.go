@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -88,8 +89,16 @@ func TestProxyEvents(t *testing.T) {
 	// Deleted: gone from the mirror, not even matching.
 	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_DELETED, lt.Proxy(uidA, "proxy-a", lt.MaxLeases(2)), 14)
 	waittest.For(t, 5*time.Second, "proxy-a is gone", func() bool { return !listed(t, c)["proxy-a"] })
-	_, r = c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{Selector: sel})
-	if n := noProxy(t, r); n.GetMatching() != 0 {
+	// The selection the acquires read follows the table a moment later
+	// (an acquire's commit checks the table itself).
+	var n *leasev1.NoProxyAvailable
+	if err := waittest.Until(5*time.Second, func() error {
+		_, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{Selector: sel})
+		if n = noProxy(t, r); n.GetMatching() != 0 {
+			return errors.New("still matching")
+		}
+		return nil
+	}); err != nil {
 		t.Errorf("a deleted proxy still matches: %v", n)
 	}
 }
