@@ -9,6 +9,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -230,4 +232,39 @@ func (p *Process) Wait(t testing.TB, timeout time.Duration) int {
 		t.Fatalf("proctest: wait: %v", p.err)
 	}
 	return 0
+}
+
+// ReplaceFile writes content to path through a rename, as a mounted
+// ConfigMap changes: a reader sees the old file or the new one, never half
+// of one.
+func ReplaceFile(t testing.TB, path, content string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// MetricLine is the line of the Prometheus page at http://addr/metrics
+// that starts with series (a name with its labels), "" when there is none.
+func MetricLine(t testing.TB, addr, series string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(l, series) {
+			return l
+		}
+	}
+	return ""
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
@@ -28,16 +28,7 @@ func TestProvidersConfigReloads(t *testing.T) {
 	provisionerv1.RegisterProvisionerServiceServer(gs, checkingProvisioner{})
 	provAddr := grpctest.Serve(t, gs)
 	path := filepath.Join(e.dir, "providers.yaml")
-	write := func(content string) {
-		t.Helper()
-		tmp := path + ".new"
-		if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(content string) { t.Helper(); proctest.ReplaceFile(t, path, content) }
 	write("providers:\n  - {name: local-1, type: local}\n")
 	p, addrs := servicetest.Start(t, ".", e.args("replica-a",
 		"--providers-config="+path, "--provisioner=local-1="+provAddr, "--provider-check-interval=10s"))
@@ -58,12 +49,7 @@ func TestProvidersConfigReloads(t *testing.T) {
 		return strings.Join(names, ",")
 	}
 	failures := func() string {
-		for _, l := range strings.Split(getText(t, base+"/metrics"), "\n") {
-			if strings.HasPrefix(l, `egress_config_reload_failures_total{file="providers"}`) {
-				return l
-			}
-		}
-		return ""
+		return proctest.MetricLine(t, addrs.HTTP, `egress_config_reload_failures_total{file="providers"}`)
 	}
 	if got := listed(); got != "local-1" {
 		t.Fatalf("listed at start = %q, want local-1", got)

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
@@ -25,17 +25,8 @@ import (
 func TestProvidersConfigReloads(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "providers.yaml")
-	write := func(content string) {
-		t.Helper()
-		// Through a rename, as a mounted ConfigMap changes.
-		tmp := path + ".new"
-		if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Through a rename, as a mounted ConfigMap changes.
+	write := func(content string) { t.Helper(); proctest.ReplaceFile(t, path, content) }
 	write("providers:\n  - {name: local, type: local}\n")
 	p, addrs := servicetest.Start(t, ".", []string{
 		"--auth-disabled",
@@ -63,18 +54,7 @@ func TestProvidersConfigReloads(t *testing.T) {
 	}
 	metric := func() string {
 		t.Helper()
-		resp, err := http.Get(base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		for _, l := range strings.Split(string(raw), "\n") {
-			if strings.HasPrefix(l, `egress_config_reload_failures_total{file="providers"}`) {
-				return l
-			}
-		}
-		return ""
+		return proctest.MetricLine(t, addrs.HTTP, `egress_config_reload_failures_total{file="providers"}`)
 	}
 	create := func(name, provider string) (int, map[string]any) {
 		return call("POST", "/v1/proxies", fmt.Sprintf(`{"name":%q,"spec":{"mode":"PROXY_MODE_MANAGED","provider":%q}}`, name, provider))

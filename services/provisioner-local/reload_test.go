@@ -1,9 +1,6 @@
 package main
 
 import (
-	"io"
-	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,16 +20,7 @@ import (
 func TestProvidersConfigReloads(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "providers.yaml")
-	write := func(content string) {
-		t.Helper()
-		tmp := path + ".new"
-		if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(content string) { t.Helper(); proctest.ReplaceFile(t, path, content) }
 	entry := func(stateDir string) string {
 		return "  - name: local\n    type: local\n    local: {stateDir: " + stateDir + ", proxy: builtin}\n"
 	}
@@ -41,18 +29,7 @@ func TestProvidersConfigReloads(t *testing.T) {
 		Block: "local: {stateDir: " + t.TempDir() + ", proxy: builtin}\n"},
 		provisionertest.StartOptions{NATSURL: natstest.New(t).URL(), Args: []string{"--providers-config=" + path}})
 	failures := func() string {
-		resp, err := http.Get("http://" + p.HTTP + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		for _, l := range strings.Split(string(raw), "\n") {
-			if strings.HasPrefix(l, `egress_config_reload_failures_total{file="providers"}`) {
-				return l
-			}
-		}
-		return ""
+		return proctest.MetricLine(t, p.HTTP, `egress_config_reload_failures_total{file="providers"}`)
 	}
 	countMsg := func(msg string) int {
 		n := 0
