@@ -52,14 +52,48 @@ type leader struct {
 	causes []error // why each term's context ended
 }
 
-func (l *leader) lead(running *atomic.Int32, overlap *atomic.Bool) func(context.Context) error {
+// overlaps measures how long two leads ran at once, at the longest.
+type overlaps struct {
+	mu      sync.Mutex
+	running int
+	since   time.Time
+	max     time.Duration
+}
+
+func (o *overlaps) start() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.running++; o.running == 2 {
+		o.since = time.Now()
+	}
+}
+
+func (o *overlaps) stop() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.running == 2 {
+		o.max = max(o.max, time.Since(o.since))
+	}
+	o.running--
+}
+
+func (o *overlaps) longest() time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.running >= 2 {
+		return max(o.max, time.Since(o.since))
+	}
+	return o.max
+}
+
+func (l *leader) lead(running *atomic.Int32, ov *overlaps) func(context.Context) error {
 	return func(ctx context.Context) error {
 		l.terms.Add(1)
 		l.active.Add(1)
-		if running.Add(1) > 1 {
-			overlap.Store(true)
-		}
+		running.Add(1)
+		ov.start()
 		<-ctx.Done()
+		ov.stop()
 		running.Add(-1)
 		l.active.Add(-1)
 		l.mu.Lock()
@@ -71,7 +105,8 @@ func (l *leader) lead(running *atomic.Int32, overlap *atomic.Bool) func(context.
 
 // Killing the holder's backend (pg_terminate_backend) ends its lead with
 // ErrLeadershipLost; the lock is then taken again — by the other replica
-// or, after reconnecting, by the same one — and never held by two at once.
+// or, after reconnecting, by the same one. Two leads overlap at most for
+// the documented window: the killed holder's Watch plus its ping timeout.
 func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.T) {
 	t.Parallel()
 	for _, replicas := range []int{1, 2} {
@@ -82,7 +117,7 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 			logs := &logtest.Buffer{}
 			ctx, cancel := context.WithCancel(context.Background())
 			var running atomic.Int32
-			var overlap atomic.Bool
+			var ov overlaps
 			leaders := make([]*leader, replicas)
 			var wg sync.WaitGroup
 			for i := range leaders {
@@ -91,7 +126,7 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 				// another replica tries the lock again (the documented window).
 				s := &postgres.Singleton{Pool: pool, Key: key, Name: "test singleton", Retry: 300 * time.Millisecond,
 					Watch: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(logs, nil))}
-				wg.Go(func() { _ = s.Run(ctx, leaders[i].lead(&running, &overlap)) })
+				wg.Go(func() { _ = s.Run(ctx, leaders[i].lead(&running, &ov)) })
 			}
 			defer func() { cancel(); wg.Wait() }()
 			terms := func() (n int32) {
@@ -129,8 +164,9 @@ func TestSingletonLosesAndRetakesLeadershipWhenItsConnectionIsKilled(t *testing.
 				p := holderPID(t, pool, key)
 				return terms() == 2 && running.Load() == 1 && p != 0 && p != pid
 			})
-			if overlap.Load() {
-				t.Error("two replicas led at once")
+			// The documented window: Watch, plus the ping's timeout.
+			if d := ov.longest(); d > 20*time.Millisecond+5*time.Second {
+				t.Errorf("two replicas led at once for %s, longer than the window", d)
 			}
 			cancel()
 			wg.Wait()
