@@ -130,7 +130,7 @@ func newImageCache(c *http.Client, log *slog.Logger) *imageCache {
 // backs onto. The flight is per version: callers still on another digest
 // (a config reload under way) must not be handed this one's path.
 func (ic *imageCache) ensure(ctx context.Context, api libvirtAPI, host string, pool libvirt.StoragePool, src imageSource) (string, error) {
-	v, err, _ := ic.flight.Do(host+"/"+pool.Name+"/"+src.volumeName(), func() (any, error) {
+	return ic.once(host+"/"+pool.Name+"/"+src.volumeName(), func() (string, error) {
 		p, err := ic.ensureOnce(ctx, api, pool, src)
 		if err != nil {
 			return "", err
@@ -138,10 +138,6 @@ func (ic *imageCache) ensure(ctx context.Context, api libvirtAPI, host string, p
 		ic.sweep(ctx, api, host, pool, src, p)
 		return p, nil
 	})
-	if err != nil {
-		return "", err
-	}
-	return v.(string), nil
 }
 
 // cached returns the path of src's base when the pool holds a complete,
@@ -149,47 +145,56 @@ func (ic *imageCache) ensure(ctx context.Context, api libvirtAPI, host string, p
 // "" otherwise. It changes nothing else: it is the part of a Create that
 // is bounded, the download being the part that is not.
 func (ic *imageCache) cached(ctx context.Context, api libvirtAPI, host string, pool libvirt.StoragePool, src imageSource) (string, error) {
-	v, err, _ := ic.flight.Do(host+"/"+pool.Name+"/"+src.volumeName()+"#cached", func() (any, error) {
-		base, err := api.StorageVolLookupByName(pool, src.volumeName())
-		if hasCode(err, libvirt.ErrNoStorageVol) {
-			return "", nil
-		}
-		if err != nil {
-			return "", err
-		}
-		marker, err := readMarker(api, pool, src.markerName())
-		if err != nil || marker == "" || (src.SHA256 != "" && marker != src.SHA256) {
-			return "", err
-		}
-		p, err := api.StorageVolGetPath(base)
-		if err != nil {
+	return ic.once(host+"/"+pool.Name+"/"+src.volumeName()+"#cached", func() (string, error) {
+		_, p, err := complete(api, pool, src)
+		if err != nil || p == "" {
 			return "", err
 		}
 		ic.sweep(ctx, api, host, pool, src, p)
 		return p, nil
 	})
+}
+
+// once runs fn for key, shared by concurrent callers.
+func (ic *imageCache) once(key string, fn func() (string, error)) (string, error) {
+	v, err, _ := ic.flight.Do(key, func() (any, error) { return fn() })
 	if err != nil {
 		return "", err
 	}
 	return v.(string), nil
 }
 
-func (ic *imageCache) ensureOnce(ctx context.Context, api libvirtAPI, pool libvirt.StoragePool, src imageSource) (string, error) {
-	base, baseErr := api.StorageVolLookupByName(pool, src.volumeName())
-	if baseErr != nil && !hasCode(baseErr, libvirt.ErrNoStorageVol) {
-		return "", baseErr
+// complete looks up src's base: its path when its marker holds the
+// configured digest (any digest without one), "" otherwise; base is nil
+// when there is no base volume at all.
+func complete(api libvirtAPI, pool libvirt.StoragePool, src imageSource) (base *libvirt.StorageVol, path string, err error) {
+	vol, err := api.StorageVolLookupByName(pool, src.volumeName())
+	if hasCode(err, libvirt.ErrNoStorageVol) {
+		return nil, "", nil
 	}
-	if baseErr == nil {
-		marker, err := readMarker(api, pool, src.markerName())
-		if err != nil {
-			return "", err
-		}
-		if marker != "" && (src.SHA256 == "" || marker == src.SHA256) {
-			return api.StorageVolGetPath(base)
-		}
+	if err != nil {
+		return nil, "", err
+	}
+	marker, err := readMarker(api, pool, src.markerName())
+	if err != nil {
+		return nil, "", err
+	}
+	if marker == "" || (src.SHA256 != "" && marker != src.SHA256) {
+		return &vol, "", nil
+	}
+	path, err = api.StorageVolGetPath(vol)
+	return &vol, path, err
+}
+
+func (ic *imageCache) ensureOnce(ctx context.Context, api libvirtAPI, pool libvirt.StoragePool, src imageSource) (string, error) {
+	base, p, err := complete(api, pool, src)
+	if err != nil || p != "" {
+		return p, err
+	}
+	if base != nil {
 		// No marker: being uploaded, here by another process, or left by
 		// one that died. Only the latter may go.
-		age, err := ic.unwrittenFor(api, base)
+		age, err := ic.unwrittenFor(api, *base)
 		if err != nil {
 			return "", err
 		}
@@ -208,7 +213,7 @@ func (ic *imageCache) ensureOnce(ctx context.Context, api libvirtAPI, pool libvi
 		if err != nil {
 			return "", err
 		}
-		p, err := api.StorageVolGetPath(base)
+		p, err := api.StorageVolGetPath(*base)
 		if err != nil {
 			return "", err
 		}
