@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 )
 
 // Behaviour steers the Go proxy.
@@ -291,7 +292,9 @@ http_access deny all
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-N", "-f", confPath)
+	// A service name of its own: squids of one name collide in /dev/shm.
+	service := squid.ServiceName(filepath.Base(dir))
+	cmd := exec.Command(bin, "-N", "-n", service, "-f", confPath)
 	var out lockedBuffer
 	cmd.Stdout = &out
 	cmd.Stderr = &out
@@ -310,6 +313,7 @@ http_access deny all
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
+		squid.RemoveStaleSegments(service)
 	})
 	logs := func() string {
 		log, _ := os.ReadFile(filepath.Join(dir, "cache.log"))

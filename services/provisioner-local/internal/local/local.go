@@ -40,6 +40,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 )
 
 // Config is the `local:` block of a provider.
@@ -445,7 +446,11 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 		if err := os.WriteFile(conf, []byte(squidConf(s, dir)), 0o644); err != nil {
 			return errclass.Wrap(errclass.Transient, err)
 		}
-		cmd = exec.Command(b.squid, "-N", "-f", conf)
+		// A service name per instance: squids of one name collide in
+		// /dev/shm; one killed left its segments (it is not running now).
+		name := squid.ServiceName(s.UID)
+		squid.RemoveStaleSegments(name)
+		cmd = exec.Command(b.squid, "-N", "-n", name, "-f", conf)
 	default:
 		cmd = exec.Command(b.self, "forward-proxy", "--listen", addr, "--instance-dir", dir)
 	}
@@ -645,6 +650,9 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 		if err := b.waitExit(ctx, s); err != nil {
 			return false, err
 		}
+	}
+	if s != nil && s.Kind == "squid" {
+		squid.RemoveStaleSegments(squid.ServiceName(uid)) // left if it was killed
 	}
 	if err := os.RemoveAll(b.instDir(uid)); err != nil {
 		return false, errclass.Wrap(errclass.Transient, err)
