@@ -29,7 +29,7 @@ type ConnectOptions struct {
 // Connect connects a service to NATS and makes sure the streams exist.
 // NATS being unreachable does not fail it: the connection keeps trying in
 // the background (forever, as after any later disconnect), the streams
-// are ensured once it is up, and meanwhile the service serves what needs
+// are ensured once it is up (and again after each reconnect), and meanwhile the service serves what needs
 // no NATS, its consumers waiting under KeepConsuming. Only what no retry
 // can mend is an error: a malformed URL or replica count. The connection
 // lives until the caller closes it; the background work until ctx ends.
@@ -74,13 +74,35 @@ func Connect(ctx context.Context, o ConnectOptions) (*nats.Conn, jetstream.JetSt
 	}
 	err = nats.ErrNoServers
 	if nc.IsConnected() {
-		if err = ensure(ctx); err == nil {
-			return nc, js, nil
+		err = ensure(ctx)
+	}
+	ready := err == nil
+	if !ready {
+		log.Warn("WARNING: NATS JetStream is unreachable; starting without it, its consumers wait for it", "error", err)
+	}
+	go keepStreams(ctx, log, nc, ready, ensure)
+	return nc, js, nil
+}
+
+// keepStreams ensures the streams until it has succeeded once (unless
+// ready), and again after every reconnect: a NATS server that restarted
+// has lost its memory-stored streams, and a new cluster has none.
+func keepStreams(ctx context.Context, log *slog.Logger, nc *nats.Conn, ready bool, ensure func(context.Context) error) {
+	wake, stop := reconnects(nc)
+	defer stop()
+	if !ready && retry(ctx, log, "ensuring the NATS streams", wake, ensure) != nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+			if retry(ctx, log, "ensuring the NATS streams after a reconnect", wake, ensure) != nil {
+				return
+			}
 		}
 	}
-	log.Warn("WARNING: NATS JetStream is unreachable; starting without it, its consumers wait for it", "error", err)
-	go func() { _ = Retry(ctx, log, "ensuring the NATS streams", ensure) }()
-	return nc, js, nil
 }
 
 func registerConnMetrics(reg prometheus.Registerer, nc *nats.Conn) error {

@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 )
 
 // The waits between attempts double up to the most, and start over after
@@ -23,7 +27,7 @@ func TestKeepConsumingSpacesAttempts(t *testing.T) {
 	log := slog.New(slog.NewJSONHandler(&out, nil))
 	ctx, cancel := context.WithCancel(t.Context())
 	attempts := 0
-	KeepConsuming(ctx, log, "test events", func(ctx context.Context) error {
+	_ = retry(ctx, log, "consuming test events", nil, func(ctx context.Context) error {
 		attempts++
 		switch attempts {
 		case 5:
@@ -73,5 +77,58 @@ func TestRetryStopsAtSuccess(t *testing.T) {
 	})
 	if err != nil || attempts != 3 {
 		t.Errorf("Retry = %v after %d attempts, want nil after 3", err, attempts)
+	}
+}
+
+// While NATS is down the waits grow; when it comes back the consumer is
+// set up again at once, not after the wait in progress.
+func TestKeepConsumingTriesAgainOnceNATSReturns(t *testing.T) {
+	first, most := retryFirst, retryMost
+	retryFirst, retryMost = time.Hour, time.Hour
+	t.Cleanup(func() { retryFirst, retryMost = first, most })
+
+	srv := natstest.New(t)
+	names := Names{}
+	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := EnsureStreams(t.Context(), js, names); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	failed := make(chan struct{}, 1)
+	set := make(chan struct{})
+	go KeepConsuming(ctx, js, slog.New(slog.DiscardHandler), "test results", func(ctx context.Context) error {
+		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if _, err := js.CreateOrUpdateConsumer(cctx, names.ResultStream(), jetstream.ConsumerConfig{Durable: "wake"}); err != nil {
+			select {
+			case failed <- struct{}{}:
+			default:
+			}
+			return err
+		}
+		close(set)
+		<-ctx.Done()
+		return nil
+	})
+	select {
+	case <-failed: // now waiting an hour
+	case <-time.After(10 * time.Second):
+		t.Fatal("setting up the consumer did not fail while NATS was down")
+	}
+	srv.Start(t)
+	select {
+	case <-set:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the consumer was not set up again within 20s of NATS coming back")
 	}
 }

@@ -42,7 +42,7 @@ func TestKeepConsumingWaitsOutNATS(t *testing.T) {
 	returned := make(chan struct{})
 	go func() {
 		defer close(returned)
-		bus.KeepConsuming(ctx, slog.New(slog.NewTextHandler(&out, nil)), "test results", func(ctx context.Context) error {
+		bus.KeepConsuming(ctx, js, slog.New(slog.NewTextHandler(&out, nil)), "test results", func(ctx context.Context) error {
 			cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			defer cancel()
 			cons, err := js.CreateOrUpdateConsumer(cctx, names.ResultStream(), jetstream.ConsumerConfig{
@@ -133,6 +133,33 @@ func TestConnectWhileNATSDown(t *testing.T) {
 			t.Fatal("egress_nats_reconnects_total did not count the reconnect after a restart")
 		}
 		time.Sleep(50 * time.Millisecond) // polling the client
+	}
+}
+
+// A NATS server that restarts loses its memory-stored streams (pool
+// demand); the service creates them again once it has reconnected.
+func TestConnectEnsuresStreamsAgainAfterARestart(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	names := bus.Names{}
+	nc, js, err := bus.Connect(t.Context(), bus.ConnectOptions{URL: srv.URL(), Name: "test", Names: names, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	srv.Restart(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		_, err := js.Stream(ctx, names.DemandStream())
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the memory-stored demand stream was not created again after the restart: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the server
 	}
 }
 

@@ -108,7 +108,7 @@ func (w *Worker) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 // for DrainTimeout, cancels and Naks the rest, and returns. While NATS is
 // unreachable at start, it keeps trying to set up its consumer.
 func (w *Worker) Run(ctx context.Context) error {
-	bus.KeepConsuming(ctx, w.log(), "provisioner commands", w.run)
+	bus.KeepConsuming(ctx, w.JS, w.log(), "provisioner commands", w.run)
 	return nil
 }
 

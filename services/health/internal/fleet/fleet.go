@@ -258,11 +258,12 @@ func (f *Fleet) syncAll(ks map[string]*known, specs bool) {
 
 // Follow reads every proxy's latest event, then follows changes, until ctx
 // ends. An ordered consumer with DeliverLastPerSubject gives the current
-// state of the fleet first; it recreates itself on gaps, and is set up
-// again while NATS is unreachable (bus.KeepConsuming).
+// state of the fleet first; it recreates itself on gaps, is set up afresh
+// after every reconnect, and again and again while NATS is unreachable
+// (bus.KeepConsuming).
 func (f *Fleet) Follow(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
 	attempts := 0
-	bus.KeepConsuming(ctx, f.Log, "proxy events", func(ctx context.Context) error {
+	bus.KeepConsuming(ctx, js, f.Log, "proxy events", func(ctx context.Context) error {
 		if attempts++; attempts > 1 && f.Resumed != nil {
 			f.Resumed()
 		}
@@ -272,6 +273,8 @@ func (f *Fleet) Follow(ctx context.Context, js jetstream.JetStream, names bus.Na
 }
 
 func (f *Fleet) follow(ctx context.Context, js jetstream.JetStream, names bus.Names) error {
+	ctx, cancel := bus.UntilReconnect(ctx, js.Conn())
+	defer cancel()
 	cons, err := js.OrderedConsumer(ctx, names.ProxyEventStream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{names.ProxyEventSubjects()},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
@@ -279,7 +282,7 @@ func (f *Fleet) follow(ctx context.Context, js jetstream.JetStream, names bus.Na
 	if err != nil {
 		return fmt.Errorf("proxy event consumer: %w", err)
 	}
-	it, err := cons.Messages()
+	it, err := cons.Messages(bus.MessagesOpts()...)
 	if err != nil {
 		return err
 	}
@@ -290,7 +293,7 @@ func (f *Fleet) follow(ctx context.Context, js jetstream.JetStream, names bus.Na
 		m, err := it.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return ctx.Err()
+				return nil // ctx ended or NATS reconnected
 			}
 			return err
 		}

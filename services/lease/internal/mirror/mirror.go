@@ -78,7 +78,7 @@ func (s *Syncer) Resyncs() int { return s.loop.Done() }
 //
 // The two are independent: while NATS is unreachable (a restart, a
 // network blip, a replica starting before NATS) the consumers are set up
-// again and again (bus.KeepConsuming), while resyncs from the orchestrator
+// again and again (bus.KeepConsuming), and afresh once it is back, while resyncs from the orchestrator
 // keep the mirror current; once the consumers are up again a resync catches
 // up on what was missed.
 func (s *Syncer) Run(ctx context.Context) error {
@@ -90,7 +90,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		go func() { defer close(resyncs); s.loop.Run(ctx) }()
 	}
 	attempts := 0
-	bus.KeepConsuming(ctx, s.log, "the proxy mirror's event streams", func(ctx context.Context) error {
+	bus.KeepConsuming(ctx, s.js, s.log, "the proxy mirror's event streams", func(ctx context.Context) error {
 		if attempts++; attempts > 1 {
 			s.RequestResync("event consumers set up again")
 		}
@@ -100,8 +100,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 	return nil
 }
 
-// consume follows both event streams until ctx ends.
+// consume follows both event streams until ctx ends or NATS reconnects.
 func (s *Syncer) consume(ctx context.Context) error {
+	ctx, cancel := bus.UntilReconnect(ctx, s.js.Conn())
+	defer cancel()
 	proxies, err := s.js.OrderedConsumer(ctx, s.cfg.Names.ProxyEventStream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{s.cfg.Names.ProxyEventSubjects()},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
@@ -125,12 +127,12 @@ func (s *Syncer) consume(ctx context.Context) error {
 			s.RequestResync("consumer error on " + kind)
 		}
 	}
-	pc, err := proxies.Consume(func(m jetstream.Msg) { s.handleProxy(ctx, m) }, jetstream.ConsumeErrHandler(errHandler("proxy events")))
+	pc, err := proxies.Consume(func(m jetstream.Msg) { s.handleProxy(ctx, m) }, bus.ConsumeOpts(jetstream.ConsumeErrHandler(errHandler("proxy events")))...)
 	if err != nil {
 		return fmt.Errorf("consuming proxy events: %w", err)
 	}
 	defer pc.Stop()
-	hc, err := health.Consume(func(m jetstream.Msg) { s.handleHealth(ctx, m) }, jetstream.ConsumeErrHandler(errHandler("health events")))
+	hc, err := health.Consume(func(m jetstream.Msg) { s.handleHealth(ctx, m) }, bus.ConsumeOpts(jetstream.ConsumeErrHandler(errHandler("health events")))...)
 	if err != nil {
 		return fmt.Errorf("consuming health events: %w", err)
 	}

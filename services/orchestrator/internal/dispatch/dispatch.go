@@ -85,7 +85,7 @@ func consumeBatches(ctx context.Context, cons jetstream.Consumer, max int, handl
 		case ch <- m:
 		case <-ctx.Done(): // unacked: redelivered to another replica
 		}
-	}, jetstream.PullMaxMessages(max))
+	}, bus.ConsumeOpts(jetstream.PullMaxMessages(max))...)
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ import (
 // RunHealth applies health transitions (Running <-> Ready) until ctx ends,
 // waiting for NATS whenever it is unreachable.
 func (d *Dispatcher) RunHealth(ctx context.Context) error {
-	bus.KeepConsuming(ctx, d.Log, "health transitions", d.consumeHealth)
+	bus.KeepConsuming(ctx, d.JS, d.Log, "health transitions", d.consumeHealth)
 	return nil
 }
 

@@ -20,7 +20,7 @@ import (
 // RunResults applies provisioner results from the shared durable consumer
 // until ctx ends, waiting for NATS whenever it is unreachable.
 func (d *Dispatcher) RunResults(ctx context.Context) error {
-	bus.KeepConsuming(ctx, d.Log, "provisioner results", d.consumeResults)
+	bus.KeepConsuming(ctx, d.JS, d.Log, "provisioner results", d.consumeResults)
 	return nil
 }
 

@@ -15,7 +15,7 @@ import (
 // first the latest report of each pool, then each new one. Every replica
 // runs it, so whichever owns a pool next has its history.
 func ConsumeDemand(ctx context.Context, js jetstream.JetStream, names bus.Names, book *Book, log *slog.Logger) error {
-	bus.KeepConsuming(ctx, log, "pool demand", func(ctx context.Context) error {
+	bus.KeepConsuming(ctx, js, log, "pool demand", func(ctx context.Context) error {
 		cons, err := js.OrderedConsumer(ctx, names.DemandStream(), jetstream.OrderedConsumerConfig{
 			FilterSubjects: []string{names.DemandSubjects()},
 			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
@@ -38,7 +38,7 @@ func ConsumeDemand(ctx context.Context, js jetstream.JetStream, names bus.Names,
 				leases[uid] = int(n)
 			}
 			book.Record(pool, ev.GetDemand(), leases)
-		})
+		}, bus.ConsumeOpts()...)
 		if err != nil {
 			return err
 		}
