@@ -292,3 +292,123 @@ func grantedMetric(t *testing.T, httpAddr string) float64 {
 	v, _ := strconv.ParseFloat(string(m[1]), 64)
 	return v
 }
+
+// TestSessionsOnTwoReplicas runs two lease processes on one database:
+// 8 sessions acquired 24 times each at once, half on each replica, get
+// one lease per session; the database holds one active lease per session;
+// and when a session's proxy is deleted, the next acquire on the other
+// replica moves it and says why.
+func TestSessionsOnTwoReplicas(t *testing.T) {
+	t.Parallel()
+	db := lt.Database(t)
+	nsrv := natstest.New(t)
+	args := []string{
+		"--database-url=" + db,
+		"--database-max-conns=4",
+		"--nats-url=" + nsrv.URL(),
+		"--auth-token-file=" + lt.TokenFile(t),
+		"--default-max-leases=4",
+	}
+	var addrs [2]servicetest.Addrs
+	for i := range addrs {
+		_, addrs[i] = servicetest.Start(t, ".", args)
+	}
+	proxies := map[string]*proxyv1.Proxy{}
+	for i := range 10 {
+		p := lt.Proxy(fmt.Sprintf("00000000-0000-4000-8000-%012d", i), fmt.Sprintf("proxy-%02d", i))
+		proxies[p.GetName()] = p
+		lt.PublishProxy(t, nsrv, "egress", proxyv1.ChangeType_CHANGE_TYPE_CREATED, p, 1)
+	}
+	clients := make([]leasev1.LeaseServiceClient, 2)
+	for i := range clients {
+		c, err := grpc.NewClient(addrs[i].GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithPerRPCCredentials(auth.BearerToken(lt.Tokens["crawler-a"])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		clients[i] = leasev1.NewLeaseServiceClient(c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waittest.For(t, 10*time.Second, "both replicas see the 10 proxies", func() bool {
+		for _, c := range clients {
+			resp, err := c.ListProxies(ctx, &leasev1.ListProxiesRequest{})
+			if err != nil || len(resp.GetProxies()) != 10 {
+				return false
+			}
+		}
+		return true
+	})
+
+	const sessions, callers = 8, 24
+	var mu sync.Mutex
+	leases := map[string]map[string]bool{} // session → lease ids answered
+	var wg sync.WaitGroup
+	errs := make(chan error, sessions*callers)
+	for s := range sessions {
+		key := fmt.Sprintf("session-%d", s)
+		leases[key] = map[string]bool{}
+		for i := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := clients[i%2].AcquireLease(ctx, &leasev1.AcquireLeaseRequest{
+					TargetHost: "shop.example.com", SessionKey: key, Ttl: durationpb.New(time.Minute)})
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				leases[key][resp.GetLease().GetLeaseId()] = true
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("session acquire: %v", err)
+	}
+	pool, err := pgxpool.New(ctx, db+"&pool_max_conns=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for key, ids := range leases {
+		var active int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM lease.leases WHERE session_key = $1 AND end_reason IS NULL`, key).Scan(&active); err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) != 1 || active != 1 {
+			t.Fatalf("%s: answered leases %v, %d active in the database; want one", key, ids, active)
+		}
+	}
+
+	// Delete the proxy of session-0; the other replica moves it.
+	first, err := clients[0].AcquireLease(ctx, &leasev1.AcquireLeaseRequest{TargetHost: "shop.example.com", SessionKey: "session-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := proxies[first.GetLease().GetProxyName()]
+	lt.PublishProxy(t, nsrv, "egress", proxyv1.ChangeType_CHANGE_TYPE_DELETED, gone, 2)
+	waittest.For(t, 10*time.Second, "the deleted proxy leaves the listing", func() bool {
+		resp, err := clients[1].ListProxies(ctx, &leasev1.ListProxiesRequest{})
+		return err == nil && len(resp.GetProxies()) == 9
+	})
+	moved, err := clients[1].AcquireLease(ctx, &leasev1.AcquireLeaseRequest{TargetHost: "shop.example.com", SessionKey: "session-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := moved.GetSession()
+	if s.GetResult() != leasev1.SessionResult_SESSION_RESULT_MOVED || s.GetMoveReason() != leasev1.SessionMoveReason_SESSION_MOVE_REASON_PROXY_DELETED ||
+		s.GetPreviousLeaseId() != first.GetLease().GetLeaseId() || s.GetPreviousProxyName() != gone.GetName() ||
+		moved.GetLease().GetProxyName() == gone.GetName() {
+		t.Fatalf("acquire after deleting %s: %v, want MOVED off it for PROXY_DELETED", gone.GetName(), moved)
+	}
+	again, err := clients[0].AcquireLease(ctx, &leasev1.AcquireLeaseRequest{TargetHost: "shop.example.com", SessionKey: "session-0"})
+	if err != nil || again.GetLease().GetLeaseId() != moved.GetLease().GetLeaseId() ||
+		again.GetSession().GetResult() != leasev1.SessionResult_SESSION_RESULT_EXISTING {
+		t.Fatalf("acquire on the first replica after the move: %v, %v; want the moved session's lease", again, err)
+	}
+}

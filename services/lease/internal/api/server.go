@@ -156,6 +156,7 @@ func (s *Server) ListLeases(ctx context.Context, req *leasev1.ListLeasesRequest)
 	limit := pageSize(req.GetPageSize())
 	leases, err := s.st.ListLeases(ctx, store.LeaseFilter{
 		ClientID: req.GetClientId(), Pool: req.GetPool(), TargetHost: target, ProxyName: req.GetProxyName(),
+		SessionKey: req.GetSessionKey(),
 	}, after, limit+1)
 	if err != nil {
 		return nil, s.internal(ctx, "ListLeases", err)
@@ -234,7 +235,9 @@ func (s *Server) AcquireLease(ctx context.Context, req *leasev1.AcquireLeaseRequ
 		result = "invalid_argument"
 		return nil, err
 	}
-	l, err := s.st.Acquire(ctx, store.AcquireRequest{ClientID: client, TargetHost: target, TTL: ttl, Selector: sel})
+	g, err := s.st.Acquire(ctx, store.AcquireRequest{
+		ClientID: client, TargetHost: target, TTL: ttl, Selector: sel, SessionKey: req.GetSessionKey(),
+	})
 	var none *store.NoProxyError
 	if errors.As(err, &none) {
 		result = none.Reason()
@@ -254,7 +257,21 @@ func (s *Server) AcquireLease(ctx context.Context, req *leasev1.AcquireLeaseRequ
 		return nil, s.internal(ctx, "AcquireLease", err)
 	}
 	result = "granted"
-	return &leasev1.AcquireLeaseResponse{Lease: lease(l)}, nil
+	resp = &leasev1.AcquireLeaseResponse{Lease: lease(g.Lease)}
+	switch g.Session {
+	case store.NoSession:
+	case store.SessionNew:
+		s.met.Sessions.WithLabelValues("new").Inc()
+	case store.SessionExisting:
+		s.met.Sessions.WithLabelValues("existing").Inc()
+	case store.SessionMoved:
+		s.met.Sessions.WithLabelValues("moved").Inc()
+		s.met.SessionMoves.WithLabelValues(string(g.Moved.Reason)).Inc()
+	}
+	if g.Session != store.NoSession {
+		resp.Session = session(g)
+	}
+	return resp, nil
 }
 
 // RenewLease implements leasev1.LeaseServiceServer.
@@ -337,8 +354,12 @@ func (s *Server) ReportOutcome(ctx context.Context, req *leasev1.ReportOutcomeRe
 	default:
 		return nil, invalid("scope", "must be COOLDOWN_SCOPE_TARGET or COOLDOWN_SCOPE_GLOBAL")
 	}
+	reportTarget, err := targetHost(req.GetTargetHost())
+	if err != nil {
+		return nil, err
+	}
 	c, err := s.st.Report(ctx, store.ReportRequest{
-		ClientID: client, LeaseID: id, Outcome: int16(req.GetOutcome()), Cooldown: length, Global: global,
+		ClientID: client, LeaseID: id, Outcome: int16(req.GetOutcome()), Cooldown: length, Global: global, TargetHost: reportTarget,
 	})
 	if err != nil {
 		return nil, s.leaseError(ctx, "ReportOutcome", err)
@@ -441,7 +462,32 @@ func lease(l store.Lease) *leasev1.Lease {
 		AcquireTime: timestamppb.New(l.AcquireTime),
 		ExpireTime:  timestamppb.New(l.ExpireTime),
 		Pool:        l.Pool,
+		SessionKey:  l.SessionKey,
 	}
+}
+
+var moveReasons = map[store.MoveReason]leasev1.SessionMoveReason{
+	store.MoveDeleted:     leasev1.SessionMoveReason_SESSION_MOVE_REASON_PROXY_DELETED,
+	store.MoveDraining:    leasev1.SessionMoveReason_SESSION_MOVE_REASON_PROXY_DRAINING,
+	store.MoveUnhealthy:   leasev1.SessionMoveReason_SESSION_MOVE_REASON_PROXY_UNHEALTHY,
+	store.MoveSelector:    leasev1.SessionMoveReason_SESSION_MOVE_REASON_SELECTOR_CHANGED,
+	store.MoveCoolingDown: leasev1.SessionMoveReason_SESSION_MOVE_REASON_COOLING_DOWN,
+}
+
+func session(g store.Grant) *leasev1.Session {
+	out := &leasev1.Session{}
+	switch g.Session {
+	case store.SessionNew:
+		out.Result = leasev1.SessionResult_SESSION_RESULT_NEW
+	case store.SessionExisting:
+		out.Result = leasev1.SessionResult_SESSION_RESULT_EXISTING
+	case store.SessionMoved:
+		out.Result = leasev1.SessionResult_SESSION_RESULT_MOVED
+		out.PreviousLeaseId = g.Moved.LeaseID
+		out.PreviousProxyName = g.Moved.ProxyName
+		out.MoveReason = moveReasons[g.Moved.Reason]
+	}
+	return out
 }
 
 func cooldown(c store.Cooldown) *leasev1.Cooldown {

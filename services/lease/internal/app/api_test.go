@@ -663,6 +663,18 @@ func TestInvalidRequests(t *testing.T) {
 			_, r := c.Acquire(ctx, &leasev1.AcquireLeaseRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "eu\nx"}}})
 			return r
 		}, `selector.labels["pool"]`},
+		{"session key too long", func(ctx context.Context, c lt.Client) lt.Result {
+			_, r := c.Acquire(ctx, &leasev1.AcquireLeaseRequest{SessionKey: strings.Repeat("s", 129)})
+			return r
+		}, "session_key"},
+		{"newline in a session key", func(ctx context.Context, c lt.Client) lt.Result {
+			_, r := c.Acquire(ctx, &leasev1.AcquireLeaseRequest{SessionKey: "a\nb"})
+			return r
+		}, "session_key"},
+		{"report target with a port", func(ctx context.Context, c lt.Client) lt.Result {
+			_, r := c.Report(ctx, &leasev1.ReportOutcomeRequest{LeaseId: validID, Outcome: leasev1.Outcome_OUTCOME_BANNED, TargetHost: "shop.example.com:443"})
+			return r
+		}, "target_host"},
 		{"NUL in a list filter", func(ctx context.Context, c lt.Client) lt.Result {
 			_, r := c.List(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Provider: "pve\x00"}})
 			return r
@@ -796,4 +808,56 @@ func TestPerClientRateLimit(t *testing.T) {
 	if _, r := g.List(lt.Ctx(t), &leasev1.ListProxiesRequest{}); r.Code() != codes.OK {
 		t.Errorf("listing after the limit: %v", r.Status)
 	}
+}
+
+// TestSessions: a session's acquire answers its lease while its proxy can
+// serve, and moves it (saying so) when the proxy cannot; a report names
+// the target it saw. Over gRPC and REST.
+func TestSessions(t *testing.T) {
+	t.Parallel()
+	forEachTransport(t, lt.Options{}, func(t *testing.T, env *lt.Env, c lt.Client) {
+		env.Apply(t, lt.Proxy(uidA, "proxy-a"), 1)
+		env.Apply(t, lt.Proxy(uidB, "proxy-b"), 1)
+		req := &leasev1.AcquireLeaseRequest{TargetHost: "shop.example.com", SessionKey: "crawl-1"}
+		resp, r := c.Acquire(lt.Ctx(t), req)
+		wantCode(t, "first session acquire", r, codes.OK, http.StatusOK)
+		first := resp.GetLease()
+		if resp.GetSession().GetResult() != leasev1.SessionResult_SESSION_RESULT_NEW || first.GetSessionKey() != "crawl-1" {
+			t.Fatalf("first session acquire: %v, want a NEW session crawl-1", resp)
+		}
+		resp, r = c.Acquire(lt.Ctx(t), req)
+		wantCode(t, "second session acquire", r, codes.OK, http.StatusOK)
+		if resp.GetSession().GetResult() != leasev1.SessionResult_SESSION_RESULT_EXISTING || resp.GetLease().GetLeaseId() != first.GetLeaseId() {
+			t.Fatalf("second session acquire: %v, want the EXISTING lease %s", resp, first.GetLeaseId())
+		}
+		// A plain acquire has no session in its answer.
+		plain, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{})
+		wantCode(t, "plain acquire", r, codes.OK, http.StatusOK)
+		if plain.Session != nil || plain.GetLease().GetSessionKey() != "" {
+			t.Fatalf("plain acquire: %v, want no session", plain)
+		}
+		if _, r := c.Release(lt.Ctx(t), &leasev1.ReleaseLeaseRequest{LeaseId: plain.GetLease().GetLeaseId()}); r.Code() != codes.OK {
+			t.Fatal(r.Status)
+		}
+		// The session's proxy starts draining: the session moves.
+		name := first.GetProxyName()
+		drained := lt.Proxy(first.GetProxyUid(), name)
+		drained.Draining = true
+		env.Apply(t, drained, 2)
+		resp, r = c.Acquire(lt.Ctx(t), req)
+		wantCode(t, "session acquire after draining", r, codes.OK, http.StatusOK)
+		s := resp.GetSession()
+		if s.GetResult() != leasev1.SessionResult_SESSION_RESULT_MOVED || s.GetPreviousLeaseId() != first.GetLeaseId() ||
+			s.GetPreviousProxyName() != name || s.GetMoveReason() != leasev1.SessionMoveReason_SESSION_MOVE_REASON_PROXY_DRAINING ||
+			resp.GetLease().GetProxyName() == name {
+			t.Fatalf("session acquire after draining %s: %v, want MOVED off it for draining", name, resp)
+		}
+		// A report for another target than the lease's cools that one.
+		rep, r := c.Report(lt.Ctx(t), &leasev1.ReportOutcomeRequest{LeaseId: resp.GetLease().GetLeaseId(),
+			Outcome: leasev1.Outcome_OUTCOME_BANNED, TargetHost: "News.Example.COM."})
+		wantCode(t, "report for another target", r, codes.OK, http.StatusOK)
+		if rep.GetCooldown().GetTargetHost() != "news.example.com" {
+			t.Fatalf("report: %v, want a cooldown for news.example.com", rep)
+		}
+	})
 }

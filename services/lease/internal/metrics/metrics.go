@@ -23,6 +23,10 @@ type Metrics struct {
 	Reports *prometheus.CounterVec
 	// Releases counts ReleaseLease calls by result: released, already_ended.
 	Releases *prometheus.CounterVec
+	// Sessions counts granted session acquires by result (new, existing,
+	// moved); SessionMoves the moves by reason.
+	Sessions     *prometheus.CounterVec
+	SessionMoves *prometheus.CounterVec
 	// Duration observes the latency of each API method as the service
 	// handles it (database included), by method and gRPC code.
 	Duration *prometheus.HistogramVec
@@ -65,6 +69,14 @@ func New(reg prometheus.Registerer, st *store.Store, log *slog.Logger) *Metrics 
 			Namespace: "egress", Subsystem: "lease", Name: "releases_total",
 			Help: "ReleaseLease calls by result: released or already_ended.",
 		}, []string{"result"}),
+		Sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "egress", Subsystem: "lease", Name: "session_acquires_total",
+			Help: "Granted AcquireLease calls with a session key, by result: new, existing or moved.",
+		}, []string{"result"}),
+		SessionMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "egress", Subsystem: "lease", Name: "session_moves_total",
+			Help: "Sessions moved off their proxy, by reason: deleted, draining, unhealthy, selector, cooling_down.",
+		}, []string{"reason"}),
 		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "egress", Subsystem: "lease", Name: "request_duration_seconds",
 			Help:    "Latency of the lease API methods as handled by the service, by method and code.",
@@ -100,11 +112,14 @@ func New(reg prometheus.Registerer, st *store.Store, log *slog.Logger) *Metrics 
 	for _, r := range []string{"granted", "no_matching_proxy", "unhealthy", "at_capacity", "cooling_down_target", "cooling_down_global", "invalid_argument", "error"} {
 		m.Acquires.WithLabelValues(r)
 	}
+	for _, r := range []string{"new", "existing", "moved"} {
+		m.Sessions.WithLabelValues(r)
+	}
 	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "egress", Subsystem: "lease", Name: "commit_queued_operations",
 		Help: "Acquires, reports and releases of this replica waiting for a commit round.",
 	}, func() float64 { return float64(st.Queued()) })
-	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Duration, m.Expired, m.Events, m.Resyncs, m.Skipped, m.RoundOps, m.RoundDuration, queued,
+	reg.MustRegister(m.Acquires, m.Reports, m.Releases, m.Sessions, m.SessionMoves, m.Duration, m.Expired, m.Events, m.Resyncs, m.Skipped, m.RoundOps, m.RoundDuration, queued,
 		&collector{st: st, log: log})
 	return m
 }

@@ -47,8 +47,11 @@ type op struct {
 	lease   Lease
 	uid     string // acquire: the proxy chosen, "" when none
 	granted bool
-	matched bool // report/release: the statement found the lease
-	active  bool // release: it was active (not yet expired)
+	kept    bool   // session acquire: the session's lease is the answer
+	moved   *Moved // session acquire: the lease the session left
+	ended   bool   // session acquire: this round ended the session's previous lease
+	matched bool   // report/release: the statement found the lease
+	active  bool   // release: it was active (not yet expired)
 	cool    *Cooldown
 	err     error
 	done    chan struct{}
@@ -80,6 +83,9 @@ func (s *Store) submit(ctx context.Context, o *op) error {
 		return ctx.Err()
 	}
 }
+
+// session names a session acquire's session: its client and key.
+func (o *op) session() string { return o.acquire.ClientID + "\x00" + o.acquire.SessionKey }
 
 // Queued is how many operations wait for a round (not yet in flight).
 func (s *Store) Queued() int { return int(s.waiting.Load()) + len(s.queue) }
@@ -179,21 +185,28 @@ func (s *Store) refresh(ctx context.Context, fresh chan<- *snapshot) {
 // to commit) and the operations still waiting.
 func (s *Store) prepare(ctx context.Context, v *view, waiting []*op) (*round, []*op) {
 	var ops, rest []*op
-	reports := map[string]bool{} // lease ids of this round's reports
+	reports := map[string]bool{}  // lease ids of this round's reports
+	sessions := map[string]bool{} // sessions of this round's acquires
 	for i, o := range waiting {
+		session := o.kind == opAcquire && o.acquire.SessionKey != ""
 		switch {
 		case o.ctx.Err() != nil:
 			o.finish(o.ctx.Err())
 		case len(ops) >= maxRound || o.solo && len(ops) > 0:
 			rest = append(rest, waiting[i:]...)
 			return s.choose(ctx, v, ops, rest)
-		case o.kind == opReport && reports[o.report.LeaseID]:
-			// Two reports on one lease: the second goes in a later round,
-			// so that each sees its own result.
+		case o.kind == opReport && reports[o.report.LeaseID],
+			session && sessions[o.session()]:
+			// Two reports on one lease, or two acquires of one session:
+			// the second goes in a later round, so that each sees the
+			// first one's result.
 			rest = append(rest, o)
 		default:
 			if o.kind == opReport {
 				reports[o.report.LeaseID] = true
+			}
+			if session {
+				sessions[o.session()] = true
 			}
 			ops = append(ops, o)
 			if o.solo {
@@ -251,7 +264,9 @@ func (s *Store) choose(ctx context.Context, v *view, ops, rest []*op) (*round, [
 	}
 	kept := ops[:0]
 	for _, o := range ops {
-		if o.kind == opAcquire && o.uid == "" {
+		// A session's acquire goes to the database even without a
+		// proxy to offer: the session's own lease may be the answer.
+		if o.kind == opAcquire && o.uid == "" && o.acquire.SessionKey == "" {
 			o.finish(&NoProxyError{v.unavailable(o.acquire.Selector, o.acquire.TargetHost, r.now)})
 			continue
 		}
@@ -284,9 +299,9 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 			switch {
 			case o.ctx.Err() != nil:
 				o.finish(o.ctx.Err())
-			case postgres.Retryable(r.err) && o.failed < 5:
+			case (postgres.Retryable(r.err) || sessionTaken(r.err)) && o.failed < 5:
 				again = append(again, o)
-			case !postgres.Retryable(r.err) && len(r.ops) > 1 && !o.solo:
+			case !postgres.Retryable(r.err) && !sessionTaken(r.err) && len(r.ops) > 1 && !o.solo:
 				// One operation may be at fault: commit each on its own,
 				// so that it fails alone.
 				o.solo = true
@@ -336,11 +351,44 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 		if o.kind != opAcquire {
 			continue
 		}
-		a, ok := res.acquired[o.lease.ID]
-		if !ok {
-			a.active = -1
+		a := acquired{active: -1}
+		if o.uid != "" {
+			if got, ok := res.acquired[o.lease.ID]; ok {
+				a = got
+			}
+			v.settle(o.uid, a.active, seq)
 		}
-		v.settle(o.uid, a.active, seq)
+		endedNow := false
+		if sr, ok := res.sessions[o.session()]; ok && o.acquire.SessionKey != "" {
+			if sr.active >= 0 {
+				v.setActive(sr.lease.ProxyUID, sr.active, seq)
+			}
+			if sr.verdict == "" {
+				o.kept, o.lease = true, sr.lease
+				changes = append(changes, Change{Type: Renewed, Lease: o.lease, Time: r.now})
+				o.finish(nil)
+				continue
+			}
+			endedNow = true
+			typ := Released
+			if sr.verdict == verdictExpired {
+				typ = Expired
+			} else {
+				o.moved = &Moved{LeaseID: sr.lease.ID, ProxyUID: sr.lease.ProxyUID, ProxyName: sr.lease.ProxyName, Reason: MoveReason(sr.verdict)}
+			}
+			changes = append(changes, Change{Type: typ, Lease: Lease{ID: sr.lease.ID, ClientID: o.acquire.ClientID, ProxyUID: sr.lease.ProxyUID}, Time: r.now})
+		}
+		if o.uid == "" {
+			// A session's acquire without a proxy to offer, even after a
+			// reload. When this round ended the session's previous lease,
+			// its place may be the one to take: choose once more.
+			if !endedNow {
+				o.finish(&NoProxyError{v.unavailable(o.acquire.Selector, o.acquire.TargetHost, r.now)})
+			} else {
+				again = append(again, o)
+			}
+			continue
+		}
 		if o.granted = a.granted; o.granted {
 			o.lease.ProxyName, o.lease.Host, o.lease.Port = a.name, a.host, uint32(a.port)
 			if p := v.all[o.uid]; p != nil {
@@ -372,7 +420,10 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 const lockSQL = `
 SELECT p.uid FROM lease.proxies p
 WHERE p.uid = ANY($1::text[] || ARRAY(
-	SELECT l.proxy_uid FROM lease.leases l WHERE l.id = ANY($2::uuid[])))
+	SELECT l.proxy_uid FROM lease.leases l WHERE l.id = ANY($2::uuid[])) || ARRAY(
+	SELECT l.proxy_uid FROM unnest($3::text[], $4::text[]) AS s(client_id, session_key)
+	JOIN lease.leases l ON l.client_id = s.client_id AND l.session_key = s.session_key
+	     AND l.session_key <> '' AND l.end_reason IS NULL))
 ORDER BY p.uid
 FOR UPDATE OF p`
 
@@ -409,13 +460,14 @@ SELECT l.id::text, l.active, p.uid, p.active_leases FROM l JOIN p ON p.uid = l.p
 // cooldown already in force for the same scope stays.
 const reportSQL = `
 WITH req AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::timestamptz[], $5::bool[])
-		AS r(id, client_id, outcome, cool_until, global)
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::timestamptz[], $5::bool[], $7::text[])
+		AS r(id, client_id, outcome, cool_until, global, target_host)
 ), l AS (
 	UPDATE lease.leases le SET outcome = r.outcome, report_time = $6
 	FROM req r
 	WHERE le.id = ANY($1::uuid[]) AND le.id = r.id AND le.client_id = r.client_id
-	RETURNING le.id, le.proxy_uid, CASE WHEN r.global THEN '' ELSE le.target_host END AS scope,
+	RETURNING le.id, le.proxy_uid,
+	          CASE WHEN r.global THEN '' WHEN r.target_host <> '' THEN r.target_host ELSE le.target_host END AS scope,
 	          r.outcome, r.cool_until
 ), want AS (
 	SELECT DISTINCT ON (proxy_uid, scope) proxy_uid, scope, cool_until, outcome
@@ -445,12 +497,17 @@ FROM l LEFT JOIN c ON l.cool_until > $6 AND c.proxy_uid = l.proxy_uid AND c.targ
 // acquires (BenchmarkLoop/cooldowns=5000).
 const acquireSQL = `
 WITH req AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
-		AS r(id, proxy_uid, client_id, target_host, expire_time)
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $8::text[])
+		AS r(id, proxy_uid, client_id, target_host, expire_time, session_key)
 ), ok AS (
 	SELECT r.* FROM req r
 	WHERE NOT COALESCE((SELECT bool_or(c.expire_time > $6) FROM lease.cooldowns c
 	                    WHERE c.proxy_uid = r.proxy_uid AND c.target_host IN ('', r.target_host)), false)
+	  -- a session whose lease sessionSQL kept takes no new one
+	  AND (r.session_key = '' OR NOT EXISTS (
+	        SELECT 1 FROM lease.leases le
+	        WHERE le.client_id = r.client_id AND le.session_key = r.session_key
+	          AND le.session_key <> '' AND le.end_reason IS NULL))
 ), n AS (
 	SELECT proxy_uid, count(*)::int AS n FROM ok GROUP BY proxy_uid
 ), p AS (
@@ -460,9 +517,9 @@ WITH req AS (
 	  AND (COALESCE(p.max_leases, $7) = 0 OR p.active_leases + n.n <= COALESCE(p.max_leases, $7))
 	RETURNING p.uid, p.name, p.host, p.port, p.active_leases, COALESCE(p.max_leases, $7) AS capacity, n.n
 ), ins AS (
-	INSERT INTO lease.leases (id, client_id, proxy_uid, target_host, acquire_time, expire_time, active_at_acquire, capacity)
+	INSERT INTO lease.leases (id, client_id, proxy_uid, target_host, acquire_time, expire_time, active_at_acquire, capacity, session_key)
 	SELECT ok.id, ok.client_id, ok.proxy_uid, ok.target_host, $6, ok.expire_time,
-	       p.active_leases - p.n + row_number() OVER (PARTITION BY ok.proxy_uid ORDER BY ok.id), p.capacity
+	       p.active_leases - p.n + row_number() OVER (PARTITION BY ok.proxy_uid ORDER BY ok.id), p.capacity, ok.session_key
 	FROM ok JOIN p ON p.uid = ok.proxy_uid
 	RETURNING id
 )
@@ -492,6 +549,7 @@ type roundResult struct {
 	reported  map[string]string // lease id → proxy uid
 	cooldowns map[string]*Cooldown
 	acquired  map[string]acquired
+	sessions  map[string]sessionRow // by op.session()
 }
 
 // commit runs a round's statements in one transaction, one round trip.
@@ -500,8 +558,11 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 	var (
 		acqIDs, relIDs, repIDs          []pgtype.UUID // binary-encoded, unlike strings
 		acqUIDs, acqClients, acqTargets []string
+		acqSessions                     []string
 		acqExpire                       []time.Time
+		ses                             sessionArgs
 		relClients, repClients          []string
+		repTargets                      []string
 		repOutcomes                     []int16
 		repUntil                        []time.Time
 		repGlobal                       []bool
@@ -509,14 +570,21 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 	for _, o := range ops {
 		switch o.kind {
 		case opAcquire:
+			if o.acquire.SessionKey != "" {
+				ses.add(o, now)
+			}
+			if o.uid == "" {
+				continue // a session's, answered by the session's lease or not at all
+			}
 			o.lease = Lease{
 				ID: newLeaseID(now).String(), ClientID: o.acquire.ClientID, ProxyUID: o.uid, TargetHost: o.acquire.TargetHost,
-				AcquireTime: now, ExpireTime: now.Add(o.acquire.TTL),
+				AcquireTime: now, ExpireTime: now.Add(o.acquire.TTL), SessionKey: o.acquire.SessionKey,
 			}
 			acqIDs = append(acqIDs, parseLeaseID(o.lease.ID))
 			acqUIDs = append(acqUIDs, o.uid)
 			acqClients = append(acqClients, o.acquire.ClientID)
 			acqTargets = append(acqTargets, o.acquire.TargetHost)
+			acqSessions = append(acqSessions, o.acquire.SessionKey)
 			acqExpire = append(acqExpire, o.lease.ExpireTime)
 		case opRelease:
 			relIDs = append(relIDs, parseLeaseID(o.leaseID))
@@ -527,6 +595,7 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 			repOutcomes = append(repOutcomes, o.report.Outcome)
 			repUntil = append(repUntil, now.Add(o.report.Cooldown))
 			repGlobal = append(repGlobal, o.report.Global)
+			repTargets = append(repTargets, o.report.TargetHost)
 		}
 	}
 	res := roundResult{
@@ -534,6 +603,7 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 		reported:  map[string]string{},
 		cooldowns: map[string]*Cooldown{},
 		acquired:  make(map[string]acquired, len(acqIDs)),
+		sessions:  map[string]sessionRow{},
 	}
 	b := &pgx.Batch{}
 	// Every row these statements touch is found by key. Without this, a
@@ -541,8 +611,8 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 	// (proxies; leases while it is small); with it, the generic plans are
 	// index lookups, fit for a round of any size, and made once.
 	b.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
-	if len(acqIDs) > 0 || len(relIDs) > 0 {
-		b.Queue(lockSQL, uniqueSorted(acqUIDs), relIDs)
+	if len(acqIDs) > 0 || len(relIDs) > 0 || len(ses.clients) > 0 {
+		b.Queue(lockSQL, uniqueSorted(acqUIDs), relIDs, ses.clients, ses.keys)
 	}
 	if len(relIDs) > 0 {
 		b.Queue(releaseSQL, relIDs, relClients, now).Query(func(rows pgx.Rows) error {
@@ -558,7 +628,7 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 		})
 	}
 	if len(repIDs) > 0 {
-		b.Queue(reportSQL, repIDs, repClients, repOutcomes, repUntil, repGlobal, now).Query(func(rows pgx.Rows) error {
+		b.Queue(reportSQL, repIDs, repClients, repOutcomes, repUntil, repGlobal, now, repTargets).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var id, uid string
 				var target *string
@@ -575,8 +645,11 @@ func (s *Store) commit(ctx context.Context, ops []*op, now time.Time) (roundResu
 			return rows.Err()
 		})
 	}
+	if len(ses.clients) > 0 {
+		ses.queue(b, now, res.sessions)
+	}
 	if len(acqIDs) > 0 {
-		b.Queue(acquireSQL, acqIDs, acqUIDs, acqClients, acqTargets, acqExpire, now, s.cfg.DefaultMaxLeases).
+		b.Queue(acquireSQL, acqIDs, acqUIDs, acqClients, acqTargets, acqExpire, now, s.cfg.DefaultMaxLeases, acqSessions).
 			Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var id string

@@ -71,15 +71,9 @@ func startStore(t *testing.T, dsn string, cfg Config) (*Store, *rounds) {
 
 func seedPool(t *testing.T, st *Store, n int) []string {
 	t.Helper()
-	uids := make([]string, n)
-	pool := make([]ProxyState, n)
-	for i := range pool {
-		uids[i] = fmt.Sprintf("0c0c0000-0000-4000-8000-%012d", i)
-		pool[i] = ProxyState{UID: uids[i], Name: fmt.Sprintf("p-%03d", i), Provider: "test",
-			Host: fmt.Sprintf("10.9.0.%d", i+1), Port: 3128, ProviderID: "test/" + uids[i], Ready: true, Healthy: true}
-	}
-	if _, _, err := st.ApplySnapshot(context.Background(), pool, 1); err != nil {
-		t.Fatal(err)
+	var uids []string
+	for _, p := range seedProxies(t, st, n, nil) {
+		uids = append(uids, p.UID)
 	}
 	return uids
 }
@@ -87,6 +81,12 @@ func seedPool(t *testing.T, st *Store, n int) []string {
 // checkCounts asserts that every proxy's active_leases matches its active
 // lease rows and stays within capacity 1.
 func checkCounts(t *testing.T, st *Store) {
+	t.Helper()
+	checkCountsCapacity(t, st, 1)
+}
+
+// checkCountsCapacity is checkCounts for proxies of capacity n.
+func checkCountsCapacity(t *testing.T, st *Store, n int) {
 	t.Helper()
 	rows, err := st.Pool().Query(context.Background(), `
 		SELECT p.uid, p.active_leases, (SELECT count(*) FROM lease.leases l WHERE l.proxy_uid = p.uid AND l.end_time IS NULL)
@@ -101,8 +101,8 @@ func checkCounts(t *testing.T, st *Store) {
 		if err := rows.Scan(&uid, &counted, &rowsActive); err != nil {
 			t.Fatal(err)
 		}
-		if counted != rowsActive || counted > 1 {
-			t.Errorf("proxy %s: active_leases %d, active lease rows %d, capacity 1", uid, counted, rowsActive)
+		if counted != rowsActive || counted > n {
+			t.Errorf("proxy %s: active_leases %d, active lease rows %d, capacity %d", uid, counted, rowsActive, n)
 		}
 	}
 }
@@ -128,11 +128,11 @@ func testConcurrentAcquires(t *testing.T, inFlight int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var err error
-			leases[i], err = st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
+			g, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
 			if err != nil {
 				errs <- err
 			}
+			leases[i] = g.Lease
 		}()
 	}
 	wg.Wait()
@@ -261,17 +261,19 @@ func holdProxies(t *testing.T, st *Store) (release func()) {
 }
 
 // waitBlocked waits until a round waits for the locks holdProxies took.
-func waitBlocked(t *testing.T, st *Store) {
+// waitBlocked waits until n statements of the test's database wait for a
+// lock.
+func waitBlocked(t *testing.T, st *Store, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var n int
+		var waiting int
 		err := st.Pool().QueryRow(context.Background(), `
-			SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+			SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
+		if waiting >= n {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -303,7 +305,7 @@ func TestBadOperationFailsAlone(t *testing.T) {
 		_, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
 		first <- err
 	}()
-	waitBlocked(t, st)
+	waitBlocked(t, st, 1)
 	var wg sync.WaitGroup
 	goodErrs := make(chan error, 20)
 	for range 20 {
@@ -362,7 +364,7 @@ func TestTwoReportsOnOneLeaseInOneQueue(t *testing.T) {
 		_, err := st.Acquire(ctx, AcquireRequest{ClientID: "crawler", TTL: time.Minute})
 		blocked <- err
 	}()
-	waitBlocked(t, st)
+	waitBlocked(t, st, 1)
 	type result struct {
 		c   *Cooldown
 		err error

@@ -14,6 +14,7 @@ type LeaseFilter struct {
 	Pool       string
 	TargetHost string
 	ProxyName  string
+	SessionKey string
 }
 
 // ListLeases returns up to limit active leases matching f, oldest first,
@@ -26,14 +27,16 @@ func (s *Store) ListLeases(ctx context.Context, f LeaseFilter, afterID string, l
 		after = parseLeaseID(afterID)
 	}
 	rows, err := s.pool.Query(ctx, `
-		SELECT l.id::text, l.client_id, l.proxy_uid, p.name, p.host, p.port, p.pool, l.target_host, l.acquire_time, l.expire_time
+		SELECT l.id::text, l.client_id, l.proxy_uid, p.name, p.host, p.port, p.pool, l.target_host, l.acquire_time, l.expire_time,
+		       l.session_key
 		FROM lease.leases l JOIN lease.proxies p ON p.uid = l.proxy_uid
 		WHERE l.end_reason IS NULL AND l.expire_time > $1 AND l.id > $2
 		  AND ($3 = '' OR l.client_id = $3)
 		  AND ($4 = '' OR p.pool = $4)
 		  AND ($5 = '' OR l.target_host = $5)
 		  AND ($6 = '' OR p.name = $6)
-		ORDER BY l.id LIMIT $7`, now, after, f.ClientID, f.Pool, f.TargetHost, f.ProxyName, limit)
+		  AND ($8 = '' OR l.session_key = $8)
+		ORDER BY l.id LIMIT $7`, now, after, f.ClientID, f.Pool, f.TargetHost, f.ProxyName, limit, f.SessionKey)
 	if err != nil {
 		return nil, fmt.Errorf("listing leases: %w", err)
 	}
@@ -43,7 +46,7 @@ func (s *Store) ListLeases(ctx context.Context, f LeaseFilter, afterID string, l
 		var l Lease
 		var port int32
 		if err := rows.Scan(&l.ID, &l.ClientID, &l.ProxyUID, &l.ProxyName, &l.Host, &port, &l.Pool, &l.TargetHost,
-			&l.AcquireTime, &l.ExpireTime); err != nil {
+			&l.AcquireTime, &l.ExpireTime, &l.SessionKey); err != nil {
 			return nil, fmt.Errorf("listing leases: %w", err)
 		}
 		l.Port = uint32(port)

@@ -198,6 +198,8 @@ type Lease struct {
 	ExpireTime  time.Time
 	// Pool is the pool of the proxy; "" for none.
 	Pool string
+	// SessionKey is the session the lease belongs to; "" for none.
+	SessionKey string
 }
 
 // AcquireRequest asks for a lease.
@@ -206,22 +208,89 @@ type AcquireRequest struct {
 	TargetHost string
 	TTL        time.Duration
 	Selector   Selector
+	// SessionKey makes the lease the client's session of that key: see
+	// Acquire.
+	SessionKey string
+}
+
+// SessionResult says how a session's acquire was answered.
+type SessionResult int
+
+// The answers to a session's acquire.
+const (
+	// NoSession: the acquire had no session key.
+	NoSession SessionResult = iota
+	// SessionNew: the session had no active lease; a new one was granted.
+	SessionNew
+	// SessionExisting: the session's active lease was returned.
+	SessionExisting
+	// SessionMoved: the session's lease was on a proxy that can no longer
+	// serve it; that lease ended ('moved') and a new one was granted.
+	SessionMoved
+)
+
+// MoveReason says why a session left its proxy, the first that applies in
+// this order.
+type MoveReason string
+
+// The reasons a session moves.
+const (
+	MoveDeleted     MoveReason = "deleted"
+	MoveDraining    MoveReason = "draining"
+	MoveUnhealthy   MoveReason = "unhealthy"
+	MoveSelector    MoveReason = "selector"
+	MoveCoolingDown MoveReason = "cooling_down"
+)
+
+// Moved is the lease a session left.
+type Moved struct {
+	LeaseID   string
+	ProxyUID  string
+	ProxyName string
+	Reason    MoveReason
+}
+
+// Grant is an acquire's answer: the lease and, for a session's acquire,
+// what became of the session.
+type Grant struct {
+	Lease
+	Session SessionResult
+	// Moved is set for SessionMoved.
+	Moved *Moved
 }
 
 // Acquire leases one proxy, or returns a *NoProxyError with the arithmetic.
 // The proxy is chosen from the replica's view of the mirror and confirmed by
 // the database under the proxy's row lock, in the committer's next round;
 // a refusal always rests on a fresh read of the database.
-func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
+//
+// With a SessionKey, the database first looks for the client's active
+// lease of that key (a unique index allows one): when its proxy is still
+// leasable, matches the selector and does not cool down for the target nor
+// globally, that lease is the answer, its expiry moved to at least now +
+// TTL; otherwise it ends (expired, when past its expiry; else moved, with
+// the reason) and a new lease is granted as for any acquire, in the same
+// transaction.
+func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Grant, error) {
 	o := &op{kind: opAcquire, acquire: req}
 	if err := s.submit(ctx, o); err != nil {
 		var none *NoProxyError
 		if errors.As(err, &none) {
-			return Lease{}, err
+			return Grant{}, err
 		}
-		return Lease{}, fmt.Errorf("acquiring a lease: %w", err)
+		return Grant{}, fmt.Errorf("acquiring a lease: %w", err)
 	}
-	return o.lease, nil
+	g := Grant{Lease: o.lease, Moved: o.moved}
+	switch {
+	case req.SessionKey == "":
+	case o.kept:
+		g.Session = SessionExisting
+	case o.moved != nil:
+		g.Session = SessionMoved
+	default:
+		g.Session = SessionNew
+	}
+	return g, nil
 }
 
 // Renew extends an active lease of clientID to now+ttl.
@@ -234,9 +303,9 @@ func (s *Store) Renew(ctx context.Context, clientID, leaseID string, ttl time.Du
 		FROM lease.proxies p
 		WHERE l.id = $1 AND l.client_id = $2 AND l.end_time IS NULL AND l.expire_time > $3
 		  AND p.uid = l.proxy_uid AND p.leasable
-		RETURNING l.id::text, l.client_id, l.proxy_uid, p.name, p.host, p.port, p.pool, l.target_host, l.acquire_time, l.expire_time`,
+		RETURNING l.id::text, l.client_id, l.proxy_uid, p.name, p.host, p.port, p.pool, l.target_host, l.acquire_time, l.expire_time, l.session_key`,
 		leaseID, clientID, now, now.Add(ttl)).
-		Scan(&l.ID, &l.ClientID, &l.ProxyUID, &l.ProxyName, &l.Host, &port, &l.Pool, &l.TargetHost, &l.AcquireTime, &l.ExpireTime)
+		Scan(&l.ID, &l.ClientID, &l.ProxyUID, &l.ProxyName, &l.Host, &port, &l.Pool, &l.TargetHost, &l.AcquireTime, &l.ExpireTime, &l.SessionKey)
 	if err == nil {
 		l.Port = uint32(port)
 		s.changed([]Change{{Type: Renewed, Lease: l, Time: now}})
@@ -318,8 +387,12 @@ type ReportRequest struct {
 	// Cooldown is how long to keep the proxy away; 0 starts none.
 	Cooldown time.Duration
 	// Global applies the cooldown to every target; otherwise it applies to
-	// the lease's target (every target when the lease has none).
+	// TargetHost, else the lease's target (every target when the lease has
+	// none).
 	Global bool
+	// TargetHost is the target the outcome was seen on when it is not the
+	// lease's own; "" for the lease's.
+	TargetHost string
 }
 
 // Report records an outcome on an active lease or an ended one still

@@ -26,6 +26,129 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// SessionResult says how a session's acquire was answered.
+type SessionResult int32
+
+const (
+	// Not a session's acquire.
+	SessionResult_SESSION_RESULT_UNSPECIFIED SessionResult = 0
+	// The session had no active lease: a new lease was granted.
+	SessionResult_SESSION_RESULT_NEW SessionResult = 1
+	// The session's active lease was returned.
+	SessionResult_SESSION_RESULT_EXISTING SessionResult = 2
+	// The session's lease was on a proxy that can no longer serve it: that
+	// lease ended and a new one, on another proxy, was granted.
+	SessionResult_SESSION_RESULT_MOVED SessionResult = 3
+)
+
+// Enum value maps for SessionResult.
+var (
+	SessionResult_name = map[int32]string{
+		0: "SESSION_RESULT_UNSPECIFIED",
+		1: "SESSION_RESULT_NEW",
+		2: "SESSION_RESULT_EXISTING",
+		3: "SESSION_RESULT_MOVED",
+	}
+	SessionResult_value = map[string]int32{
+		"SESSION_RESULT_UNSPECIFIED": 0,
+		"SESSION_RESULT_NEW":         1,
+		"SESSION_RESULT_EXISTING":    2,
+		"SESSION_RESULT_MOVED":       3,
+	}
+)
+
+func (x SessionResult) Enum() *SessionResult {
+	p := new(SessionResult)
+	*p = x
+	return p
+}
+
+func (x SessionResult) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionResult) Descriptor() protoreflect.EnumDescriptor {
+	return file_egress_lease_v1_lease_proto_enumTypes[0].Descriptor()
+}
+
+func (SessionResult) Type() protoreflect.EnumType {
+	return &file_egress_lease_v1_lease_proto_enumTypes[0]
+}
+
+func (x SessionResult) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionResult.Descriptor instead.
+func (SessionResult) EnumDescriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{0}
+}
+
+// SessionMoveReason says why a session left its proxy.
+type SessionMoveReason int32
+
+const (
+	// The session did not move.
+	SessionMoveReason_SESSION_MOVE_REASON_UNSPECIFIED SessionMoveReason = 0
+	// The proxy was deleted.
+	SessionMoveReason_SESSION_MOVE_REASON_PROXY_DELETED SessionMoveReason = 1
+	// The proxy is draining.
+	SessionMoveReason_SESSION_MOVE_REASON_PROXY_DRAINING SessionMoveReason = 2
+	// The proxy is not Ready and healthy.
+	SessionMoveReason_SESSION_MOVE_REASON_PROXY_UNHEALTHY SessionMoveReason = 3
+	// The proxy cools down for the requested target, or globally.
+	SessionMoveReason_SESSION_MOVE_REASON_COOLING_DOWN SessionMoveReason = 4
+	// The proxy does not match the request's selector.
+	SessionMoveReason_SESSION_MOVE_REASON_SELECTOR_CHANGED SessionMoveReason = 5
+)
+
+// Enum value maps for SessionMoveReason.
+var (
+	SessionMoveReason_name = map[int32]string{
+		0: "SESSION_MOVE_REASON_UNSPECIFIED",
+		1: "SESSION_MOVE_REASON_PROXY_DELETED",
+		2: "SESSION_MOVE_REASON_PROXY_DRAINING",
+		3: "SESSION_MOVE_REASON_PROXY_UNHEALTHY",
+		4: "SESSION_MOVE_REASON_COOLING_DOWN",
+		5: "SESSION_MOVE_REASON_SELECTOR_CHANGED",
+	}
+	SessionMoveReason_value = map[string]int32{
+		"SESSION_MOVE_REASON_UNSPECIFIED":      0,
+		"SESSION_MOVE_REASON_PROXY_DELETED":    1,
+		"SESSION_MOVE_REASON_PROXY_DRAINING":   2,
+		"SESSION_MOVE_REASON_PROXY_UNHEALTHY":  3,
+		"SESSION_MOVE_REASON_COOLING_DOWN":     4,
+		"SESSION_MOVE_REASON_SELECTOR_CHANGED": 5,
+	}
+)
+
+func (x SessionMoveReason) Enum() *SessionMoveReason {
+	p := new(SessionMoveReason)
+	*p = x
+	return p
+}
+
+func (x SessionMoveReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionMoveReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_egress_lease_v1_lease_proto_enumTypes[1].Descriptor()
+}
+
+func (SessionMoveReason) Type() protoreflect.EnumType {
+	return &file_egress_lease_v1_lease_proto_enumTypes[1]
+}
+
+func (x SessionMoveReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionMoveReason.Descriptor instead.
+func (SessionMoveReason) EnumDescriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{1}
+}
+
 // Outcome is how a target treated a request through a leased proxy.
 type Outcome int32
 
@@ -79,11 +202,11 @@ func (x Outcome) String() string {
 }
 
 func (Outcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_egress_lease_v1_lease_proto_enumTypes[0].Descriptor()
+	return file_egress_lease_v1_lease_proto_enumTypes[2].Descriptor()
 }
 
 func (Outcome) Type() protoreflect.EnumType {
-	return &file_egress_lease_v1_lease_proto_enumTypes[0]
+	return &file_egress_lease_v1_lease_proto_enumTypes[2]
 }
 
 func (x Outcome) Number() protoreflect.EnumNumber {
@@ -92,7 +215,7 @@ func (x Outcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome.Descriptor instead.
 func (Outcome) EnumDescriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{0}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{2}
 }
 
 // CooldownScope says which targets a reported cooldown covers.
@@ -132,11 +255,11 @@ func (x CooldownScope) String() string {
 }
 
 func (CooldownScope) Descriptor() protoreflect.EnumDescriptor {
-	return file_egress_lease_v1_lease_proto_enumTypes[1].Descriptor()
+	return file_egress_lease_v1_lease_proto_enumTypes[3].Descriptor()
 }
 
 func (CooldownScope) Type() protoreflect.EnumType {
-	return &file_egress_lease_v1_lease_proto_enumTypes[1]
+	return &file_egress_lease_v1_lease_proto_enumTypes[3]
 }
 
 func (x CooldownScope) Number() protoreflect.EnumNumber {
@@ -145,7 +268,7 @@ func (x CooldownScope) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CooldownScope.Descriptor instead.
 func (CooldownScope) EnumDescriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{1}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{3}
 }
 
 // LeaseChangeType says what happened to a lease.
@@ -197,11 +320,11 @@ func (x LeaseChangeType) String() string {
 }
 
 func (LeaseChangeType) Descriptor() protoreflect.EnumDescriptor {
-	return file_egress_lease_v1_lease_proto_enumTypes[2].Descriptor()
+	return file_egress_lease_v1_lease_proto_enumTypes[4].Descriptor()
 }
 
 func (LeaseChangeType) Type() protoreflect.EnumType {
-	return &file_egress_lease_v1_lease_proto_enumTypes[2]
+	return &file_egress_lease_v1_lease_proto_enumTypes[4]
 }
 
 func (x LeaseChangeType) Number() protoreflect.EnumNumber {
@@ -210,7 +333,7 @@ func (x LeaseChangeType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LeaseChangeType.Descriptor instead.
 func (LeaseChangeType) EnumDescriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{2}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{4}
 }
 
 // ProxySelector narrows which proxies qualify. Fields combine with AND;
@@ -685,7 +808,10 @@ type Lease struct {
 	// When the lease expires unless renewed.
 	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
 	// Name of the pool of the leased proxy; empty for a proxy of no pool.
-	Pool          string `protobuf:"bytes,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	Pool string `protobuf:"bytes,9,opt,name=pool,proto3" json:"pool,omitempty"`
+	// The session key the lease was acquired with; empty for a lease of no
+	// session.
+	SessionKey    string `protobuf:"bytes,10,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -783,6 +909,13 @@ func (x *Lease) GetPool() string {
 	return ""
 }
 
+func (x *Lease) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
 // Request of AcquireLease.
 type AcquireLeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -793,7 +926,15 @@ type AcquireLeaseRequest struct {
 	// service default.
 	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// Which proxies qualify.
-	Selector      *ProxySelector `protobuf:"bytes,3,opt,name=selector,proto3" json:"selector,omitempty"`
+	Selector *ProxySelector `protobuf:"bytes,3,opt,name=selector,proto3" json:"selector,omitempty"`
+	// Makes the lease a session's: while the client's lease acquired with
+	// this key is active and its proxy can still serve the request (leasable,
+	// matching the selector, not cooling down for target_host nor globally),
+	// acquiring again with the key returns that same lease, from any replica,
+	// with its expiry moved to at least now + ttl. When its proxy no longer
+	// can, that lease ends and a new one is granted (session tells which).
+	// One client has at most one active lease per key. Empty: no session.
+	SessionKey    string `protobuf:"bytes,4,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -849,11 +990,21 @@ func (x *AcquireLeaseRequest) GetSelector() *ProxySelector {
 	return nil
 }
 
+func (x *AcquireLeaseRequest) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
 // Response of AcquireLease.
 type AcquireLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The granted lease.
-	Lease         *Lease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease *Lease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	// What became of the session, for an acquire with a session_key; unset
+	// otherwise.
+	Session       *Session `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -895,6 +1046,86 @@ func (x *AcquireLeaseResponse) GetLease() *Lease {
 	return nil
 }
 
+func (x *AcquireLeaseResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+// Session is what an acquire with a session key did to the session.
+type Session struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// New, existing or moved.
+	Result SessionResult `protobuf:"varint,1,opt,name=result,proto3,enum=egress.lease.v1.SessionResult" json:"result,omitempty"`
+	// For MOVED: the lease that ended.
+	PreviousLeaseId string `protobuf:"bytes,2,opt,name=previous_lease_id,json=previousLeaseId,proto3" json:"previous_lease_id,omitempty"`
+	// For MOVED: the name of the proxy the session left.
+	PreviousProxyName string `protobuf:"bytes,3,opt,name=previous_proxy_name,json=previousProxyName,proto3" json:"previous_proxy_name,omitempty"`
+	// For MOVED: why it left.
+	MoveReason    SessionMoveReason `protobuf:"varint,4,opt,name=move_reason,json=moveReason,proto3,enum=egress.lease.v1.SessionMoveReason" json:"move_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Session) Reset() {
+	*x = Session{}
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Session) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Session) ProtoMessage() {}
+
+func (x *Session) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Session.ProtoReflect.Descriptor instead.
+func (*Session) Descriptor() ([]byte, []int) {
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Session) GetResult() SessionResult {
+	if x != nil {
+		return x.Result
+	}
+	return SessionResult_SESSION_RESULT_UNSPECIFIED
+}
+
+func (x *Session) GetPreviousLeaseId() string {
+	if x != nil {
+		return x.PreviousLeaseId
+	}
+	return ""
+}
+
+func (x *Session) GetPreviousProxyName() string {
+	if x != nil {
+		return x.PreviousProxyName
+	}
+	return ""
+}
+
+func (x *Session) GetMoveReason() SessionMoveReason {
+	if x != nil {
+		return x.MoveReason
+	}
+	return SessionMoveReason_SESSION_MOVE_REASON_UNSPECIFIED
+}
+
 // NoProxyAvailable is the detail of AcquireLease's RESOURCE_EXHAUSTED: how
 // the proxies matching the selector were ruled out. Each proxy is counted
 // once, under the first reason in field order that rules it out.
@@ -916,7 +1147,7 @@ type NoProxyAvailable struct {
 
 func (x *NoProxyAvailable) Reset() {
 	*x = NoProxyAvailable{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[9]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1159,7 @@ func (x *NoProxyAvailable) String() string {
 func (*NoProxyAvailable) ProtoMessage() {}
 
 func (x *NoProxyAvailable) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[9]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1172,7 @@ func (x *NoProxyAvailable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NoProxyAvailable.ProtoReflect.Descriptor instead.
 func (*NoProxyAvailable) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{9}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NoProxyAvailable) GetMatching() int32 {
@@ -993,7 +1224,7 @@ type RenewLeaseRequest struct {
 
 func (x *RenewLeaseRequest) Reset() {
 	*x = RenewLeaseRequest{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[10]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1005,7 +1236,7 @@ func (x *RenewLeaseRequest) String() string {
 func (*RenewLeaseRequest) ProtoMessage() {}
 
 func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[10]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1018,7 +1249,7 @@ func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
 func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{10}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RenewLeaseRequest) GetLeaseId() string {
@@ -1046,7 +1277,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[11]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1289,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[11]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1302,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{11}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RenewLeaseResponse) GetLease() *Lease {
@@ -1092,7 +1323,7 @@ type ReleaseLeaseRequest struct {
 
 func (x *ReleaseLeaseRequest) Reset() {
 	*x = ReleaseLeaseRequest{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[12]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1335,7 @@ func (x *ReleaseLeaseRequest) String() string {
 func (*ReleaseLeaseRequest) ProtoMessage() {}
 
 func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[12]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1348,7 @@ func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{12}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseLeaseRequest) GetLeaseId() string {
@@ -1139,7 +1370,7 @@ type ReleaseLeaseResponse struct {
 
 func (x *ReleaseLeaseResponse) Reset() {
 	*x = ReleaseLeaseResponse{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1382,7 @@ func (x *ReleaseLeaseResponse) String() string {
 func (*ReleaseLeaseResponse) ProtoMessage() {}
 
 func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[13]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1395,7 @@ func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{13}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReleaseLeaseResponse) GetReleased() bool {
@@ -1184,14 +1415,19 @@ type ReportOutcomeRequest struct {
 	// Cooldown length; unset: the outcome's default. Zero: none.
 	Cooldown *durationpb.Duration `protobuf:"bytes,3,opt,name=cooldown,proto3" json:"cooldown,omitempty"`
 	// Cooldown scope; unspecified: the outcome's default.
-	Scope         CooldownScope `protobuf:"varint,4,opt,name=scope,proto3,enum=egress.lease.v1.CooldownScope" json:"scope,omitempty"`
+	Scope CooldownScope `protobuf:"varint,4,opt,name=scope,proto3,enum=egress.lease.v1.CooldownScope" json:"scope,omitempty"`
+	// The target host the outcome was seen on, when it is not the lease's
+	// own (a lease acquired without a target and used for many, as the
+	// gateway's are); a TARGET-scoped cooldown then keeps the proxy away
+	// from this host. Empty: the lease's target.
+	TargetHost    string `protobuf:"bytes,5,opt,name=target_host,json=targetHost,proto3" json:"target_host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportOutcomeRequest) Reset() {
 	*x = ReportOutcomeRequest{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[14]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1439,7 @@ func (x *ReportOutcomeRequest) String() string {
 func (*ReportOutcomeRequest) ProtoMessage() {}
 
 func (x *ReportOutcomeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[14]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1452,7 @@ func (x *ReportOutcomeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportOutcomeRequest.ProtoReflect.Descriptor instead.
 func (*ReportOutcomeRequest) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{14}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReportOutcomeRequest) GetLeaseId() string {
@@ -1247,6 +1483,13 @@ func (x *ReportOutcomeRequest) GetScope() CooldownScope {
 	return CooldownScope_COOLDOWN_SCOPE_UNSPECIFIED
 }
 
+func (x *ReportOutcomeRequest) GetTargetHost() string {
+	if x != nil {
+		return x.TargetHost
+	}
+	return ""
+}
+
 // Response of ReportOutcome.
 type ReportOutcomeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1258,7 +1501,7 @@ type ReportOutcomeResponse struct {
 
 func (x *ReportOutcomeResponse) Reset() {
 	*x = ReportOutcomeResponse{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[15]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1513,7 @@ func (x *ReportOutcomeResponse) String() string {
 func (*ReportOutcomeResponse) ProtoMessage() {}
 
 func (x *ReportOutcomeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[15]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1526,7 @@ func (x *ReportOutcomeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportOutcomeResponse.ProtoReflect.Descriptor instead.
 func (*ReportOutcomeResponse) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{15}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReportOutcomeResponse) GetCooldown() *Cooldown {
@@ -1307,14 +1550,16 @@ type ListLeasesRequest struct {
 	// Most leases to return; 0 means 100, at most 1000.
 	PageSize int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the previous page; empty for the first page.
-	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only the lease of the session with this key.
+	SessionKey    string `protobuf:"bytes,7,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[16]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1571,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[16]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1584,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{16}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListLeasesRequest) GetClientId() string {
@@ -1384,6 +1629,13 @@ func (x *ListLeasesRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListLeasesRequest) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
+	}
+	return ""
+}
+
 // Response of ListLeases.
 type ListLeasesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1397,7 +1649,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[17]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1661,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[17]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1674,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{17}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -1456,7 +1708,7 @@ type ListCooldownsRequest struct {
 
 func (x *ListCooldownsRequest) Reset() {
 	*x = ListCooldownsRequest{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[18]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1720,7 @@ func (x *ListCooldownsRequest) String() string {
 func (*ListCooldownsRequest) ProtoMessage() {}
 
 func (x *ListCooldownsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[18]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1733,7 @@ func (x *ListCooldownsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCooldownsRequest.ProtoReflect.Descriptor instead.
 func (*ListCooldownsRequest) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{18}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListCooldownsRequest) GetProxyName() string {
@@ -1529,7 +1781,7 @@ type ProxyCooldown struct {
 
 func (x *ProxyCooldown) Reset() {
 	*x = ProxyCooldown{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[19]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1793,7 @@ func (x *ProxyCooldown) String() string {
 func (*ProxyCooldown) ProtoMessage() {}
 
 func (x *ProxyCooldown) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[19]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1806,7 @@ func (x *ProxyCooldown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyCooldown.ProtoReflect.Descriptor instead.
 func (*ProxyCooldown) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{19}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ProxyCooldown) GetProxyUid() string {
@@ -1598,7 +1850,7 @@ type ListCooldownsResponse struct {
 
 func (x *ListCooldownsResponse) Reset() {
 	*x = ListCooldownsResponse{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[20]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1862,7 @@ func (x *ListCooldownsResponse) String() string {
 func (*ListCooldownsResponse) ProtoMessage() {}
 
 func (x *ListCooldownsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[20]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1875,7 @@ func (x *ListCooldownsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCooldownsResponse.ProtoReflect.Descriptor instead.
 func (*ListCooldownsResponse) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{20}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListCooldownsResponse) GetCooldowns() []*ProxyCooldown {
@@ -1649,7 +1901,7 @@ type WatchLeasesRequest struct {
 
 func (x *WatchLeasesRequest) Reset() {
 	*x = WatchLeasesRequest{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[21]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1913,7 @@ func (x *WatchLeasesRequest) String() string {
 func (*WatchLeasesRequest) ProtoMessage() {}
 
 func (x *WatchLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[21]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1926,7 @@ func (x *WatchLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchLeasesRequest.ProtoReflect.Descriptor instead.
 func (*WatchLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{21}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{22}
 }
 
 // One message of WatchLeases: a change of one lease.
@@ -1695,7 +1947,7 @@ type WatchLeasesResponse struct {
 
 func (x *WatchLeasesResponse) Reset() {
 	*x = WatchLeasesResponse{}
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[22]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1959,7 @@ func (x *WatchLeasesResponse) String() string {
 func (*WatchLeasesResponse) ProtoMessage() {}
 
 func (x *WatchLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_lease_v1_lease_proto_msgTypes[22]
+	mi := &file_egress_lease_v1_lease_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1972,7 @@ func (x *WatchLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchLeasesResponse.ProtoReflect.Descriptor instead.
 func (*WatchLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{22}
+	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchLeasesResponse) GetType() LeaseChangeType {
@@ -1797,7 +2049,7 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\x12ListProxiesRequest\x12:\n" +
 	"\bselector\x18\x01 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\"O\n" +
 	"\x13ListProxiesResponse\x128\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1e.egress.lease.v1.LeasableProxyR\aproxies\"\xe5\x02\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1e.egress.lease.v1.LeasableProxyR\aproxies\"\x86\x03\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1b\n" +
@@ -1810,14 +2062,26 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\facquire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vacquireTime\x12;\n" +
 	"\vexpire_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\x12\x12\n" +
-	"\x04pool\x18\t \x01(\tR\x04pool\"\xad\x01\n" +
+	"\x04pool\x18\t \x01(\tR\x04pool\x12\x1f\n" +
+	"\vsession_key\x18\n" +
+	" \x01(\tR\n" +
+	"sessionKey\"\xdc\x01\n" +
 	"\x13AcquireLeaseRequest\x12-\n" +
 	"\vtarget_host\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xff\x01R\n" +
 	"targetHost\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12:\n" +
-	"\bselector\x18\x03 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\"D\n" +
+	"\bselector\x18\x03 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\x12-\n" +
+	"\vsession_key\x18\x04 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\n" +
+	"sessionKey\"x\n" +
 	"\x14AcquireLeaseResponse\x12,\n" +
-	"\x05lease\x18\x01 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\"\xcd\x01\n" +
+	"\x05lease\x18\x01 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\x122\n" +
+	"\asession\x18\x02 \x01(\v2\x18.egress.lease.v1.SessionR\asession\"\xe2\x01\n" +
+	"\aSession\x126\n" +
+	"\x06result\x18\x01 \x01(\x0e2\x1e.egress.lease.v1.SessionResultR\x06result\x12*\n" +
+	"\x11previous_lease_id\x18\x02 \x01(\tR\x0fpreviousLeaseId\x12.\n" +
+	"\x13previous_proxy_name\x18\x03 \x01(\tR\x11previousProxyName\x12C\n" +
+	"\vmove_reason\x18\x04 \x01(\x0e2\".egress.lease.v1.SessionMoveReasonR\n" +
+	"moveReason\"\xcd\x01\n" +
 	"\x10NoProxyAvailable\x12\x1a\n" +
 	"\bmatching\x18\x01 \x01(\x05R\bmatching\x12\x1c\n" +
 	"\tunhealthy\x18\x02 \x01(\x05R\tunhealthy\x12\x1f\n" +
@@ -1833,14 +2097,16 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\x13ReleaseLeaseRequest\x12#\n" +
 	"\blease_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\aleaseId\"2\n" +
 	"\x14ReleaseLeaseResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased\"\xf0\x01\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"\x9f\x02\n" +
 	"\x14ReportOutcomeRequest\x12#\n" +
 	"\blease_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\aleaseId\x12<\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x18.egress.lease.v1.OutcomeB\b\xbaH\x05\x82\x01\x02\x10\x01R\aoutcome\x125\n" +
 	"\bcooldown\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bcooldown\x12>\n" +
-	"\x05scope\x18\x04 \x01(\x0e2\x1e.egress.lease.v1.CooldownScopeB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05scope\"N\n" +
+	"\x05scope\x18\x04 \x01(\x0e2\x1e.egress.lease.v1.CooldownScopeB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05scope\x12-\n" +
+	"\vtarget_host\x18\x05 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xff\x01R\n" +
+	"targetHost\"N\n" +
 	"\x15ReportOutcomeResponse\x125\n" +
-	"\bcooldown\x18\x01 \x01(\v2\x19.egress.lease.v1.CooldownR\bcooldown\"\xcf\x02\n" +
+	"\bcooldown\x18\x01 \x01(\v2\x19.egress.lease.v1.CooldownR\bcooldown\"\xfe\x02\n" +
 	"\x11ListLeasesRequest\x12)\n" +
 	"\tclient_id\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bclientId\x12?\n" +
 	"\x04pool\x18\x02 \x01(\tB+\xbaH(r&2$^([a-z]([-a-z0-9]{0,54}[a-z0-9])?)?$R\x04pool\x12-\n" +
@@ -1851,7 +2117,9 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\tpage_size\x18\x05 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12*\n" +
 	"\n" +
-	"page_token\x18\x06 \x01(\tB\v\xbaH\br\x06\x88\x92'\x01\x18@R\tpageToken\"l\n" +
+	"page_token\x18\x06 \x01(\tB\v\xbaH\br\x06\x88\x92'\x01\x18@R\tpageToken\x12-\n" +
+	"\vsession_key\x18\a \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\n" +
+	"sessionKey\"l\n" +
 	"\x12ListLeasesResponse\x12.\n" +
 	"\x06leases\x18\x01 \x03(\v2\x16.egress.lease.v1.LeaseR\x06leases\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf9\x01\n" +
@@ -1878,7 +2146,19 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\x05lease\x18\x02 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\x12:\n" +
 	"\bcooldown\x18\x03 \x01(\v2\x1e.egress.lease.v1.ProxyCooldownR\bcooldown\x12;\n" +
 	"\vchange_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"changeTime*\x9d\x01\n" +
+	"changeTime*~\n" +
+	"\rSessionResult\x12\x1e\n" +
+	"\x1aSESSION_RESULT_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12SESSION_RESULT_NEW\x10\x01\x12\x1b\n" +
+	"\x17SESSION_RESULT_EXISTING\x10\x02\x12\x18\n" +
+	"\x14SESSION_RESULT_MOVED\x10\x03*\x80\x02\n" +
+	"\x11SessionMoveReason\x12#\n" +
+	"\x1fSESSION_MOVE_REASON_UNSPECIFIED\x10\x00\x12%\n" +
+	"!SESSION_MOVE_REASON_PROXY_DELETED\x10\x01\x12&\n" +
+	"\"SESSION_MOVE_REASON_PROXY_DRAINING\x10\x02\x12'\n" +
+	"#SESSION_MOVE_REASON_PROXY_UNHEALTHY\x10\x03\x12$\n" +
+	" SESSION_MOVE_REASON_COOLING_DOWN\x10\x04\x12(\n" +
+	"$SESSION_MOVE_REASON_SELECTOR_CHANGED\x10\x05*\x9d\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_SUCCESS\x10\x01\x12\x13\n" +
@@ -1924,90 +2204,96 @@ func file_egress_lease_v1_lease_proto_rawDescGZIP() []byte {
 	return file_egress_lease_v1_lease_proto_rawDescData
 }
 
-var file_egress_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_egress_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_egress_lease_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_egress_lease_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_egress_lease_v1_lease_proto_goTypes = []any{
-	(Outcome)(0),                  // 0: egress.lease.v1.Outcome
-	(CooldownScope)(0),            // 1: egress.lease.v1.CooldownScope
-	(LeaseChangeType)(0),          // 2: egress.lease.v1.LeaseChangeType
-	(*ProxySelector)(nil),         // 3: egress.lease.v1.ProxySelector
-	(*ProxyAddress)(nil),          // 4: egress.lease.v1.ProxyAddress
-	(*Cooldown)(nil),              // 5: egress.lease.v1.Cooldown
-	(*LeasableProxy)(nil),         // 6: egress.lease.v1.LeasableProxy
-	(*ListProxiesRequest)(nil),    // 7: egress.lease.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),   // 8: egress.lease.v1.ListProxiesResponse
-	(*Lease)(nil),                 // 9: egress.lease.v1.Lease
-	(*AcquireLeaseRequest)(nil),   // 10: egress.lease.v1.AcquireLeaseRequest
-	(*AcquireLeaseResponse)(nil),  // 11: egress.lease.v1.AcquireLeaseResponse
-	(*NoProxyAvailable)(nil),      // 12: egress.lease.v1.NoProxyAvailable
-	(*RenewLeaseRequest)(nil),     // 13: egress.lease.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),    // 14: egress.lease.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),   // 15: egress.lease.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),  // 16: egress.lease.v1.ReleaseLeaseResponse
-	(*ReportOutcomeRequest)(nil),  // 17: egress.lease.v1.ReportOutcomeRequest
-	(*ReportOutcomeResponse)(nil), // 18: egress.lease.v1.ReportOutcomeResponse
-	(*ListLeasesRequest)(nil),     // 19: egress.lease.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),    // 20: egress.lease.v1.ListLeasesResponse
-	(*ListCooldownsRequest)(nil),  // 21: egress.lease.v1.ListCooldownsRequest
-	(*ProxyCooldown)(nil),         // 22: egress.lease.v1.ProxyCooldown
-	(*ListCooldownsResponse)(nil), // 23: egress.lease.v1.ListCooldownsResponse
-	(*WatchLeasesRequest)(nil),    // 24: egress.lease.v1.WatchLeasesRequest
-	(*WatchLeasesResponse)(nil),   // 25: egress.lease.v1.WatchLeasesResponse
-	nil,                           // 26: egress.lease.v1.ProxySelector.LabelsEntry
-	nil,                           // 27: egress.lease.v1.LeasableProxy.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(SessionResult)(0),            // 0: egress.lease.v1.SessionResult
+	(SessionMoveReason)(0),        // 1: egress.lease.v1.SessionMoveReason
+	(Outcome)(0),                  // 2: egress.lease.v1.Outcome
+	(CooldownScope)(0),            // 3: egress.lease.v1.CooldownScope
+	(LeaseChangeType)(0),          // 4: egress.lease.v1.LeaseChangeType
+	(*ProxySelector)(nil),         // 5: egress.lease.v1.ProxySelector
+	(*ProxyAddress)(nil),          // 6: egress.lease.v1.ProxyAddress
+	(*Cooldown)(nil),              // 7: egress.lease.v1.Cooldown
+	(*LeasableProxy)(nil),         // 8: egress.lease.v1.LeasableProxy
+	(*ListProxiesRequest)(nil),    // 9: egress.lease.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),   // 10: egress.lease.v1.ListProxiesResponse
+	(*Lease)(nil),                 // 11: egress.lease.v1.Lease
+	(*AcquireLeaseRequest)(nil),   // 12: egress.lease.v1.AcquireLeaseRequest
+	(*AcquireLeaseResponse)(nil),  // 13: egress.lease.v1.AcquireLeaseResponse
+	(*Session)(nil),               // 14: egress.lease.v1.Session
+	(*NoProxyAvailable)(nil),      // 15: egress.lease.v1.NoProxyAvailable
+	(*RenewLeaseRequest)(nil),     // 16: egress.lease.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),    // 17: egress.lease.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),   // 18: egress.lease.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),  // 19: egress.lease.v1.ReleaseLeaseResponse
+	(*ReportOutcomeRequest)(nil),  // 20: egress.lease.v1.ReportOutcomeRequest
+	(*ReportOutcomeResponse)(nil), // 21: egress.lease.v1.ReportOutcomeResponse
+	(*ListLeasesRequest)(nil),     // 22: egress.lease.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),    // 23: egress.lease.v1.ListLeasesResponse
+	(*ListCooldownsRequest)(nil),  // 24: egress.lease.v1.ListCooldownsRequest
+	(*ProxyCooldown)(nil),         // 25: egress.lease.v1.ProxyCooldown
+	(*ListCooldownsResponse)(nil), // 26: egress.lease.v1.ListCooldownsResponse
+	(*WatchLeasesRequest)(nil),    // 27: egress.lease.v1.WatchLeasesRequest
+	(*WatchLeasesResponse)(nil),   // 28: egress.lease.v1.WatchLeasesResponse
+	nil,                           // 29: egress.lease.v1.ProxySelector.LabelsEntry
+	nil,                           // 30: egress.lease.v1.LeasableProxy.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
 }
 var file_egress_lease_v1_lease_proto_depIdxs = []int32{
-	26, // 0: egress.lease.v1.ProxySelector.labels:type_name -> egress.lease.v1.ProxySelector.LabelsEntry
-	28, // 1: egress.lease.v1.Cooldown.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 2: egress.lease.v1.Cooldown.outcome:type_name -> egress.lease.v1.Outcome
-	27, // 3: egress.lease.v1.LeasableProxy.labels:type_name -> egress.lease.v1.LeasableProxy.LabelsEntry
-	4,  // 4: egress.lease.v1.LeasableProxy.address:type_name -> egress.lease.v1.ProxyAddress
-	5,  // 5: egress.lease.v1.LeasableProxy.cooldowns:type_name -> egress.lease.v1.Cooldown
-	28, // 6: egress.lease.v1.LeasableProxy.last_lease_time:type_name -> google.protobuf.Timestamp
-	3,  // 7: egress.lease.v1.ListProxiesRequest.selector:type_name -> egress.lease.v1.ProxySelector
-	6,  // 8: egress.lease.v1.ListProxiesResponse.proxies:type_name -> egress.lease.v1.LeasableProxy
-	4,  // 9: egress.lease.v1.Lease.address:type_name -> egress.lease.v1.ProxyAddress
-	28, // 10: egress.lease.v1.Lease.acquire_time:type_name -> google.protobuf.Timestamp
-	28, // 11: egress.lease.v1.Lease.expire_time:type_name -> google.protobuf.Timestamp
-	29, // 12: egress.lease.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	3,  // 13: egress.lease.v1.AcquireLeaseRequest.selector:type_name -> egress.lease.v1.ProxySelector
-	9,  // 14: egress.lease.v1.AcquireLeaseResponse.lease:type_name -> egress.lease.v1.Lease
-	29, // 15: egress.lease.v1.RenewLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	9,  // 16: egress.lease.v1.RenewLeaseResponse.lease:type_name -> egress.lease.v1.Lease
-	0,  // 17: egress.lease.v1.ReportOutcomeRequest.outcome:type_name -> egress.lease.v1.Outcome
-	29, // 18: egress.lease.v1.ReportOutcomeRequest.cooldown:type_name -> google.protobuf.Duration
-	1,  // 19: egress.lease.v1.ReportOutcomeRequest.scope:type_name -> egress.lease.v1.CooldownScope
-	5,  // 20: egress.lease.v1.ReportOutcomeResponse.cooldown:type_name -> egress.lease.v1.Cooldown
-	9,  // 21: egress.lease.v1.ListLeasesResponse.leases:type_name -> egress.lease.v1.Lease
-	5,  // 22: egress.lease.v1.ProxyCooldown.cooldown:type_name -> egress.lease.v1.Cooldown
-	22, // 23: egress.lease.v1.ListCooldownsResponse.cooldowns:type_name -> egress.lease.v1.ProxyCooldown
-	2,  // 24: egress.lease.v1.WatchLeasesResponse.type:type_name -> egress.lease.v1.LeaseChangeType
-	9,  // 25: egress.lease.v1.WatchLeasesResponse.lease:type_name -> egress.lease.v1.Lease
-	22, // 26: egress.lease.v1.WatchLeasesResponse.cooldown:type_name -> egress.lease.v1.ProxyCooldown
-	28, // 27: egress.lease.v1.WatchLeasesResponse.change_time:type_name -> google.protobuf.Timestamp
-	7,  // 28: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
-	10, // 29: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
-	13, // 30: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
-	15, // 31: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
-	17, // 32: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
-	19, // 33: egress.lease.v1.LeaseService.ListLeases:input_type -> egress.lease.v1.ListLeasesRequest
-	21, // 34: egress.lease.v1.LeaseService.ListCooldowns:input_type -> egress.lease.v1.ListCooldownsRequest
-	24, // 35: egress.lease.v1.LeaseService.WatchLeases:input_type -> egress.lease.v1.WatchLeasesRequest
-	8,  // 36: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
-	11, // 37: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
-	14, // 38: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
-	16, // 39: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
-	18, // 40: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
-	20, // 41: egress.lease.v1.LeaseService.ListLeases:output_type -> egress.lease.v1.ListLeasesResponse
-	23, // 42: egress.lease.v1.LeaseService.ListCooldowns:output_type -> egress.lease.v1.ListCooldownsResponse
-	25, // 43: egress.lease.v1.LeaseService.WatchLeases:output_type -> egress.lease.v1.WatchLeasesResponse
-	36, // [36:44] is the sub-list for method output_type
-	28, // [28:36] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	29, // 0: egress.lease.v1.ProxySelector.labels:type_name -> egress.lease.v1.ProxySelector.LabelsEntry
+	31, // 1: egress.lease.v1.Cooldown.expire_time:type_name -> google.protobuf.Timestamp
+	2,  // 2: egress.lease.v1.Cooldown.outcome:type_name -> egress.lease.v1.Outcome
+	30, // 3: egress.lease.v1.LeasableProxy.labels:type_name -> egress.lease.v1.LeasableProxy.LabelsEntry
+	6,  // 4: egress.lease.v1.LeasableProxy.address:type_name -> egress.lease.v1.ProxyAddress
+	7,  // 5: egress.lease.v1.LeasableProxy.cooldowns:type_name -> egress.lease.v1.Cooldown
+	31, // 6: egress.lease.v1.LeasableProxy.last_lease_time:type_name -> google.protobuf.Timestamp
+	5,  // 7: egress.lease.v1.ListProxiesRequest.selector:type_name -> egress.lease.v1.ProxySelector
+	8,  // 8: egress.lease.v1.ListProxiesResponse.proxies:type_name -> egress.lease.v1.LeasableProxy
+	6,  // 9: egress.lease.v1.Lease.address:type_name -> egress.lease.v1.ProxyAddress
+	31, // 10: egress.lease.v1.Lease.acquire_time:type_name -> google.protobuf.Timestamp
+	31, // 11: egress.lease.v1.Lease.expire_time:type_name -> google.protobuf.Timestamp
+	32, // 12: egress.lease.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	5,  // 13: egress.lease.v1.AcquireLeaseRequest.selector:type_name -> egress.lease.v1.ProxySelector
+	11, // 14: egress.lease.v1.AcquireLeaseResponse.lease:type_name -> egress.lease.v1.Lease
+	14, // 15: egress.lease.v1.AcquireLeaseResponse.session:type_name -> egress.lease.v1.Session
+	0,  // 16: egress.lease.v1.Session.result:type_name -> egress.lease.v1.SessionResult
+	1,  // 17: egress.lease.v1.Session.move_reason:type_name -> egress.lease.v1.SessionMoveReason
+	32, // 18: egress.lease.v1.RenewLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	11, // 19: egress.lease.v1.RenewLeaseResponse.lease:type_name -> egress.lease.v1.Lease
+	2,  // 20: egress.lease.v1.ReportOutcomeRequest.outcome:type_name -> egress.lease.v1.Outcome
+	32, // 21: egress.lease.v1.ReportOutcomeRequest.cooldown:type_name -> google.protobuf.Duration
+	3,  // 22: egress.lease.v1.ReportOutcomeRequest.scope:type_name -> egress.lease.v1.CooldownScope
+	7,  // 23: egress.lease.v1.ReportOutcomeResponse.cooldown:type_name -> egress.lease.v1.Cooldown
+	11, // 24: egress.lease.v1.ListLeasesResponse.leases:type_name -> egress.lease.v1.Lease
+	7,  // 25: egress.lease.v1.ProxyCooldown.cooldown:type_name -> egress.lease.v1.Cooldown
+	25, // 26: egress.lease.v1.ListCooldownsResponse.cooldowns:type_name -> egress.lease.v1.ProxyCooldown
+	4,  // 27: egress.lease.v1.WatchLeasesResponse.type:type_name -> egress.lease.v1.LeaseChangeType
+	11, // 28: egress.lease.v1.WatchLeasesResponse.lease:type_name -> egress.lease.v1.Lease
+	25, // 29: egress.lease.v1.WatchLeasesResponse.cooldown:type_name -> egress.lease.v1.ProxyCooldown
+	31, // 30: egress.lease.v1.WatchLeasesResponse.change_time:type_name -> google.protobuf.Timestamp
+	9,  // 31: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
+	12, // 32: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
+	16, // 33: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
+	18, // 34: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
+	20, // 35: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
+	22, // 36: egress.lease.v1.LeaseService.ListLeases:input_type -> egress.lease.v1.ListLeasesRequest
+	24, // 37: egress.lease.v1.LeaseService.ListCooldowns:input_type -> egress.lease.v1.ListCooldownsRequest
+	27, // 38: egress.lease.v1.LeaseService.WatchLeases:input_type -> egress.lease.v1.WatchLeasesRequest
+	10, // 39: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
+	13, // 40: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
+	17, // 41: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
+	19, // 42: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
+	21, // 43: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
+	23, // 44: egress.lease.v1.LeaseService.ListLeases:output_type -> egress.lease.v1.ListLeasesResponse
+	26, // 45: egress.lease.v1.LeaseService.ListCooldowns:output_type -> egress.lease.v1.ListCooldownsResponse
+	28, // 46: egress.lease.v1.LeaseService.WatchLeases:output_type -> egress.lease.v1.WatchLeasesResponse
+	39, // [39:47] is the sub-list for method output_type
+	31, // [31:39] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_egress_lease_v1_lease_proto_init() }
@@ -2020,8 +2306,8 @@ func file_egress_lease_v1_lease_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_lease_v1_lease_proto_rawDesc), len(file_egress_lease_v1_lease_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   25,
+			NumEnums:      5,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
