@@ -201,7 +201,7 @@ type site struct {
 	tls, plain *httptest.Server
 	roots      *x509.CertPool
 
-	slow chan struct{} // a request for /slow arrived
+	slow chan struct{} // a request for /slow (never answered) or /hold arrived
 	hold chan struct{} // a request for /hold waits for a value
 
 	mu     sync.Mutex
@@ -240,7 +240,12 @@ func newSite(t *testing.T) *site {
 		if r.URL.Path == "/slow" {
 			s.slow <- struct{}{}
 			<-r.Context().Done()
-			return
+			// Never answer. Returning would answer 200 with an empty body
+			// once the client's close_notify ends the request here, and a
+			// client still reading gets that answer instead of its own
+			// cancellation (TestSlowIsNeverAnswered). The abort closes the
+			// connection without a response.
+			panic(http.ErrAbortHandler)
 		}
 		w.Header().Set("Content-Type", "text/html")
 		w.WriteHeader(code)
