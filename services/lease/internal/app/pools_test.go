@@ -2,8 +2,11 @@ package app_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -47,6 +50,45 @@ func lastDemand(t *testing.T, env *lt.Env, pool string) *busv1.PoolDemandEvent {
 	return ev
 }
 
+// demandReports collects every demand report of a pool published from now
+// on; seen reports whether one of them satisfies cond. A refusal is in one
+// report only, which the next replaces within a demand interval: reading
+// the latest alone can miss it on a loaded machine.
+func demandReports(t *testing.T, env *lt.Env, pool string) (seen func(cond func(*busv1.PoolDemandEvent) bool) bool) {
+	t.Helper()
+	js := env.NATS.JetStream(t)
+	names := bus.Names{Prefix: env.Config.NATS.Prefix}
+	cons, err := js.OrderedConsumer(lt.Ctx(t), names.DemandStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{names.DemandSubject(pool)}, DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []*busv1.PoolDemandEvent
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		ev := &busv1.PoolDemandEvent{}
+		if err := proto.Unmarshal(m.Data(), ev); err == nil {
+			mu.Lock()
+			got = append(got, ev)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Stop)
+	return func(cond func(*busv1.PoolDemandEvent) bool) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range got {
+			if cond(ev) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
 // Pools in the lease service: AcquireLease selects by pool, a draining
 // proxy keeps its leases but gets no new one, and the demand on each pool
 // (leases, capacity, refusals, leases per proxy) is published on NATS.
@@ -61,6 +103,7 @@ func TestPoolSelectionDrainingAndDemand(t *testing.T) {
 		env.Apply(t, p, 1)
 	}
 	web := &leasev1.ProxySelector{Pool: "web"}
+	webReports := demandReports(t, env, "web")
 	got := map[string]string{} // proxy name -> lease id
 	for range 2 {
 		resp, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{Selector: web})
@@ -77,10 +120,11 @@ func TestPoolSelectionDrainingAndDemand(t *testing.T) {
 		t.Fatalf("third acquire in web: %v, want RESOURCE_EXHAUSTED", r.Status)
 	}
 	waittest.For(t, 10*time.Second, "web's demand shows 2 leases and the refusal", func() bool {
-		ev := lastDemand(t, env, "web")
-		d := ev.GetDemand()
-		return d.GetActiveLeases() == 2 && d.GetLeasableProxies() == 2 && d.GetCapacity() == 2 &&
-			ev.GetLeasesByProxy()[a1.GetUid()] == 1 && ev.GetLeasesByProxy()[a2.GetUid()] == 1 && d.GetRefusedAcquires() >= 1
+		return webReports(func(ev *busv1.PoolDemandEvent) bool {
+			d := ev.GetDemand()
+			return d.GetActiveLeases() == 2 && d.GetLeasableProxies() == 2 && d.GetCapacity() == 2 &&
+				ev.GetLeasesByProxy()[a1.GetUid()] == 1 && ev.GetLeasesByProxy()[a2.GetUid()] == 1 && d.GetRefusedAcquires() >= 1
+		})
 	})
 	waittest.For(t, 10*time.Second, "the refusal is reported once", func() bool {
 		return lastDemand(t, env, "web").GetDemand().GetRefusedAcquires() == 0
