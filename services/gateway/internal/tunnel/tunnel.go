@@ -1,0 +1,306 @@
+// Package tunnel is what CONNECT and SOCKS5 share: lease a proxy for the
+// target, open a tunnel through it (moving to another proxy when one
+// cannot be reached or refuses), relay bytes both ways under the idle and
+// lifetime limits while renewing the lease, and give the lease back when
+// the tunnel ends.
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/access"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/metrics"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/session"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/upstream"
+)
+
+// Core holds what every request and tunnel uses.
+type Core struct {
+	Leaser   *upstream.Leaser
+	Dialer   *upstream.Dialer
+	Sessions *session.Registry
+	Metrics  *metrics.Metrics
+	Limits   *access.Limits
+	// Retries is how many more proxies a request or tunnel may try when
+	// its proxy cannot be reached or refuses.
+	Retries int
+	// IdleTimeout ends a tunnel with no byte either way for that long;
+	// MaxLifetime ends any tunnel that old.
+	IdleTimeout time.Duration
+	MaxLifetime time.Duration
+	Log         *slog.Logger
+}
+
+// Failure is a refusal for the client: an HTTP status and a message, the
+// outcome it counts as, and the SOCKS5 reply code that says the same.
+type Failure struct {
+	Status  int
+	Message string
+	Outcome string
+	Socks   byte
+}
+
+func (f *Failure) Error() string { return f.Message }
+
+// SOCKS5 reply codes (RFC 1928).
+const (
+	SocksOK             byte = 0x00
+	SocksFailure        byte = 0x01
+	SocksNotAllowed     byte = 0x02
+	SocksHostUnreach    byte = 0x04
+	SocksRefused        byte = 0x05
+	SocksCmdUnsupported byte = 0x07
+	SocksAddrUnsupport  byte = 0x08
+)
+
+// Acquire leases a proxy for caller's request to target (a host), as a
+// Failure when none can be had. A session's move is counted.
+func (c *Core) Acquire(ctx context.Context, caller access.Caller, target string) (*upstream.Lease, *Failure) {
+	lease, err := c.Leaser.Acquire(ctx, upstream.Want{ClientID: caller.ClientID, Options: caller.Options, Target: target})
+	var np *upstream.NoProxyError
+	var inv *upstream.InvalidError
+	switch {
+	case errors.As(err, &np):
+		return nil, &Failure{Status: http.StatusServiceUnavailable, Message: np.Error(), Outcome: "no_proxy", Socks: SocksFailure}
+	case errors.As(err, &inv):
+		return nil, &Failure{Status: http.StatusBadRequest, Message: inv.Message, Outcome: "bad_request", Socks: SocksNotAllowed}
+	case err != nil:
+		c.Log.WarnContext(ctx, "acquiring a lease failed", "error", err)
+		return nil, &Failure{Status: http.StatusBadGateway, Message: "the lease service cannot be reached", Outcome: "lease_error", Socks: SocksFailure}
+	}
+	if lease.Moved() {
+		c.Metrics.SessionMoves.WithLabelValues(lease.MoveReason).Inc()
+		c.Log.InfoContext(ctx, "session moved", "client", caller.ClientID, "session", caller.Options.Session,
+			"from", lease.MovedFrom, "to", lease.ProxyName, "reason", lease.MoveReason)
+	}
+	return lease, nil
+}
+
+// Finish ends a request's or tunnel's use of lease: a lease of no session
+// is released.
+func (c *Core) Finish(lease *upstream.Lease) {
+	if !lease.Session() {
+		go c.Leaser.Release(lease)
+	}
+}
+
+// Tunnel is an open tunnel to the target through a leased proxy.
+type Tunnel struct {
+	Up     net.Conn
+	Lease  *upstream.Lease
+	Kind   string
+	Target string
+	// Moved is the first move a session made for this tunnel: the proxy
+	// it left and why.
+	MovedFrom, MoveReason string
+
+	caller  access.Caller
+	release func()
+	sess    *session.Counters
+}
+
+// Open opens a tunnel of kind (connect, socks5) for caller to target
+// (host:port).
+func (c *Core) Open(ctx context.Context, caller access.Caller, kind, target string) (*Tunnel, *Failure) {
+	host, _, err := net.SplitHostPort(target)
+	if err != nil || host == "" {
+		return nil, &Failure{Status: http.StatusBadRequest, Message: fmt.Sprintf("target %q: want host:port", target), Outcome: "bad_request", Socks: SocksAddrUnsupport}
+	}
+	release, err := c.Limits.Open(caller.ClientID)
+	if err != nil {
+		limit, st := "tunnels_total", http.StatusServiceUnavailable
+		if errors.Is(err, access.ErrTooManyClientTunnels) {
+			limit, st = "tunnels_per_client", http.StatusTooManyRequests
+		}
+		c.Metrics.Refusals.WithLabelValues(limit).Inc()
+		return nil, &Failure{Status: st, Message: err.Error(), Outcome: "refused", Socks: SocksFailure}
+	}
+	var movedFrom, moveReason string
+	for attempt := 0; ; attempt++ {
+		lease, f := c.Acquire(ctx, caller, host)
+		if f != nil {
+			release()
+			return nil, f
+		}
+		if lease.Moved() && movedFrom == "" {
+			movedFrom, moveReason = lease.MovedFrom, lease.MoveReason
+		}
+		up, err := c.Dialer.Connect(ctx, lease.Addr, target)
+		if err == nil {
+			t := &Tunnel{Up: up, Lease: lease, Kind: kind, Target: target, MovedFrom: movedFrom, MoveReason: moveReason,
+				caller: caller, release: release}
+			if lease.Session() {
+				t.sess = c.Sessions.Use(session.Key{ClientID: caller.ClientID, ID: caller.Options.Session},
+					lease.SessionKey, lease.ID, lease.ProxyName, lease.Addr, lease.Pool, lease.TTL, moveReason)
+			}
+			return t, nil
+		}
+		f = c.upstreamFailed(ctx, lease, host, err)
+		c.Finish(lease)
+		if attempt >= c.Retries || ctx.Err() != nil {
+			release()
+			return nil, f
+		}
+	}
+}
+
+// upstreamFailed reports a proxy that could not be reached (a cooldown
+// for every target: the proxy is at fault) or that refused the CONNECT (a
+// cooldown for this target), and says what the client would be told.
+func (c *Core) upstreamFailed(ctx context.Context, lease *upstream.Lease, host string, err error) *Failure {
+	var refused *upstream.RefusedError
+	if errors.As(err, &refused) {
+		c.Metrics.Retries.WithLabelValues("connect_refused").Inc()
+		_ = c.Leaser.Report(ctx, lease.ID, leasev1.Outcome_OUTCOME_ERROR, host, upstream.TargetScope)
+		code, socks := http.StatusBadGateway, SocksHostUnreach
+		if refused.Status == http.StatusForbidden {
+			code, socks = http.StatusForbidden, SocksNotAllowed
+		}
+		return &Failure{Status: code, Message: fmt.Sprintf("the proxy could not open a tunnel to %s (%d)", host, refused.Status),
+			Outcome: "upstream_error", Socks: socks}
+	}
+	c.Metrics.Retries.WithLabelValues("upstream_unreachable").Inc()
+	c.Log.InfoContext(ctx, "upstream proxy unreachable", "proxy", lease.ProxyName, "error", err)
+	c.Dialer.Forget(lease.Addr)
+	_ = c.Leaser.Report(ctx, lease.ID, leasev1.Outcome_OUTCOME_ERROR, host, upstream.GlobalScope)
+	return &Failure{Status: http.StatusBadGateway, Message: "no proxy could be reached", Outcome: "upstream_error", Socks: SocksHostUnreach}
+}
+
+// Abort gives up an opened tunnel whose client went away before its
+// answer.
+func (c *Core) Abort(t *Tunnel) {
+	_ = t.Up.Close()
+	t.sess.Done()
+	c.Finish(t.Lease)
+	t.release()
+}
+
+// Relay copies bytes between client and the tunnel until either side
+// ends, the tunnel idles past IdleTimeout or lives past MaxLifetime; its
+// lease is renewed meanwhile and given back at the end. client's buffered
+// holds bytes the client sent that were already read.
+func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
+	start := time.Now()
+	labels := []string{t.caller.ClientID, t.Lease.Pool, t.caller.Options.Provider}
+	active := c.Metrics.ActiveTunnels.WithLabelValues(t.Kind)
+	active.Inc()
+	defer func() {
+		active.Dec()
+		c.Metrics.TunnelDuration.WithLabelValues(t.Kind).Observe(time.Since(start).Seconds())
+		c.Metrics.Requests.WithLabelValues(append(labels, t.Kind, "success")...).Inc()
+		t.sess.Done()
+		c.Finish(t.Lease)
+		t.release()
+	}()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var closeOnce sync.Once
+	var endedBy atomic.Value
+	closeBoth := func(reason string) {
+		closeOnce.Do(func() {
+			if reason != "" {
+				endedBy.Store(reason)
+			}
+			_ = client.Close()
+			_ = t.Up.Close()
+		})
+	}
+	var lastActive atomic.Int64
+	lastActive.Store(time.Now().UnixNano())
+	go c.watch(ctx, t, &lastActive, start, closeBoth)
+
+	var wg sync.WaitGroup
+	var up, down int64
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if len(buffered) > 0 {
+			n, err := t.Up.Write(buffered)
+			up += int64(n)
+			if err != nil {
+				closeBoth("")
+				return
+			}
+		}
+		n, _ := io.Copy(&activityWriter{w: t.Up, last: &lastActive}, client)
+		up += n
+		closeWrite(t.Up)
+	}()
+	go func() {
+		defer wg.Done()
+		n, _ := io.Copy(&activityWriter{w: client, last: &lastActive}, t.Up)
+		down = n
+		closeWrite(client)
+	}()
+	wg.Wait()
+	closeBoth("")
+	if r, ok := endedBy.Load().(string); ok {
+		c.Metrics.Refusals.WithLabelValues(r).Inc()
+	}
+	c.Metrics.Bytes.WithLabelValues(append([]string{"up"}, labels...)...).Add(float64(up))
+	c.Metrics.Bytes.WithLabelValues(append([]string{"down"}, labels...)...).Add(float64(down))
+	t.sess.Add(up, down)
+}
+
+// watch renews the tunnel's lease at a third of its TTL and ends the
+// tunnel when it idles or lives too long.
+func (c *Core) watch(ctx context.Context, t *Tunnel, lastActive *atomic.Int64, start time.Time, closeBoth func(string)) {
+	renewEvery := t.Lease.TTL / 3
+	tick := time.Second
+	if c.IdleTimeout > 0 && c.IdleTimeout/4 < tick {
+		tick = max(c.IdleTimeout/4, 10*time.Millisecond)
+	}
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	lastRenew := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-ticker.C:
+			if c.MaxLifetime > 0 && now.Sub(start) >= c.MaxLifetime {
+				closeBoth("tunnel_lifetime")
+				return
+			}
+			if c.IdleTimeout > 0 && now.Sub(time.Unix(0, lastActive.Load())) >= c.IdleTimeout {
+				closeBoth("idle")
+				return
+			}
+			if renewEvery > 0 && now.Sub(lastRenew) >= renewEvery {
+				lastRenew = now
+				if err := c.Leaser.Renew(ctx, t.Lease); err != nil && ctx.Err() == nil {
+					c.Log.Warn("renewing a tunnel's lease failed", "lease_id", t.Lease.ID, "proxy", t.Lease.ProxyName, "error", err)
+				}
+			}
+		}
+	}
+}
+
+type activityWriter struct {
+	w    io.Writer
+	last *atomic.Int64
+}
+
+func (a *activityWriter) Write(p []byte) (int, error) {
+	a.last.Store(time.Now().UnixNano())
+	return a.w.Write(p)
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}

@@ -1,0 +1,202 @@
+// Package upstream is the gateway's side toward the fleet: it leases a
+// proxy from the lease service for each request, tunnel or session, reports
+// what the target did, gives the lease back, and reaches the leased proxy
+// (CONNECT, or HTTP forwarding over a keep-alive pool per proxy).
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/options"
+)
+
+// Lease is a proxy held for one request, tunnel or session.
+type Lease struct {
+	ID        string
+	ProxyName string
+	Pool      string
+	// Addr is host:port of the proxy.
+	Addr string
+	// SessionKey is set for a session's lease, which outlives the
+	// request: it is renewed by the session's next request and ends
+	// after the session's lifetime without one.
+	SessionKey string
+	// TTL is the duration the lease was acquired (and is renewed) for.
+	TTL time.Duration
+	// AcquireTime is when the lease service granted it.
+	AcquireTime time.Time
+	// Result is what the acquire did to the session (unspecified for no
+	// session); for a move, MovedFrom and MoveReason say from where and
+	// why.
+	Result     leasev1.SessionResult
+	MovedFrom  string
+	MoveReason string
+}
+
+// Session reports whether the lease is a session's.
+func (l *Lease) Session() bool { return l.SessionKey != "" }
+
+// Moved reports whether acquiring it moved the session off another proxy.
+func (l *Lease) Moved() bool { return l.Result == leasev1.SessionResult_SESSION_RESULT_MOVED }
+
+// Want is what a request asks of the fleet.
+type Want struct {
+	ClientID string
+	Options  options.Options
+	// Target is the host (no port) the request or tunnel goes to.
+	Target string
+}
+
+// Leaser talks to the lease service.
+type Leaser struct {
+	Client leasev1.LeaseServiceClient
+	// TTL is the lease duration of a request or tunnel (tunnels renew at
+	// a third of it).
+	TTL time.Duration
+	// SessionLifetime is a session's lifetime when the username sets
+	// none; SessionMaxAge ends a session's lease that old at its next
+	// request (0: never).
+	SessionLifetime time.Duration
+	SessionMaxAge   time.Duration
+	// CallTimeout bounds each call to the lease service.
+	CallTimeout time.Duration
+	Log         *slog.Logger
+}
+
+// NoProxyError is the lease service's refusal: no proxy can serve.
+type NoProxyError struct{ Message string }
+
+func (e *NoProxyError) Error() string { return "no proxy available: " + e.Message }
+
+// InvalidError is an acquire the lease service found invalid (a selector
+// it does not accept).
+type InvalidError struct{ Message string }
+
+func (e *InvalidError) Error() string { return e.Message }
+
+// Acquire leases a proxy for w.
+func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
+	o := w.Options
+	req := &leasev1.AcquireLeaseRequest{
+		TargetHost: w.Target,
+		Ttl:        durationpb.New(l.TTL),
+		Selector: &leasev1.ProxySelector{
+			Pool: o.Pool, Provider: o.Provider, Region: o.Region, Zone: o.Zone, Labels: o.Labels,
+		},
+		SessionKey: options.SessionKey(w.ClientID, o.Session),
+	}
+	if req.SessionKey != "" {
+		life := o.Lifetime
+		if life == 0 {
+			life = l.SessionLifetime
+		}
+		req.Ttl = durationpb.New(life)
+	}
+	lease, err := l.acquire(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if lease.Session() && l.SessionMaxAge > 0 && lease.Result == leasev1.SessionResult_SESSION_RESULT_EXISTING &&
+		time.Since(lease.AcquireTime) > l.SessionMaxAge {
+		// The session has lived its longest: end it and start anew.
+		l.Release(lease)
+		return l.acquire(ctx, req)
+	}
+	return lease, nil
+}
+
+func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.CallTimeout)
+	defer cancel()
+	resp, err := l.Client.AcquireLease(cctx, req)
+	if err != nil {
+		switch status.Code(err) {
+		case codes.ResourceExhausted:
+			return nil, &NoProxyError{Message: strings.TrimPrefix(status.Convert(err).Message(), "no proxy available: ")}
+		case codes.InvalidArgument:
+			return nil, &InvalidError{Message: status.Convert(err).Message()}
+		}
+		return nil, fmt.Errorf("lease service: %s", status.Convert(err).Message())
+	}
+	pl := resp.GetLease()
+	a := pl.GetAddress()
+	if a.GetHost() == "" || a.GetPort() == 0 {
+		return nil, errors.New("lease service: the lease carries no proxy address")
+	}
+	out := &Lease{
+		ID: pl.GetLeaseId(), ProxyName: pl.GetProxyName(), Pool: pl.GetPool(),
+		Addr:       net.JoinHostPort(a.GetHost(), strconv.Itoa(int(a.GetPort()))),
+		SessionKey: pl.GetSessionKey(), TTL: req.GetTtl().AsDuration(),
+		AcquireTime: pl.GetAcquireTime().AsTime(),
+	}
+	if s := resp.GetSession(); s != nil {
+		out.Result = s.GetResult()
+		out.MovedFrom = s.GetPreviousProxyName()
+		if s.GetMoveReason() != leasev1.SessionMoveReason_SESSION_MOVE_REASON_UNSPECIFIED {
+			out.MoveReason = strings.ToLower(strings.TrimPrefix(s.GetMoveReason().String(), "SESSION_MOVE_REASON_"))
+		}
+	}
+	return out, nil
+}
+
+// Renew extends a lease by its TTL.
+func (l *Leaser) Renew(ctx context.Context, lease *Lease) error {
+	cctx, cancel := context.WithTimeout(ctx, l.CallTimeout)
+	defer cancel()
+	_, err := l.Client.RenewLease(cctx, &leasev1.RenewLeaseRequest{LeaseId: lease.ID, Ttl: durationpb.New(lease.TTL)})
+	return err
+}
+
+// Release ends a lease that is no session's (a session's lease lives on
+// until its lifetime passes without a request), in the background of the
+// request: the client already has its answer.
+func (l *Leaser) Release(lease *Lease) {
+	l.ReleaseID(lease.ID)
+}
+
+// ReleaseID ends a lease by id.
+func (l *Leaser) ReleaseID(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.CallTimeout)
+	defer cancel()
+	if _, err := l.Client.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id}); err != nil {
+		l.Log.Warn("releasing a lease failed; it ends at its expiry", "lease_id", id, "error", status.Convert(err).Message())
+	}
+}
+
+// Scope is where a report's cooldown applies.
+type Scope int
+
+// The scopes: the request's target only, or every target (the proxy
+// itself failed).
+const (
+	TargetScope Scope = iota
+	GlobalScope
+)
+
+// Report tells the lease service how target treated the proxy of lease.
+func (l *Leaser) Report(ctx context.Context, leaseID string, outcome leasev1.Outcome, target string, scope Scope) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.CallTimeout)
+	defer cancel()
+	req := &leasev1.ReportOutcomeRequest{LeaseId: leaseID, Outcome: outcome, TargetHost: target,
+		Scope: leasev1.CooldownScope_COOLDOWN_SCOPE_TARGET}
+	if scope == GlobalScope {
+		req.Scope = leasev1.CooldownScope_COOLDOWN_SCOPE_GLOBAL
+	}
+	_, err := l.Client.ReportOutcome(cctx, req)
+	if err != nil {
+		l.Log.Warn("reporting an outcome failed", "lease_id", leaseID, "outcome", outcome.String(), "error", status.Convert(err).Message())
+	}
+	return err
+}
