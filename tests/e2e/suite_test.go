@@ -88,7 +88,7 @@ func newSuite(t *testing.T) *suite {
 	s.providers = s.write("providers.yaml", fmt.Sprintf(
 		"providers:\n  - name: local\n    type: local\n    local: {stateDir: %q, network: %q}\n", s.stateDir, network))
 	s.tokens = s.write("tokens", "ops "+opsToken+" admin\ncrawler-a "+crawlerToken+" crawler\n"+
-		"dashboard "+viewerToken+" viewer\nsuite "+serviceToken+" service\n")
+		"dashboard "+viewerToken+" viewer\nsuite "+serviceToken+" service\ngateway "+gatewayToken+" crawler\n")
 	s.svcFile = s.write("service-token", serviceToken+"\n")
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {

@@ -1,0 +1,374 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
+)
+
+// gatewayToken is the gateway's own token: its leases are the gateway's.
+const gatewayToken = "tok-gateway"
+
+// gateway is one started gateway replica.
+type gateway struct {
+	proc  *proctest.Process
+	api   servicetest.Addrs
+	proxy string // host:port of the HTTP proxy
+	socks string // host:port of the SOCKS5 proxy
+}
+
+func (s *suite) startGateway(extra ...string) *gateway {
+	s.t.Helper()
+	tokenFile := s.write("gateway-token-"+fmt.Sprint(time.Now().UnixNano()), gatewayToken+"\n")
+	args := append(append(s.serving(), "--log-level=debug", "--lease-addr="+s.lease.GRPC, "--lease-token-file="+tokenFile,
+		"--proxy-listen=127.0.0.1:0", "--socks-listen=127.0.0.1:0"), extra...)
+	p, a := servicetest.Start(s.t, "../../services/gateway", args)
+	line := p.WaitLog(s.t, 5*time.Second, proctest.Msg("proxy listeners"))
+	g := &gateway{proc: p, api: a, proxy: strOf(line["http"]), socks: strOf(line["socks5"])}
+	if g.proxy == "" || g.socks == "" {
+		s.t.Fatalf("the gateway logged no listeners: %v", line)
+	}
+	return g
+}
+
+func strOf(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// plainSite is a plain-HTTP target on host that answers /ban with 418 and
+// anything else with 200, recording every path it was asked for.
+type plainSite struct {
+	*httptest.Server
+	mu    sync.Mutex
+	paths []string
+}
+
+func newPlainSite(t *testing.T, host string) *plainSite {
+	t.Helper()
+	lis, err := net.Listen("tcp", host+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &plainSite{}
+	ps.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ps.mu.Lock()
+		ps.paths = append(ps.paths, r.URL.Path)
+		ps.mu.Unlock()
+		if r.Header.Get("Proxy-Authorization") != "" {
+			http.Error(w, "credentials reached the target", http.StatusInternalServerError)
+			return
+		}
+		if r.URL.Path == "/ban" {
+			http.Error(w, "go away", http.StatusTeapot)
+			return
+		}
+		fmt.Fprintf(w, "plain %s", r.URL.Path)
+	}))
+	ps.Listener = lis
+	ps.Start()
+	t.Cleanup(ps.Close)
+	return ps
+}
+
+func (ps *plainSite) saw(path string) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, p := range ps.paths {
+		if p == path {
+			return true
+		}
+	}
+	return false
+}
+
+// through is a Go net/http client using the gateway at addr with the
+// given username and token.
+func (s *suite) through(addr, user, token string) *http.Client {
+	pool := s.site.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		Proxy:             http.ProxyURL(&url.URL{Scheme: "http", Host: addr, User: url.UserPassword(user, token)}),
+		TLSClientConfig:   &tls.Config{RootCAs: pool},
+		DisableKeepAlives: true,
+	}}
+}
+
+func getVia(t *testing.T, c *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func curl(t *testing.T, args ...string) (string, string) {
+	t.Helper()
+	cmd := exec.Command("curl", append([]string{"-sS", "--max-time", "20"}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("curl %v: %v\n%s", args, err, stderr.String())
+	}
+	return string(out), stderr.String()
+}
+
+// rawConnect sends a CONNECT with the given Proxy-Authorization user and
+// token and returns the gateway's status line and body.
+func rawConnect(t *testing.T, addr, target, user, token string) (int, string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: target}, Host: target, Header: http.Header{}}
+	if user != "" || token != "" {
+		req.Header.Set("Proxy-Authorization", "Basic "+basic(user, token))
+	}
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp.StatusCode, resp.Header.Get("X-Egress-Lease")
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func basic(user, pass string) string {
+	u := url.UserPassword(user, pass)
+	r := &http.Request{Header: http.Header{}}
+	p, _ := u.Password()
+	r.SetBasicAuth(u.Username(), p)
+	return strings.TrimPrefix(r.Header.Get("Authorization"), "Basic ")
+}
+
+// The gateway end to end: two replicas over four squids; rotation, the
+// three ways in (HTTP, CONNECT, SOCKS5) with curl and Go, refusals of bad
+// credentials and options, a session shared by both replicas, a ban rule
+// cooling a proxy down for its target only, and a killed proxy retried
+// transparently with the session's move shown.
+func TestGateway(t *testing.T) {
+	s := newSuite(t)
+	s.startProvisioner("prov-1")
+	s.startOrchestrator()
+	s.startLease()
+	healthProc, _ := s.startHealth("health-1")
+	s.createProxies("gw", 4)
+	s.waitAll("gw", 4, "Ready and healthy", 3*time.Minute, ready)
+	rulesFile := s.write("gateway-rules.yaml", "rules:\n  - name: teapot\n    outcome: banned\n    status: [418]\n")
+	gwA := s.startGateway("--rules-file="+rulesFile, "--retries=1")
+	gwB := s.startGateway("--rules-file="+rulesFile, "--retries=1")
+	plain := newPlainSite(t, "127.0.0.1")
+	banSite := newPlainSite(t, "127.0.0.2")
+
+	// The lease service learns Ready proxies from events: wait until the
+	// gateway gets one.
+	crawler := s.through(gwA.proxy, "", crawlerToken)
+	waittest.ForErr(t, 30*time.Second, "a request through the gateway", func() error {
+		resp, err := crawler.Get(plain.URL + "/warmup")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+
+	t.Run("rotation over Go net/http", func(t *testing.T) {
+		seen := map[string]int{}
+		for i := range 8 {
+			resp, body := getVia(t, crawler, fmt.Sprintf("%s/rot%d", plain.URL, i))
+			if resp.StatusCode != 200 || body != fmt.Sprintf("plain /rot%d", i) {
+				t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+			}
+			seen[resp.Header.Get("X-Egress-Proxy")]++
+		}
+		if len(seen) < 2 || seen[""] > 0 {
+			t.Fatalf("8 requests went through %v; want at least 2 proxies, each named", seen)
+		}
+	})
+
+	t.Run("curl over HTTP, CONNECT and SOCKS5", func(t *testing.T) {
+		out, _ := curl(t, "-x", "http://"+gwB.proxy, "-U", ":"+crawlerToken, plain.URL+"/curl-http")
+		if out != "plain /curl-http" {
+			t.Fatalf("curl over HTTP: %q", out)
+		}
+		out, _ = curl(t, "-x", "http://"+gwA.proxy, "--proxy-user", ":"+crawlerToken, "--cacert", s.siteCA, s.site.URL+"/curl-connect")
+		if out != "hello from the site, /curl-connect" {
+			t.Fatalf("curl over CONNECT: %q", out)
+		}
+		out, _ = curl(t, "--proxy", "socks5h://provider-local:"+crawlerToken+"@"+gwB.socks, "--cacert", s.siteCA, s.site.URL+"/curl-socks")
+		if out != "hello from the site, /curl-socks" {
+			t.Fatalf("curl over SOCKS5: %q", out)
+		}
+		// Go over CONNECT.
+		resp, body := getVia(t, s.through(gwB.proxy, "", crawlerToken), s.site.URL+"/go-connect")
+		if resp.StatusCode != 200 || body != "hello from the site, /go-connect" {
+			t.Fatalf("Go over CONNECT: %d %q", resp.StatusCode, body)
+		}
+	})
+
+	t.Run("bad credentials get 407 and reach nothing", func(t *testing.T) {
+		for _, tok := range []string{"wrong-token", ""} {
+			resp, body := getVia(t, s.through(gwA.proxy, "", tok), plain.URL+"/badcred")
+			if resp.StatusCode != http.StatusProxyAuthRequired || !strings.HasPrefix(resp.Header.Get("Proxy-Authenticate"), "Basic") {
+				t.Fatalf("token %q: %d %v %q", tok, resp.StatusCode, resp.Header, body)
+			}
+		}
+		if code, body := rawConnect(t, gwB.proxy, strings.TrimPrefix(s.site.URL, "https://"), "", "wrong-token"); code != http.StatusProxyAuthRequired {
+			t.Fatalf("CONNECT with a wrong token: %d %q", code, body)
+		}
+		// A viewer's token is valid but lacks the crawler role.
+		if resp, _ := getVia(t, s.through(gwA.proxy, "", viewerToken), plain.URL+"/badcred"); resp.StatusCode != http.StatusProxyAuthRequired {
+			t.Fatalf("a viewer token: %d", resp.StatusCode)
+		}
+		if plain.saw("/badcred") {
+			t.Fatal("a request with bad credentials reached the target")
+		}
+		if l := proctest.MetricLine(t, gwA.api.HTTP, `egress_gateway_auth_failures_total{listener="http",reason="invalid"}`); !strings.HasSuffix(l, " 1") {
+			t.Fatalf("auth failures metric: %q", l)
+		}
+	})
+
+	t.Run("a bad option is refused naming it", func(t *testing.T) {
+		resp, body := getVia(t, s.through(gwA.proxy, "session-a,country-us", crawlerToken), plain.URL+"/badopt")
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"country-us"`) || !strings.Contains(body, "unknown option country") {
+			t.Fatalf("HTTP: %d %q", resp.StatusCode, body)
+		}
+		code, body := rawConnect(t, gwB.proxy, strings.TrimPrefix(s.site.URL, "https://"), "lifetime-forever", crawlerToken)
+		if code != http.StatusBadRequest || !strings.Contains(body, `"lifetime-forever"`) {
+			t.Fatalf("CONNECT: %d %q", code, body)
+		}
+		if plain.saw("/badopt") {
+			t.Fatal("a request with a bad option reached the target")
+		}
+	})
+
+	t.Run("a session stays on one proxy across both replicas", func(t *testing.T) {
+		var first string
+		for i := range 6 {
+			g := []*gateway{gwA, gwB}[i%2]
+			resp, _ := getVia(t, s.through(g.proxy, "session-s1,lifetime-10m", crawlerToken), plain.URL+"/session")
+			name := resp.Header.Get("X-Egress-Proxy")
+			if resp.StatusCode != 200 || name == "" {
+				t.Fatalf("request %d: %d %q", i, resp.StatusCode, name)
+			}
+			if first == "" {
+				first = name
+			}
+			if name != first {
+				t.Fatalf("request %d of the session went through %s, the first through %s", i, name, first)
+			}
+		}
+		// A tunnel of the session goes there too.
+		out, _ := curl(t, "-x", "http://"+gwB.proxy, "-U", "session-s1:"+crawlerToken, "-D", "-", "-o", "/dev/null",
+			"--cacert", s.siteCA, s.site.URL+"/session-tunnel")
+		if !strings.Contains(out, "X-Egress-Proxy: "+first) {
+			t.Fatalf("the session's tunnel answer: %q; want it through %s", out, first)
+		}
+	})
+
+	t.Run("a ban rule cools the proxy down for its target only", func(t *testing.T) {
+		resp, _ := getVia(t, crawler, banSite.URL+"/ban")
+		if resp.StatusCode != http.StatusTeapot || resp.Header.Get("X-Egress-Rule") != "teapot" {
+			t.Fatalf("the banned answer: %d %v", resp.StatusCode, resp.Header)
+		}
+		viewer := leasev1.NewLeaseServiceClient(s.conn(s.lease.GRPC, viewerToken))
+		cds, err := viewer.ListCooldowns(ctx(t, 10*time.Second), &leasev1.ListCooldownsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		banned := map[string]bool{}
+		for _, c := range cds.GetCooldowns() {
+			if c.GetCooldown().GetTargetHost() != "127.0.0.2" || c.GetCooldown().GetOutcome() != leasev1.Outcome_OUTCOME_BANNED {
+				t.Fatalf("cooldown %v: want BANNED for 127.0.0.2 only", c)
+			}
+			banned[c.GetProxyName()] = true
+		}
+		// One try and one retry: two proxies banned.
+		if len(banned) != 2 {
+			t.Fatalf("cooldowns on %v; want two proxies", banned)
+		}
+		resp, body := getVia(t, crawler, banSite.URL+"/after-ban")
+		if resp.StatusCode != 200 || banned[resp.Header.Get("X-Egress-Proxy")] {
+			t.Fatalf("the banned target after the ban: %d %q via %s", resp.StatusCode, body, resp.Header.Get("X-Egress-Proxy"))
+		}
+		// The banned proxies still serve other targets.
+		waittest.For(t, 30*time.Second, "a banned proxy serving another target", func() bool {
+			resp, _ := getVia(t, crawler, plain.URL+"/other-target")
+			return resp.StatusCode == 200 && banned[resp.Header.Get("X-Egress-Proxy")]
+		})
+	})
+
+	t.Run("a killed proxy is retried transparently and the session's move shown", func(t *testing.T) {
+		// Nothing may notice the death before the gateway does.
+		healthProc.Kill(t)
+		resp, _ := getVia(t, s.through(gwB.proxy, "session-k1", crawlerToken), plain.URL+"/before-kill")
+		victim := resp.Header.Get("X-Egress-Proxy")
+		if resp.StatusCode != 200 || victim == "" {
+			t.Fatalf("the session's first request: %d", resp.StatusCode)
+		}
+		all, err := s.proxies().ListProxies(ctx(t, 10*time.Second), &proxyv1.ListProxiesRequest{PageSize: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var addr string
+		for _, p := range all.GetProxies() {
+			if p.GetName() == victim {
+				killInstancesUnder(filepath.Join(s.stateDir, p.GetUid()))
+				addr = net.JoinHostPort(p.GetStatus().GetIp(), fmt.Sprint(p.GetStatus().GetPort()))
+			}
+		}
+		waittest.For(t, 10*time.Second, "the killed proxy refusing connections", func() bool {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err != nil
+		})
+		resp, body := getVia(t, s.through(gwA.proxy, "session-k1", crawlerToken), plain.URL+"/after-kill")
+		if resp.StatusCode != 200 || body != "plain /after-kill" {
+			t.Fatalf("after the kill: %d %q", resp.StatusCode, body)
+		}
+		if got := resp.Header.Get("X-Egress-Proxy"); got == victim {
+			t.Fatalf("went through the killed proxy %s", got)
+		}
+		if moved := resp.Header.Get("X-Egress-Session-Moved"); moved != victim+"; reason=cooling_down" {
+			t.Fatalf("X-Egress-Session-Moved = %q; want the move off %s", moved, victim)
+		}
+		if l := proctest.MetricLine(t, gwA.api.HTTP, `egress_gateway_retries_total{reason="upstream_unreachable"}`); !strings.HasSuffix(l, " 1") {
+			t.Fatalf("retries metric: %q", l)
+		}
+	})
+}
