@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	gatewayv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/gateway/v1"
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	identityv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
@@ -125,6 +126,15 @@ var table = map[string]Rule{
 	healthv1.HealthService_GetProviderHealth_FullMethodName: rule(NoLimit, Admin, Viewer),
 	// The orchestrator's pool controller polls the providers' health.
 	healthv1.HealthService_ListProviderHealth_FullMethodName: rule(NoLimit, Admin, Viewer, Service),
+
+	// The gateway's admin API: a crawler sees, ends and reports on its
+	// own sessions (the handler narrows to the caller unless it is an
+	// admin or viewer).
+	gatewayv1.GatewayService_ListSessions_FullMethodName:  rule(NoLimit, Admin, Viewer, Crawler),
+	gatewayv1.GatewayService_GetSession_FullMethodName:    rule(NoLimit, Admin, Viewer, Crawler),
+	gatewayv1.GatewayService_EndSession_FullMethodName:    rule(LeaseLimit, Admin, Crawler),
+	gatewayv1.GatewayService_ReportOutcome_FullMethodName: rule(LeaseLimit, Admin, Crawler),
+	gatewayv1.GatewayService_GetStatus_FullMethodName:     rule(NoLimit, Admin, Viewer, Crawler, Service),
 
 	// Every service: any authenticated caller may ask who it is.
 	identityv1.IdentityService_GetIdentity_FullMethodName: rule(NoLimit, Admin, Viewer, Crawler, Service),

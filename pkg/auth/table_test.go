@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	// Every API of the suite registers its services with protoregistry.
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/gateway/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
@@ -50,6 +51,11 @@ var wantMatrix = map[string]string{
 	"/egress.lease.v1.LeaseService/ListCooldowns":              "admin,viewer",
 	"/egress.lease.v1.LeaseService/WatchLeases":                "admin,viewer",
 	"/egress.identity.v1.IdentityService/GetIdentity":          "admin,viewer,crawler,service",
+	"/egress.gateway.v1.GatewayService/ListSessions":           "admin,viewer,crawler",
+	"/egress.gateway.v1.GatewayService/GetSession":             "admin,viewer,crawler",
+	"/egress.gateway.v1.GatewayService/EndSession":             "admin,crawler",
+	"/egress.gateway.v1.GatewayService/ReportOutcome":          "admin,crawler",
+	"/egress.gateway.v1.GatewayService/GetStatus":              "admin,viewer,crawler,service",
 	"/egress.health.v1.HealthService/GetProxyHealth":           "admin,viewer",
 	"/egress.health.v1.HealthService/ListProxyHealth":          "admin,viewer",
 	"/egress.health.v1.HealthService/WatchProxyHealth":         "admin,viewer",

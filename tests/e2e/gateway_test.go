@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -329,6 +330,80 @@ func TestGateway(t *testing.T) {
 			resp, _ := getVia(t, crawler, plain.URL+"/other-target")
 			return resp.StatusCode == 200 && banned[resp.Header.Get("X-Egress-Proxy")]
 		})
+	})
+
+	t.Run("the admin API: sessions, ending one, a tunnel's report", func(t *testing.T) {
+		call := func(g *gateway, method, path, body string, out any) int {
+			req, _ := http.NewRequest(method, "http://"+g.api.HTTP+path, strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+crawlerToken)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			if out != nil && resp.StatusCode == 200 {
+				if err := json.Unmarshal(raw, out); err != nil {
+					t.Fatalf("%s %s: %v: %s", method, path, err, raw)
+				}
+			}
+			return resp.StatusCode
+		}
+		var list struct {
+			Sessions []struct {
+				SessionID string `json:"sessionId"`
+				ClientID  string `json:"clientId"`
+				ProxyName string `json:"proxyName"`
+				Requests  string `json:"requests"`
+				BytesDown string `json:"bytesDown"`
+			} `json:"sessions"`
+		}
+		if code := call(gwA, "GET", "/v1/sessions", "", &list); code != 200 || len(list.Sessions) == 0 {
+			t.Fatalf("ListSessions = %d %+v", code, list)
+		}
+		s1 := list.Sessions[0]
+		if s1.SessionID != "s1" || s1.ClientID != "crawler-a" || s1.Requests != "3" || s1.BytesDown == "0" || s1.BytesDown == "" {
+			t.Fatalf("session s1 on replica A: %+v", s1)
+		}
+		if code := call(gwB, "GET", "/v1/sessions/s1", "", nil); code != 200 {
+			t.Fatalf("GetSession on replica B = %d", code)
+		}
+		if code := call(gwA, "GET", "/v1/sessions/never", "", nil); code != http.StatusNotFound {
+			t.Fatalf("GetSession of an unknown session = %d", code)
+		}
+		var ended struct {
+			Ended bool `json:"ended"`
+		}
+		if code := call(gwB, "POST", "/v1/sessions/s1:end", "{}", &ended); code != 200 || !ended.Ended {
+			t.Fatalf("EndSession = %d %+v", code, ended)
+		}
+		if code := call(gwA, "POST", "/v1/sessions/s1:end", "{}", &ended); code != 200 || ended.Ended {
+			t.Fatalf("EndSession again = %d %+v; want ended false", code, ended)
+		}
+		// A tunnel's outcome, by the lease id on the CONNECT answer.
+		code, leaseID := rawConnect(t, gwA.proxy, strings.TrimPrefix(s.site.URL, "https://"), "", crawlerToken)
+		if code != 200 || leaseID == "" {
+			t.Fatalf("CONNECT = %d, lease %q", code, leaseID)
+		}
+		body := `{"leaseId":"` + leaseID + `","outcome":"OUTCOME_CAPTCHA","targetHost":"tunnel.example"}`
+		if code := call(gwB, "POST", "/v1/outcomes", body, nil); code != 200 {
+			t.Fatalf("ReportOutcome = %d", code)
+		}
+		if code := call(gwB, "POST", "/v1/outcomes", `{"outcome":"OUTCOME_CAPTCHA","targetHost":"x"}`, nil); code != http.StatusBadRequest {
+			t.Fatalf("ReportOutcome with neither id = %d", code)
+		}
+		viewer := leasev1.NewLeaseServiceClient(s.conn(s.lease.GRPC, viewerToken))
+		cds, err := viewer.ListCooldowns(ctx(t, 10*time.Second), &leasev1.ListCooldownsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, c := range cds.GetCooldowns() {
+			found = found || (c.GetCooldown().GetTargetHost() == "tunnel.example" && c.GetCooldown().GetOutcome() == leasev1.Outcome_OUTCOME_CAPTCHA)
+		}
+		if !found {
+			t.Fatalf("no captcha cooldown for tunnel.example: %v", cds.GetCooldowns())
+		}
 	})
 
 	t.Run("a killed proxy is retried transparently and the session's move shown", func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/gateway/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
@@ -28,7 +29,7 @@ import (
 	validatev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 )
 
-var services = []protoreflect.FullName{"egress.proxy.v1.ProxyService", "egress.proxy.v1.ProxyPoolService", "egress.lease.v1.LeaseService", "egress.health.v1.HealthService", "egress.identity.v1.IdentityService"}
+var services = []protoreflect.FullName{"egress.proxy.v1.ProxyService", "egress.proxy.v1.ProxyPoolService", "egress.lease.v1.LeaseService", "egress.health.v1.HealthService", "egress.identity.v1.IdentityService", "egress.gateway.v1.GatewayService"}
 
 func main() {
 	if len(os.Args) != 2 {

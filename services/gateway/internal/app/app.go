@@ -9,12 +9,15 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
+	gatewayv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/gateway/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/access"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/admin"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/proxy"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/rules"
@@ -197,7 +200,14 @@ func (c *Config) Setup(ctx context.Context, s *service.Service, authn *auth.Auth
 		g.SocksAddr = socksLis.Addr().String()
 	}
 	s.Log.Info("proxy listeners", "http", g.ProxyAddr, "socks5", g.SocksAddr)
-	s.Go(func(ctx context.Context) error { return proxy.Serve(ctx, srv, proxyLis) })
+	var serving atomic.Bool
+	s.Go(func(ctx context.Context) error {
+		serving.Store(true)
+		defer serving.Store(false)
+		return proxy.Serve(ctx, srv, proxyLis)
+	})
+	gatewayv1.RegisterGatewayServiceServer(s.GRPC, &admin.Server{Core: core, ProxyAddr: g.ProxyAddr, SocksAddr: g.SocksAddr, Ready: serving.Load})
+	s.MountREST(gatewayv1.RegisterGatewayServiceHandler)
 	if socksLis != nil {
 		ss := &socks.Server{Core: core, Access: checker, HandshakeTimeout: c.ReadHeaderTimeout, Log: s.Log}
 		s.Go(func(ctx context.Context) error { return ss.Serve(ctx, socksLis) })

@@ -37,7 +37,7 @@ type Session struct {
 
 // Registry holds the sessions.
 type Registry struct {
-	mu       sync.Mutex
+	mu        sync.Mutex
 	sessions  map[Key]*entry
 	now       func() time.Time
 	lastSweep time.Time

@@ -200,3 +200,18 @@ func (l *Leaser) Report(ctx context.Context, leaseID string, outcome leasev1.Out
 	}
 	return err
 }
+
+// SessionLease returns the live lease of a client's session, acquiring
+// with its key and no target or selector (so the session does not move),
+// and whether the session already had it (false: the acquire started the
+// session anew, and the caller may want to release it).
+func (l *Leaser) SessionLease(ctx context.Context, clientID, sessionID string) (*Lease, bool, error) {
+	lease, err := l.acquire(ctx, &leasev1.AcquireLeaseRequest{
+		SessionKey: options.SessionKey(clientID, sessionID),
+		Ttl:        durationpb.New(l.SessionLifetime),
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return lease, lease.Result == leasev1.SessionResult_SESSION_RESULT_EXISTING, nil
+}
