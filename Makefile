@@ -3,10 +3,10 @@
 
 SHELL  := /bin/bash
 MODULE := github.com/egress-proxies/egress-proxies
-SERVICES := orchestrator lease health console provisioner-local provisioner-proxmox provisioner-kvm provisioner-gcp provisioner-kubernetes
+SERVICES := orchestrator lease health console gateway provisioner-local provisioner-proxmox provisioner-kvm provisioner-gcp provisioner-kubernetes
 # What `make run` builds and starts: the suite with the local backend (the
 # other backends' SDKs and client libraries are most of a cold build).
-RUN_SERVICES := orchestrator lease health console provisioner-local
+RUN_SERVICES := orchestrator lease health console gateway provisioner-local
 
 # Tools are built from the versions pinned in tools/ and cached outside the
 # checkout, keyed by those pins, so fresh clones (CI) reuse them.

@@ -39,7 +39,8 @@ self=$host
 # …), so a second suite (the README test) runs beside a developer's.
 offset=${EGRESS_RUN_PORT_OFFSET:-0}
 declare -A grpc_port=([orchestrator]=8100 [lease]=8110 [health]=8120 [provisioner-proxmox]=8130
-	[provisioner-kvm]=8140 [provisioner-gcp]=8150 [provisioner-local]=8160 [provisioner-kubernetes]=8170)
+	[provisioner-kvm]=8140 [provisioner-gcp]=8150 [provisioner-local]=8160 [provisioner-kubernetes]=8170
+	[gateway]=8180)
 export EGRESS_DATABASE_URL=${EGRESS_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/egress?sslmode=disable}
 export EGRESS_NATS_URL=${EGRESS_NATS_URL:-nats://127.0.0.1:4222}
 export EGRESS_PROVIDERS_CONFIG=${EGRESS_PROVIDERS_CONFIG:-deploy/local/providers.yaml}
@@ -116,6 +117,14 @@ for svc in "$@"; do
 		# With the gateway in the run, the overview shows its rates.
 		case " $* " in *" gateway "*) listen+=(--gateway-metrics-url="http://$self:$((8181 + offset))/metrics") ;; esac
 	fi
+	# The gateway: crawlers' HTTP proxy on 8080, SOCKS5 on 1080, leasing
+	# from this run's lease service (with the sample crawler token when
+	# authentication is on).
+	if [ "$svc" = gateway ]; then
+		listen+=(--proxy-listen="$host:$((8080 + offset))" --socks-listen="$host:$((1080 + offset))"
+			--lease-addr="$self:$((8110 + offset))")
+		[ "${EGRESS_LOCAL_AUTH:-}" = 1 ] && listen+=(--lease-token-file=deploy/local/crawler-token)
+	fi
 	"$bindir/$svc" --log-format=text "${listen[@]}" >"$logdir/$svc.log" 2>&1 &
 	pids+=($!)
 	names+=("$svc")
@@ -153,6 +162,9 @@ for i in "${!names[@]}"; do
 	http=$(sed -n 's/.*http=\([^ ]*\).*/\1/p' <<<"$line" | sed 's/^\(\[::\]\|0\.0\.0\.0\):/localhost:/')
 	printf '%-20s %-16s %-22s %s\n' "$svc" "$grpc" "http://$http" "http://$http/metrics"
 done
+case " $* " in *" gateway "*)
+	echo "crawlers' proxy: http://$self:$((8080 + offset)) (HTTP and CONNECT), socks5h://$self:$((1080 + offset)) (SOCKS5); docs/gateway.md" ;;
+esac
 if [ "${EGRESS_AUTH_DISABLED:-}" = true ]; then
 	echo "WARNING: authentication is OFF: anyone who reaches $host may call every API with every role." \
 		"EGRESS_LOCAL_AUTH=1 make run uses the sample tokens in deploy/local/tokens."

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -69,13 +70,15 @@ func quickstartSteps(t *testing.T, readme string) []step {
 }
 
 var (
-	uuidRE    = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
-	addrRE    = regexp.MustCompile(`127\.\d+\.\d+\.\d+:\d+`)
-	timeRE    = regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z`)
-	durRE     = regexp.MustCompile(`\b\d+(\.\d+)?(ns|µs|us|ms|s|m|h)\b`)
-	proberRE  = regexp.MustCompile(`\S+-\d+(\s+200 OK)`)
-	spacesRE  = regexp.MustCompile(`[ \t]+`)
-	readOnlys = []string{"proxies list", "proxies get", "health proxies"}
+	uuidRE   = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	addrRE   = regexp.MustCompile(`127\.\d+\.\d+\.\d+:\d+`)
+	timeRE   = regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z`)
+	durRE    = regexp.MustCompile(`\b\d+(\.\d+)?(ns|µs|us|ms|s|m|h)\b`)
+	proberRE = regexp.MustCompile(`\S+-\d+(\s+200 OK)`)
+	spacesRE = regexp.MustCompile(`[ \t]+`)
+	// Reads, and the gateway's rotation (its leases end with each
+	// request), asked again until the lease service knows new proxies.
+	readOnlys = []string{"proxies list", "proxies get", "health proxies", "%header{x-egress-proxy}"}
 )
 
 // normalize masks what differs between runs (times, durations, the
@@ -121,7 +124,7 @@ func TestREADMEQuickstart(t *testing.T) {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, pkg := range []string{"services/orchestrator", "services/lease", "services/health", "services/provisioner-local", "cmd/egressctl"} {
+	for _, pkg := range []string{"services/orchestrator", "services/lease", "services/health", "services/provisioner-local", "services/gateway", "cmd/egressctl"} {
 		built := proctest.Build(t, filepath.Join(root, pkg))
 		if err := os.Symlink(built, filepath.Join(bin, filepath.Base(pkg))); err != nil {
 			t.Fatal(err)
@@ -139,12 +142,13 @@ func TestREADMEQuickstart(t *testing.T) {
 		Migrate: func(context.Context, string) error { return nil }})
 	nats := natstest.New(t)
 
-	suite := exec.Command("scripts/run-local.sh", "orchestrator", "lease", "health", "provisioner-local")
+	suite := exec.Command("scripts/run-local.sh", "orchestrator", "lease", "health", "gateway", "provisioner-local")
 	suite.Dir = root
 	suite.Env = append(os.Environ(), "EGRESS_DATABASE_URL="+dsn, "EGRESS_NATS_URL="+nats.URL(),
 		"EGRESS_PROVIDERS_CONFIG="+providers, "EGRESS_RUN_BIN_DIR="+bin, "EGRESS_RUN_LOG_DIR="+filepath.Join(dir, "run"),
 		"EGRESS_RUN_STATE_DIR="+state, "EGRESS_RUN_PORT_OFFSET="+strconv.Itoa(offset))
-	var suiteOut bytes.Buffer
+	// run-local.sh writes while the test reads: a locked buffer.
+	var suiteOut lockedBuffer
 	suite.Stdout, suite.Stderr = &suiteOut, &suiteOut
 	if err := suite.Start(); err != nil {
 		t.Fatal(err)
@@ -184,6 +188,8 @@ func TestREADMEQuickstart(t *testing.T) {
 	mapped := map[string]string{ // the README's values → this run's
 		"localhost:8101": "localhost:" + port(8101),
 		"localhost:8111": "localhost:" + port(8111),
+		"localhost:8080": "localhost:" + port(8080),
+		"localhost:8181": "localhost:" + port(8181),
 	}
 	substitute := func(s string) string {
 		for from, to := range mapped {
@@ -251,6 +257,24 @@ func TestREADMEQuickstart(t *testing.T) {
 		}
 		t.Logf("step %d ok: %s", i+1, st.cmd)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for one writer and readers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func tailLines(s string, n int) string {
