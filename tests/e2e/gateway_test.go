@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -237,6 +238,60 @@ func TestGateway(t *testing.T) {
 		resp, body := getVia(t, s.through(gwB.proxy, "", crawlerToken), s.site.URL+"/go-connect")
 		if resp.StatusCode != 200 || body != "hello from the site, /go-connect" {
 			t.Fatalf("Go over CONNECT: %d %q", resp.StatusCode, body)
+		}
+	})
+
+	t.Run("Python requests and a Scrapy spider", func(t *testing.T) {
+		py := "/usr/bin/python3"
+		if _, err := exec.LookPath(py); err != nil {
+			t.Skip("no " + py + " (scripts/ensure-deps.sh installs python3-scrapy)")
+		}
+		script := s.write("gw-requests.py", `import sys, requests
+proxy = "http://provider-local:%s@%s" % (sys.argv[1], sys.argv[2])
+r = requests.get(sys.argv[3] + "/py-http", proxies={"http": proxy, "https": proxy}, timeout=20)
+print(r.status_code, r.text, r.headers.get("X-Egress-Proxy") != None)
+r = requests.get(sys.argv[4] + "/py-https", proxies={"http": proxy, "https": proxy}, verify=sys.argv[5], timeout=20)
+print(r.status_code, r.text)
+`)
+		out, err := exec.Command(py, script, crawlerToken, gwA.proxy, plain.URL, s.site.URL, s.siteCA).CombinedOutput()
+		if err != nil || string(out) != "200 plain /py-http True\n200 hello from the site, /py-https\n" {
+			t.Fatalf("requests: %v\n%s", err, out)
+		}
+		feed := filepath.Join(s.dir, "scrapy.json")
+		spider := s.write("gw-spider.py", `import sys, scrapy
+from scrapy.crawler import CrawlerProcess
+base, proxy, feed = sys.argv[1:4]
+class Spider(scrapy.Spider):
+    name = "gateway"
+    def start_requests(self):
+        for i in range(4):
+            yield scrapy.Request("%s/scrapy%d" % (base, i), meta={"proxy": proxy}, dont_filter=True)
+    def parse(self, response):
+        yield {"status": response.status, "body": response.text,
+               "via": response.headers.get("X-Egress-Proxy", b"").decode()}
+p = CrawlerProcess(settings={"FEEDS": {feed: {"format": "json"}}, "LOG_LEVEL": "ERROR",
+                             "CONCURRENT_REQUESTS": 2, "TELNETCONSOLE_ENABLED": False})
+p.crawl(Spider)
+p.start()
+`)
+		if out, err := exec.Command(py, spider, plain.URL, "http://provider-local:"+crawlerToken+"@"+gwB.proxy, feed).CombinedOutput(); err != nil {
+			t.Fatalf("scrapy: %v\n%s", err, out)
+		}
+		raw, err := os.ReadFile(feed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var items []struct {
+			Status    int
+			Body, Via string
+		}
+		if err := json.Unmarshal(raw, &items); err != nil || len(items) != 4 {
+			t.Fatalf("scrapy items: %v %s", err, raw)
+		}
+		for _, it := range items {
+			if it.Status != 200 || !strings.HasPrefix(it.Body, "plain /scrapy") || it.Via == "" {
+				t.Fatalf("scrapy item %+v", it)
+			}
 		}
 	})
 
