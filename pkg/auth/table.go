@@ -97,6 +97,11 @@ var table = map[string]Rule{
 	proxyv1.ProxyService_DrainProxy_FullMethodName:    rule(ProxyWriteLimit, Admin),
 	// A proxy's history (the web console's timeline): the BASIC view.
 	proxyv1.ProxyService_ListProxyChanges_FullMethodName: rule(NoLimit, Admin, Viewer),
+	// New random credentials for a proxy; the old ones stop working.
+	proxyv1.ProxyService_RotateCredentials_FullMethodName: rule(ProxyWriteLimit, Admin),
+	// A proxy's credentials in plain text: only the suite's own services
+	// (lease, health, the gateway, provisioners), never a person's token.
+	proxyv1.ProxyService_GetProxyCredentials_FullMethodName: rule(NoLimit, Service),
 
 	// Pools, on the orchestrator: admins write them, viewers read them.
 	proxyv1.ProxyPoolService_CreateProxyPool_FullMethodName: rule(ProxyWriteLimit, Admin),

@@ -35,6 +35,8 @@ var wantMatrix = map[string]string{
 	"/egress.proxy.v1.ProxyService/ListProviders":              "admin,viewer",
 	"/egress.proxy.v1.ProxyService/DrainProxy":                 "admin",
 	"/egress.proxy.v1.ProxyService/ListProxyChanges":           "admin,viewer",
+	"/egress.proxy.v1.ProxyService/RotateCredentials":          "admin",
+	"/egress.proxy.v1.ProxyService/GetProxyCredentials":        "service",
 	"/egress.proxy.v1.ProxyPoolService/CreateProxyPool":        "admin",
 	"/egress.proxy.v1.ProxyPoolService/UpdateProxyPool":        "admin",
 	"/egress.proxy.v1.ProxyPoolService/ScaleProxyPool":         "admin",

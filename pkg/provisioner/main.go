@@ -11,6 +11,7 @@ import (
 	"time"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
@@ -42,6 +43,9 @@ type Flags struct {
 	MaxConcurrent   int
 	AckWait         time.Duration
 	DrainTimeout    time.Duration
+	// Orchestrator is where Create fetches the proxy's credentials; an
+	// empty Addr delivers none (instances serve anyone).
+	Orchestrator service.Client
 }
 
 // Register adds the flags to fs.
@@ -54,6 +58,8 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.IntVar(&f.MaxConcurrent, "max-concurrent", 8, "commands executed at once by this replica")
 	fs.DurationVar(&f.AckWait, "ack-wait", 30*time.Second, "the command consumer's ack wait: how long a replica that died mid-command holds it before redelivery (running commands are heartbeated)")
 	fs.DurationVar(&f.DrainTimeout, "drain-timeout", 10*time.Second, "after SIGTERM, how long in-flight commands may finish before they are handed back for redelivery")
+	fs.StringVar(&f.Orchestrator.Addr, "orchestrator-addr", "", "gRPC address of the orchestrator, where Create fetches each proxy's credentials (host:port); empty: instances get no credentials and serve anyone")
+	f.Orchestrator.RegisterFlags(fs, "orchestrator", "the orchestrator")
 }
 
 // Main runs a provisioner binary: the service frame plus the runtime's
@@ -105,7 +111,18 @@ func Setup(ctx context.Context, s *service.Service, spec Spec, f Flags) error {
 		return fmt.Errorf("provider %s: %w", p.Name, err)
 	}
 	metrics := NewMetrics(s.Metrics)
-	rt := NewRuntime(RuntimeOptions{Provider: p.Name, Backend: backend, Log: s.Log, Metrics: metrics})
+	var creds CredentialsSource
+	if f.Orchestrator.Addr != "" {
+		conn, err := f.Orchestrator.Dial()
+		if err != nil {
+			return fmt.Errorf("--orchestrator-addr: %w", err)
+		}
+		s.Go(func(ctx context.Context) error { <-ctx.Done(); return conn.Close() })
+		creds = proxyv1.NewProxyServiceClient(conn)
+	} else {
+		log.Warn("WARNING: no --orchestrator-addr: instances are created without their proxy's credentials and serve anyone who reaches them")
+	}
+	rt := NewRuntime(RuntimeOptions{Provider: p.Name, Backend: backend, Log: s.Log, Metrics: metrics, Credentials: creds})
 	provisionerv1.RegisterProvisionerServiceServer(s.GRPC, &Server{RT: rt})
 
 	names := f.NATS.Names()

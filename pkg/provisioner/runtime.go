@@ -79,6 +79,7 @@ type Runtime struct {
 	tracer    trace.Tracer
 	metrics   *Metrics
 	locks     keyedMutex
+	creds     CredentialsSource
 }
 
 // RuntimeOptions configure a Runtime.
@@ -93,6 +94,9 @@ type RuntimeOptions struct {
 	Metrics *Metrics
 	// TracerProvider opens the operation spans (the global one by default).
 	TracerProvider trace.TracerProvider
+	// Credentials fetches a proxy's credentials for Create; nil: a Create
+	// carries only the credentials its request has (none from NATS).
+	Credentials CredentialsSource
 }
 
 // NewRuntime returns a Runtime.
@@ -111,6 +115,7 @@ func NewRuntime(o RuntimeOptions) *Runtime {
 		log:      log.With("provider", o.Provider),
 		tracer:   tp.Tracer("github.com/egress-proxies/egress-proxies/pkg/provisioner"),
 		metrics:  o.Metrics,
+		creds:    o.Credentials,
 	}
 }
 
@@ -239,6 +244,9 @@ func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 	}
 	if req.GetProxyUid() == "" {
 		return nil, errclass.New(errclass.Permanent, "proxy_uid is required")
+	}
+	if req, err = r.withCredentials(ctx, req); err != nil {
+		return nil, err
 	}
 	unlock, err := r.locks.lock(ctx, lockKey(req.GetProxyUid(), ""))
 	if err != nil {

@@ -32,6 +32,7 @@ func TestProvidersConfigReloads(t *testing.T) {
 		"--auth-disabled",
 		"--providers-config=" + path,
 		"--create-deadline=1s",
+		"--cloud-init-key-file=" + cloudInitKeyring(t), // managed proxies' credentials are sealed with it
 		"--database-url=" + orchtest.Database(t),
 		"--nats-url=" + natstest.New(t).URL(),
 	})

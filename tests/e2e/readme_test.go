@@ -70,12 +70,17 @@ func quickstartSteps(t *testing.T, readme string) []step {
 }
 
 var (
-	uuidRE   = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
-	addrRE   = regexp.MustCompile(`127\.\d+\.\d+\.\d+:\d+`)
-	timeRE   = regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z`)
-	durRE    = regexp.MustCompile(`\b\d+(\.\d+)?(ns|µs|us|ms|s|m|h)\b`)
-	proberRE = regexp.MustCompile(`\S+-\d+(\s+200 OK)`)
-	spacesRE = regexp.MustCompile(`[ \t]+`)
+	uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	// A proxy's credentials: in a proxy URL, and as the lease answer's
+	// fields.
+	userinfoRE = regexp.MustCompile(`egress-[0-9a-f]{12}:[A-Za-z0-9_-]{32}@`)
+	userRE     = regexp.MustCompile(`"username":"egress-[0-9a-f]{12}"`)
+	passwordRE = regexp.MustCompile(`"password":"[A-Za-z0-9_-]{32}"`)
+	addrRE     = regexp.MustCompile(`127\.\d+\.\d+\.\d+:\d+`)
+	timeRE     = regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z`)
+	durRE      = regexp.MustCompile(`\b\d+(\.\d+)?(ns|µs|us|ms|s|m|h)\b`)
+	proberRE   = regexp.MustCompile(`\S+-\d+(\s+200 OK)`)
+	spacesRE   = regexp.MustCompile(`[ \t]+`)
 	// Reads, and the gateway's rotation (its leases end with each
 	// request), asked again until the lease service knows new proxies.
 	readOnlys = []string{"proxies list", "proxies get", "health proxies", "%header{x-egress-proxy}"}
@@ -198,7 +203,7 @@ func TestREADMEQuickstart(t *testing.T) {
 		return s
 	}
 	learn := func(want []string, got string) {
-		for _, re := range []*regexp.Regexp{uuidRE, addrRE} {
+		for _, re := range []*regexp.Regexp{uuidRE, addrRE, userinfoRE, userRE, passwordRE} {
 			w := re.FindAllString(strings.Join(want, "\n"), -1)
 			g := re.FindAllString(got, -1)
 			for i := 0; i < len(w) && i < len(g); i++ {

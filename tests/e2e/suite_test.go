@@ -220,10 +220,15 @@ func (s *suite) startLease() *proctest.Process {
 }
 
 func (s *suite) startHealth(replica string) (*proctest.Process, servicetest.Addrs) {
-	return servicetest.Start(s.t, "../../services/health", append(append(s.common(), s.peer("provisioner")...),
+	return s.startHealthWith(replica)
+}
+
+// startHealthWith starts a health replica with extra flags.
+func (s *suite) startHealthWith(replica string, extra ...string) (*proctest.Process, servicetest.Addrs) {
+	return servicetest.Start(s.t, "../../services/health", append(append(append(s.common(), s.peer("provisioner")...),
 		"--providers-config="+s.providers, "--replica-id="+replica,
 		"--probe-target="+s.site.URL+"/probe", "--probe-ca-file="+s.siteCA, "--probe-interval=500ms", "--probe-timeout=500ms",
-		"--membership-ttl=3s", "--provisioner=local="+s.provisioner.GRPC, "--provider-check-interval=10s"))
+		"--membership-ttl=3s", "--provisioner=local="+s.provisioner.GRPC, "--provider-check-interval=10s"), extra...))
 }
 
 func (s *suite) startProvisioner(replica string, extra ...string) *proctest.Process {

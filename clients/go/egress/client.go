@@ -42,6 +42,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 )
 
 // Options configure a Client. Only the token and the TLS settings are
@@ -297,7 +298,7 @@ func (c *Client) TryAcquire(ctx context.Context, target string, sel Selector, tt
 		}
 		return nil, fmt.Errorf("egress: acquire lease: %w", err)
 	}
-	return c.track(resp.GetLease(), ttl)
+	return c.track(resp.GetLease(), resp.GetCredentials(), ttl)
 }
 
 // Acquire is TryAcquire retried with backoff and jitter while no proxy is
@@ -343,8 +344,8 @@ func retryable(err error) bool {
 	return false
 }
 
-func (c *Client) track(pl *leasev1.Lease, ttl time.Duration) (*Lease, error) {
-	l, err := newLease(c, pl, ttl)
+func (c *Client) track(pl *leasev1.Lease, creds *proxyv1.ProxyCredentials, ttl time.Duration) (*Lease, error) {
+	l, err := newLease(c, pl, creds, ttl)
 	if err != nil {
 		// Granted but unusable (no address): give it back.
 		ctx, cancel := context.WithTimeout(context.Background(), c.opts.CallTimeout)

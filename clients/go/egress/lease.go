@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 )
 
 // ErrReleased is a Lease's Err after Release.
@@ -54,7 +55,10 @@ type Lease struct {
 	ProxyUID  string
 	// Target is the host the lease was acquired for; empty for any.
 	Target string
-	// ProxyURL is where to send requests: http://host:port.
+	// ProxyURL is where to send requests: http://host:port, with the
+	// proxy's credentials from the acquire's answer as its user info when
+	// it has some (Go's transport sends them as Proxy-Authorization). Log
+	// it with Redacted, never String.
 	ProxyURL *url.URL
 
 	c      *Client
@@ -77,7 +81,7 @@ type Lease struct {
 	transport     *http.Transport
 }
 
-func newLease(c *Client, pl *leasev1.Lease, ttl time.Duration) (*Lease, error) {
+func newLease(c *Client, pl *leasev1.Lease, creds *proxyv1.ProxyCredentials, ttl time.Duration) (*Lease, error) {
 	a := pl.GetAddress()
 	if a.GetHost() == "" || a.GetPort() == 0 {
 		return nil, fmt.Errorf("egress: lease %s has no proxy address", pl.GetLeaseId())
@@ -91,6 +95,9 @@ func newLease(c *Client, pl *leasev1.Lease, ttl time.Duration) (*Lease, error) {
 		ProxyURL: &url.URL{Scheme: scheme, Host: net.JoinHostPort(a.GetHost(), strconv.Itoa(int(a.GetPort())))},
 		c:        c, expire: pl.GetExpireTime().AsTime(),
 		stopped: make(chan struct{}), done: make(chan struct{}),
+	}
+	if creds.GetUsername() != "" {
+		l.ProxyURL.User = url.UserPassword(creds.GetUsername(), creds.GetPassword())
 	}
 	granted := pl.GetExpireTime().AsTime().Sub(pl.GetAcquireTime().AsTime())
 	if ttl > 0 {

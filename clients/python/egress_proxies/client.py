@@ -246,7 +246,7 @@ class LeaseClient:
         if ttl is not None:
             body["ttl"] = _duration(ttl)
         answer = self._call("POST", "/v1/leases", body)
-        lease = Lease(self, answer["lease"], ttl)
+        lease = Lease(self, answer["lease"], ttl, answer.get("credentials"))
         with self._lock:
             self._leases[lease.id] = lease
         lease._start()
@@ -299,7 +299,7 @@ class Lease:
     lost. Use it as a context manager, or call ``release()`` on every exit
     path: it is idempotent and safe after a loss."""
 
-    def __init__(self, client: LeaseClient, data: dict, ttl: Optional[float]):
+    def __init__(self, client: LeaseClient, data: dict, ttl: Optional[float], credentials: Optional[dict] = None):
         address = data.get("address") or {}
         if not address.get("host") or not address.get("port"):
             raise LeaseError(f"lease {data.get('leaseId')} has no proxy address")
@@ -311,7 +311,14 @@ class Lease:
         host = address["host"]
         if ":" in host:
             host = f"[{host}]"
-        self.proxy_url = f"{address.get('scheme') or 'http'}://{host}:{address['port']}"
+        # The proxy's credentials from the acquire's answer go into the URL,
+        # so that urllib, requests and Scrapy send Proxy-Authorization
+        # without any setting. Never log proxy_url: repr() leaves it out.
+        userinfo = ""
+        if credentials and credentials.get("username"):
+            userinfo = (urllib.parse.quote(credentials["username"], safe="") + ":"
+                        + urllib.parse.quote(credentials.get("password", ""), safe="") + "@")
+        self.proxy_url = f"{address.get('scheme') or 'http'}://{userinfo}{host}:{address['port']}"
         self.expire_time = _parse_time(data["expireTime"])
         granted = (self.expire_time - _parse_time(data["acquireTime"])).total_seconds()
         self._ttl = ttl

@@ -45,3 +45,14 @@ def test_backoff_grows_to_its_cap_with_jitter():
     for w, base in zip(got, [1, 2, 4, 8, 8, 8, 8, 8]):
         assert base * 0.5 <= w <= base * 1.5
     assert len(set(got)) > 1
+
+
+def test_lease_proxy_url_carries_the_credentials_of_the_answer():
+    from egress_proxies.client import Lease
+
+    data = {"leaseId": "l1", "address": {"host": "127.0.0.5", "port": 3128, "scheme": "http"},
+            "acquireTime": "2026-12-02T17:31:20Z", "expireTime": "2026-12-02T17:36:20Z"}
+    with_creds = Lease(None, data, None, {"username": "egress-0123456789ab", "password": "p/w:x"})
+    assert with_creds.proxy_url == "http://egress-0123456789ab:p%2Fw%3Ax@127.0.0.5:3128"
+    assert "p%2Fw" not in repr(with_creds)
+    assert Lease(None, data, None, None).proxy_url == "http://127.0.0.5:3128"

@@ -110,6 +110,7 @@ func leasesAcquire(o *options) *cobra.Command {
 	var target, provider, region, zone string
 	var ttl time.Duration
 	var labels []string
+	var showCredentials bool
 	c := &cobra.Command{
 		Use:     "acquire",
 		Short:   "Lease a proxy",
@@ -128,6 +129,12 @@ func leasesAcquire(o *options) *cobra.Command {
 				if err != nil {
 					return explainExhausted(err)
 				}
+				if showCredentials {
+					// Only the URL, so that it can be used as is:
+					// HTTPS_PROXY=$(egressctl leases acquire --show-credentials).
+					_, err := fmt.Fprintln(o.out, resp.GetProxyUrl())
+					return err
+				}
 				return o.printLease(resp.GetLease())
 			})
 		},
@@ -139,6 +146,7 @@ func leasesAcquire(o *options) *cobra.Command {
 	f.StringVar(&region, "region", "", "only proxies in this region")
 	f.StringVar(&zone, "zone", "", "only proxies in this zone")
 	f.StringArrayVarP(&labels, "label", "l", nil, "only proxies with label key=value (repeatable)")
+	f.BoolVar(&showCredentials, "show-credentials", false, "print only the proxy URL, with the lease's credentials in it (http://user:password@host:port)")
 	return c
 }
 

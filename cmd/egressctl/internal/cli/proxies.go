@@ -19,7 +19,7 @@ import (
 
 func proxiesCommand(o *options) *cobra.Command {
 	c := &cobra.Command{Use: "proxies", Aliases: []string{"proxy", "px"}, Short: "Proxies on the orchestrator"}
-	c.AddCommand(proxiesCreate(o), proxiesGet(o), proxiesList(o), proxiesDelete(o), proxiesDrain(o), proxiesWatch(o))
+	c.AddCommand(proxiesCreate(o), proxiesGet(o), proxiesList(o), proxiesDelete(o), proxiesDrain(o), proxiesWatch(o), proxiesRotateCredentials(o))
 	return c
 }
 
@@ -64,9 +64,10 @@ func (o *options) printProxies(proxies []*proxyv1.Proxy, single bool) error {
 func proxiesCreate(o *options) *cobra.Command {
 	var (
 		mode, provider, region, zone, machineType, image, endpoint, cloudInitFile string
+		credentials, endpointUser, endpointPasswordFile                           string
 		port, maxLeases                                                           uint32
 		labels                                                                    []string
-		skipCleanup, wait                                                         bool
+		skipCleanup, wait, serviceOnly                                            bool
 	)
 	c := &cobra.Command{
 		Use:   "create NAME",
@@ -102,6 +103,24 @@ func proxiesCreate(o *options) *cobra.Command {
 				}
 				spec.CloudInit = string(b)
 			}
+			switch strings.ToLower(credentials) {
+			case "", "generated":
+			case "none":
+				spec.Credentials = proxyv1.CredentialsPolicy_CREDENTIALS_POLICY_NONE
+			default:
+				return usagef("--credentials %q: want generated or none", credentials)
+			}
+			spec.CredentialsServiceOnly = serviceOnly
+			if (endpointUser == "") != (endpointPasswordFile == "") {
+				return usagef("--endpoint-user and --endpoint-password-file go together")
+			}
+			if endpointUser != "" {
+				b, err := readFile(endpointPasswordFile, cmd.InOrStdin())
+				if err != nil {
+					return usagef("--endpoint-password-file: %v", err)
+				}
+				spec.EndpointCredentials = &proxyv1.ProxyCredentials{Username: endpointUser, Password: strings.TrimRight(string(b), "\r\n")}
+			}
 			if cmd.Flags().Changed("max-leases") {
 				spec.Lease = &proxyv1.LeaseSpec{MaxLeases: &maxLeases}
 			}
@@ -131,6 +150,10 @@ func proxiesCreate(o *options) *cobra.Command {
 	f.Uint32Var(&port, "port", 0, "port the proxy listens on in the instance (default 3128)")
 	f.StringVar(&endpoint, "endpoint", "", "host:port of an external proxy")
 	f.StringVar(&cloudInitFile, "cloud-init-file", "", "cloud-init user-data file (- for stdin)")
+	f.StringVar(&credentials, "credentials", "generated", "generated (random credentials, handed out with leases) or none (the proxy serves anyone who reaches it; managed)")
+	f.BoolVar(&serviceOnly, "credentials-service-only", false, "hand the proxy's credentials only to service-role callers (the gateway), never to crawlers")
+	f.StringVar(&endpointUser, "endpoint-user", "", "user name the external proxy demands (with --endpoint-password-file)")
+	f.StringVar(&endpointPasswordFile, "endpoint-password-file", "", "file holding the external proxy's password (- for stdin)")
 	f.Uint32Var(&maxLeases, "max-leases", 0, "most concurrent leases (0: no limit; unset: the lease service default)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label key=value (repeatable)")
 	f.BoolVar(&skipCleanup, "skip-cleanup", false, "abandon the instance when the proxy is deleted")
@@ -414,4 +437,24 @@ func (o *options) printChange(ev *proxyv1.WatchProxiesResponse) error {
 	fmt.Fprintf(o.out, "%d  %s  %s  %s  %s\n", ev.GetRevision(), change,
 		ev.GetProxy().GetName(), phaseName(ev.GetProxy().GetStatus().GetPhase()), ev.GetProxy().GetStatus().GetReason())
 	return nil
+}
+
+func proxiesRotateCredentials(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rotate-credentials NAME",
+		Short: "Give a managed proxy new random credentials; the old ones stop working",
+		Long: `Give a managed proxy new random credentials. The provider changes them in
+place where it can, otherwise the instance is replaced; either way the old
+credentials stop working, and leases acquired afterwards carry the new ones.`,
+		Args: exactName,
+		RunE: func(_ *cobra.Command, args []string) error {
+			return call(o, o.proxyClient, func(ctx context.Context, client proxyv1.ProxyServiceClient) error {
+				resp, err := client.RotateCredentials(ctx, &proxyv1.RotateCredentialsRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				return o.printProxies([]*proxyv1.Proxy{resp.GetProxy()}, true)
+			})
+		},
+	}
 }

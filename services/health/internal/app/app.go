@@ -30,6 +30,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/pkg/service"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/api"
+	"github.com/egress-proxies/egress-proxies/services/health/internal/credentials"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/engine"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/fleet"
 	"github.com/egress-proxies/egress-proxies/services/health/internal/membership"
@@ -245,13 +246,21 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	pub := &transitions.Publisher{Store: st, JS: js, Names: names, Log: log}
 	hub := &transitions.Hub{Store: st, Log: log}
 	rec.Stored = func() { pub.Wake(); hub.Wake() }
-	probeFn := prober.Probe
+	creds := &credentials.Cache{}
+	probeOne := func(ctx context.Context, s engine.Spec) probe.Result {
+		auth, err := creds.For(ctx, s.UID, s.CredentialsTime)
+		if err != nil {
+			return probe.Result{Reason: probe.ReasonCredentialsUnavailable, Message: err.Error()}
+		}
+		return prober.ProbeAuth(ctx, s.Address, auth)
+	}
+	probeFn := probeOne
 	if c.TraceProbes {
 		tracer := otel.Tracer("egress/health")
-		probeFn = func(ctx context.Context, addr string) probe.Result {
-			ctx, span := tracer.Start(ctx, "health.probe", trace.WithAttributes(attribute.String("proxy.address", addr)))
+		probeFn = func(ctx context.Context, s engine.Spec) probe.Result {
+			ctx, span := tracer.Start(ctx, "health.probe", trace.WithAttributes(attribute.String("proxy.address", s.Address)))
 			defer span.End()
-			r := prober.Probe(ctx, addr)
+			r := probeOne(ctx, s)
 			span.SetAttributes(attribute.String("probe.reason", r.Reason), attribute.Bool("probe.ok", r.OK))
 			if !r.OK {
 				span.SetStatus(codes.Error, r.Reason)
@@ -263,7 +272,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		Probe:         probeFn,
 		OnTransition:  rec.Add,
 		OnResult:      metrics.Observe,
-		OnRemove:      metrics.Forget,
+		OnRemove:      func(s engine.Spec) { metrics.Forget(s); creds.Forget(s.UID) },
 		MaxConcurrent: c.MaxConcurrent,
 		FastInterval:  c.FastInterval,
 	})
@@ -296,6 +305,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 			return fmt.Errorf("--orchestrator-addr: %w", err)
 		}
 		lister := proxyv1.NewProxyServiceClient(orch)
+		creds.SetSource(lister)
 		resync = &proxysync.Loop{What: "the probed proxies", Interval: c.ResyncInterval, Log: log, Resync: func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()

@@ -47,7 +47,7 @@ func TestFlush_aProxyProbedAgainKeepsItsVerdict(t *testing.T) {
 	now := time.Date(2026, 12, 4, 4, 0, 0, 0, time.UTC)
 	var trs []engine.Transition
 	eng := engine.New(engine.Config{
-		Probe:        func(context.Context, string) probe.Result { return probe.Result{} },
+		Probe:        func(context.Context, engine.Spec) probe.Result { return probe.Result{} },
 		OnTransition: func(tr engine.Transition) { trs = append(trs, tr) },
 		Now:          func() time.Time { return now },
 		Jitter:       func(time.Duration) time.Duration { return 0 },

@@ -32,7 +32,10 @@ type Spec struct {
 	Name       string
 	ProviderID string
 	// Address is host:port of the proxy.
-	Address          string
+	Address string
+	// CredentialsTime is when the proxy's current credentials were made;
+	// zero when it has none. Probes authenticate with them.
+	CredentialsTime  time.Time
 	Interval         time.Duration
 	Timeout          time.Duration
 	SuccessThreshold int
@@ -116,6 +119,7 @@ func SpecFor(p *proxyv1.Proxy, d Defaults) (Spec, bool) {
 		Name:             p.GetName(),
 		ProviderID:       p.GetStatus().GetProviderId(),
 		Address:          joinHostPort(host, port),
+		CredentialsTime:  credentialsTime(p),
 		Interval:         d.Interval,
 		Timeout:          d.Timeout,
 		SuccessThreshold: d.SuccessThreshold,
@@ -175,8 +179,9 @@ type State struct {
 	LastTransition       time.Time
 }
 
-// ProbeFunc probes the proxy at address under ctx.
-type ProbeFunc func(ctx context.Context, address string) probe.Result
+// ProbeFunc probes the proxy of s (at s.Address, with its credentials if
+// s.CredentialsTime is set) under ctx.
+type ProbeFunc func(ctx context.Context, s Spec) probe.Result
 
 // Config wires an engine.
 type Config struct {
@@ -294,7 +299,7 @@ func (e *Engine) upsertLocked(s Spec, prior *Verdict) {
 		en.next = now.Add(e.cfg.Jitter(min(window, en.cadence)))
 		e.proxies[s.UID] = en
 		heap.Push(&e.queue, en)
-	case en.spec.ProviderID != s.ProviderID || en.spec.Address != s.Address:
+	case en.spec.ProviderID != s.ProviderID || en.spec.Address != s.Address || !en.spec.CredentialsTime.Equal(s.CredentialsTime):
 		en.epoch++
 		en.spec = s
 		en.inflight = false
@@ -536,7 +541,7 @@ func (e *Engine) Run(ctx context.Context) error {
 				defer e.running.Done()
 				defer func() { <-sem }()
 				pctx, cancel := context.WithTimeout(ctx, j.Spec.Timeout)
-				r := e.cfg.Probe(pctx, j.Spec.Address)
+				r := e.cfg.Probe(pctx, j.Spec)
 				cancel()
 				if ctx.Err() != nil {
 					e.release(j)
@@ -599,4 +604,12 @@ func (s *schedule) Pop() any {
 	*s = old[:len(old)-1]
 	en.index = -1
 	return en
+}
+
+// credentialsTime is when p's credentials were made; zero without any.
+func credentialsTime(p *proxyv1.Proxy) time.Time {
+	if t := p.GetStatus().GetCredentialsTime(); t != nil {
+		return t.AsTime()
+	}
+	return time.Time{}
 }

@@ -587,7 +587,8 @@ func TestEngine_Run(t *testing.T) {
 	healthy := map[string]bool{"10.0.0.1:3128": true, "10.0.0.2:3128": false}
 	probes := map[string]int{}
 	rec := &recorder{}
-	cfg := rec.config(&fakeClock{}, func(ctx context.Context, addr string) probe.Result {
+	cfg := rec.config(&fakeClock{}, func(ctx context.Context, s Spec) probe.Result {
+		addr := s.Address
 		mu.Lock()
 		defer mu.Unlock()
 		probes[addr]++

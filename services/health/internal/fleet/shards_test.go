@@ -77,7 +77,8 @@ func startShards(tb testing.TB, replicas, proxies int, interval time.Duration) *
 			tb.Fatal(err)
 		}
 		eng := engine.New(engine.Config{
-			Probe: func(_ context.Context, addr string) probe.Result {
+			Probe: func(_ context.Context, spec engine.Spec) probe.Result {
+				addr := spec.Address
 				r.probes.Add(1)
 				if k := s.killedAt.Load(); k != 0 {
 					s.firstBy[s.index[addr]].CompareAndSwap(0, time.Now().UnixNano())

@@ -13,6 +13,7 @@ package probe
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,9 @@ const (
 	ReasonTLSFailed      = "TLSFailed"
 	ReasonTimeout        = "Timeout"
 	ReasonTooSlow        = "TooSlow"
+	// ReasonCredentialsUnavailable: the proxy has credentials and the
+	// orchestrator could not be asked for them, so it was not probed.
+	ReasonCredentialsUnavailable = "CredentialsUnavailable"
 )
 
 // maxMessage bounds the message of a result, so an odd proxy cannot fill
@@ -58,8 +62,29 @@ type Prober struct {
 	tlsConfig *tls.Config
 	dialer    net.Dialer
 	// The requests, built once: CONNECT, then GET through the tunnel (or
-	// the absolute-URL GET of a plain forward).
-	connect, get []byte
+	// the absolute-URL GET of a plain forward), each whole and as its
+	// head without the blank line, to which an authenticated probe adds
+	// Proxy-Authorization.
+	connect, get         []byte
+	connectHead, getHead []byte
+}
+
+// Auth is a proxy's HTTP Basic Proxy-Authorization, built once per
+// credentials by BasicAuth; the zero Auth sends none. It never shows the
+// secret when printed.
+type Auth struct{ header string }
+
+// BasicAuth is the Proxy-Authorization of user and password.
+func BasicAuth(user, password string) Auth {
+	return Auth{header: "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)) + "\r\n"}
+}
+
+// String never shows the credentials.
+func (a Auth) String() string {
+	if a.header == "" {
+		return "none"
+	}
+	return "basic(redacted)"
 }
 
 // Options configure a Prober.
@@ -125,12 +150,15 @@ func New(o Options) (*Prober, error) {
 		dialer: net.Dialer{KeepAlive: -1}}
 	uri := u.RequestURI()
 	if u.Scheme == "https" {
-		p.connect = []byte("CONNECT " + p.hostPort + " HTTP/1.1\r\nHost: " + p.hostPort + "\r\nUser-Agent: " + ua + "\r\n\r\n")
+		p.connect = []byte("CONNECT " + p.hostPort + " HTTP/1.1\r\nHost: " + p.hostPort + "\r\nUser-Agent: " + ua + "\r\n")
 	} else {
 		uri = u.String()
 	}
 	p.get = []byte("GET " + uri + " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: " + ua +
-		"\r\nAccept: */*\r\nConnection: close\r\n\r\n")
+		"\r\nAccept: */*\r\nConnection: close\r\n")
+	p.connectHead, p.getHead = p.connect, p.get
+	p.connect = append(append([]byte(nil), p.connect...), "\r\n"...)
+	p.get = append(append([]byte(nil), p.get...), "\r\n"...)
 	return p, nil
 }
 
@@ -177,8 +205,14 @@ func targetHostPort(u *url.URL) string {
 // Probe probes the proxy at proxyAddr (host:port). The caller's context
 // bounds it; a probe never outlives it.
 func (p *Prober) Probe(ctx context.Context, proxyAddr string) Result {
+	return p.ProbeAuth(ctx, proxyAddr, Auth{})
+}
+
+// ProbeAuth probes the proxy at proxyAddr, authenticating with auth: a
+// proxy that refuses it (407) fails the probe with ConnectRefused.
+func (p *Prober) ProbeAuth(ctx context.Context, proxyAddr string, auth Auth) Result {
 	start := time.Now()
-	r := p.probe(ctx, proxyAddr)
+	r := p.probe(ctx, proxyAddr, auth)
 	r.Latency = time.Since(start)
 	if len(r.Message) > maxMessage {
 		r.Message = r.Message[:maxMessage]
@@ -186,7 +220,7 @@ func (p *Prober) Probe(ctx context.Context, proxyAddr string) Result {
 	return r
 }
 
-func (p *Prober) probe(ctx context.Context, proxyAddr string) Result {
+func (p *Prober) probe(ctx context.Context, proxyAddr string, auth Auth) Result {
 	conn, err := p.dialer.DialContext(ctx, "tcp", proxyAddr)
 	if err != nil {
 		return failure(ctx, ReasonConnectFailed, "connecting to the proxy", err)
@@ -206,14 +240,14 @@ func (p *Prober) probe(ctx context.Context, proxyAddr string) Result {
 	c.Conn = conn
 	defer c.release()
 	if p.target.Scheme == "http" {
-		return p.request(ctx, c, c.buf[:])
+		return p.request(ctx, c, c.buf[:], auth)
 	}
-	return p.tunnel(ctx, c)
+	return p.tunnel(ctx, c, auth)
 }
 
 // tunnel asks for a CONNECT tunnel, then talks TLS to the target through it.
-func (p *Prober) tunnel(ctx context.Context, c *coalescing) Result {
-	_, _ = c.Write(p.connect)
+func (p *Prober) tunnel(ctx context.Context, c *coalescing, auth Auth) Result {
+	_, _ = c.Write(withAuth(p.connect, p.connectHead, auth))
 	h, err := readHead(c, c.buf[:], true)
 	if err != nil {
 		return failure(ctx, ReasonConnectFailed, "reading the CONNECT response", err)
@@ -233,14 +267,25 @@ func (p *Prober) tunnel(ctx context.Context, c *coalescing) Result {
 	if err := tc.Handshake(); err != nil {
 		return failure(ctx, ReasonTLSFailed, "TLS handshake with "+p.hostPort+" through the proxy", err)
 	}
-	return p.request(ctx, tc, c.buf[:])
+	return p.request(ctx, tc, c.buf[:], Auth{})
+}
+
+// withAuth is the request whole, or its head with auth's header and the
+// blank line.
+func withAuth(whole, head []byte, auth Auth) []byte {
+	if auth.header == "" {
+		return whole
+	}
+	out := make([]byte, 0, len(head)+len(auth.header)+2)
+	out = append(append(append(out, head...), auth.header...), "\r\n"...)
+	return out
 }
 
 // request sends the GET and reads the response's status line; 2xx and 3xx
 // pass. The rest of the response is not read: the connection closes right
 // after.
-func (p *Prober) request(ctx context.Context, rw io.ReadWriter, buf []byte) Result {
-	if _, err := rw.Write(p.get); err != nil {
+func (p *Prober) request(ctx context.Context, rw io.ReadWriter, buf []byte, auth Auth) Result {
+	if _, err := rw.Write(withAuth(p.get, p.getHead, auth)); err != nil {
 		return failure(ctx, ReasonConnectFailed, "sending the request", err)
 	}
 	h, err := readHead(rw, buf, false)

@@ -70,6 +70,9 @@ type Server struct {
 	// Feed relays committed lease changes to WatchLeases; nil: WatchLeases
 	// is UNAVAILABLE.
 	Feed *Feed
+	// Credentials fetches the leased proxy's credentials for the
+	// acquire's answer; nil: answers carry none.
+	Credentials CredentialsSource
 
 	st  *store.Store
 	cfg Config
@@ -256,8 +259,21 @@ func (s *Server) AcquireLease(ctx context.Context, req *leasev1.AcquireLeaseRequ
 	if err != nil {
 		return nil, s.internal(ctx, "AcquireLease", err)
 	}
+	creds, err := s.credentialsFor(ctx, g.Lease.ProxyUID)
+	if err != nil {
+		// Without its credentials the lease is of no use: give it back,
+		// so that nothing is half done, and let the client retry.
+		s.log.Warn("fetching the leased proxy's credentials from the orchestrator failed; releasing the lease",
+			"proxy_name", g.Lease.ProxyName, "lease_id", g.Lease.ID, "error", err)
+		if _, rerr := s.st.Release(ctx, client, g.Lease.ID); rerr != nil {
+			s.log.Warn("releasing the lease failed; it expires at its ttl", "lease_id", g.Lease.ID, "error", rerr)
+		}
+		result = "credentials_unavailable"
+		return nil, status.Error(codes.Unavailable, "the proxy's credentials could not be fetched from the orchestrator; retry")
+	}
 	result = "granted"
-	resp = &leasev1.AcquireLeaseResponse{Lease: lease(g.Lease)}
+	resp = &leasev1.AcquireLeaseResponse{Lease: lease(g.Lease), Credentials: creds,
+		ProxyUrl: proxyURL(g.Lease.Host, g.Lease.Port, creds)}
 	switch g.Session {
 	case store.NoSession:
 	case store.SessionNew:

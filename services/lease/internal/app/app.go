@@ -247,6 +247,11 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 
 	srv := api.New(st, c.API, met, s.Log)
 	srv.Feed = feed
+	if orch != nil {
+		srv.Credentials = proxyv1.NewProxyServiceClient(orch)
+	} else {
+		s.Log.Warn("WARNING: no --orchestrator-addr: lease answers carry no proxy credentials, so crawlers cannot use proxies that demand them")
+	}
 	leasev1.RegisterLeaseServiceServer(s.GRPC, srv)
 	s.MountREST(leasev1.RegisterLeaseServiceHandler)
 

@@ -169,6 +169,17 @@ type fakeOrchestrator struct {
 	proxies  []*proxyv1.Proxy
 	calls    int
 	rejected int
+	// credentials by proxy UID; a proxy missing here has none.
+	credentials map[string]*proxyv1.GetProxyCredentialsResponse
+}
+
+func (f *fakeOrchestrator) GetProxyCredentials(_ context.Context, req *proxyv1.GetProxyCredentialsRequest) (*proxyv1.GetProxyCredentialsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.credentials[req.GetUid()]; ok {
+		return c, nil
+	}
+	return &proxyv1.GetProxyCredentialsResponse{}, nil
 }
 
 func (f *fakeOrchestrator) ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest) (*proxyv1.ListProxiesResponse, error) {
@@ -384,6 +395,9 @@ func TestStartsWhileNATSIsDown(t *testing.T) {
 	resp, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{TargetHost: "example.com"})
 	if r.Code() != codes.OK || resp.GetLease().GetProxyName() != "proxy-a" {
 		t.Fatalf("acquire while NATS is down: %v %v, want a lease on proxy-a", resp, r.Status)
+	}
+	if resp.GetCredentials() != nil || resp.GetProxyUrl() == "" {
+		t.Errorf("a proxy without credentials: answer carries credentials, or no proxy URL (%q)", resp.GetProxyUrl())
 	}
 
 	nsrv.Start(t)

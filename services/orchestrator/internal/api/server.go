@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"maps"
 	"strconv"
 	"sync"
@@ -45,6 +46,9 @@ type Server struct {
 	Changes *store.Signal
 	// WatchPoll bounds how long a watcher waits without a notification.
 	WatchPoll time.Duration
+	// Log takes the WARNINGs about proxies without credentials; slog's
+	// default when nil.
+	Log *slog.Logger
 
 	initOnce sync.Once
 	createQ  chan *pendingCreate
@@ -63,7 +67,7 @@ func internal(err error) error {
 		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
 	}
 	if errors.Is(err, store.ErrNoKeyring) {
-		return status.Error(codes.FailedPrecondition, "this orchestrator keeps no cloud-init: it runs without --cloud-init-key-file")
+		return status.Error(codes.FailedPrecondition, "this orchestrator keeps no secrets (cloud-init, proxy credentials): it runs without --cloud-init-key-file; create MANAGED proxies with spec.credentials CREDENTIALS_POLICY_NONE or configure a keyring")
 	}
 	return status.Error(codes.Unavailable, "the store is unavailable; retry")
 }
@@ -170,7 +174,7 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 				case existing.Deleting():
 					c.err = status.Errorf(codes.AlreadyExists, "proxy %q is being deleted; create it again once it is gone", name)
 					continue
-				case proto.Equal(existing.Spec, c.want) && maps.Equal(existing.Labels, c.req.GetLabels()) && existing.SkipCleanup == c.req.GetSkipCleanup():
+				case proto.Equal(existing.Spec, withoutEndpointCredentials(c.want)) && maps.Equal(existing.Labels, c.req.GetLabels()) && existing.SkipCleanup == c.req.GetSkipCleanup():
 					rows[i] = existing
 					continue
 				default:
@@ -180,6 +184,7 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 				r := lifecycle.New(name, c.req.GetLabels(), c.want, c.req.GetSkipCleanup(), tx.Now())
 				r.TraceParent = c.traceParent
 				tx.Insert(r)
+				s.warnOpen(r)
 				byName[name] = r
 				rows[i] = r
 				c.created = true
@@ -199,6 +204,17 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 		}
 		close(c.done)
 	}
+}
+
+// withoutEndpointCredentials is want as a proxy stores it: its endpoint
+// credentials are kept apart, sealed.
+func withoutEndpointCredentials(want *proxyv1.ProxySpec) *proxyv1.ProxySpec {
+	if want.GetEndpointCredentials() == nil {
+		return want
+	}
+	bare := proto.Clone(want).(*proxyv1.ProxySpec)
+	bare.EndpointCredentials = nil
+	return bare
 }
 
 // fullView checks the view a read asks for: BASIC (the default) leaves

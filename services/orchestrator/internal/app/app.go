@@ -192,7 +192,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		Deadline: c.Timing.GetDeadline, Log: s.Log, Metrics: gc.NewMetrics(s.Metrics),
 	}
 	d.Handlers = map[busv1.CommandPurpose]dispatch.ResultHandler{busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC: collector}
-	srv := &api.Server{Store: st, Providers: provs, Changes: changes}
+	srv := &api.Server{Store: st, Providers: provs, Changes: changes, Log: s.Log.With("component", "api")}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
 	s.Go(srv.Run)
 	s.MountREST(proxyv1.RegisterProxyServiceHandler)
@@ -284,6 +284,7 @@ type stateCollector struct {
 	st       *store.Store
 	phases   *prometheus.Desc
 	inFlight *prometheus.Desc
+	open     *prometheus.Desc
 }
 
 func newStateCollector(st *store.Store) *stateCollector {
@@ -291,12 +292,15 @@ func newStateCollector(st *store.Store) *stateCollector {
 		st:       st,
 		phases:   prometheus.NewDesc("egress_orchestrator_proxies", "Proxies by phase.", []string{"phase"}, nil),
 		inFlight: prometheus.NewDesc("egress_orchestrator_commands_in_flight", "Proxies with a provisioner command in flight.", nil, nil),
+		open: prometheus.NewDesc("egress_proxies_without_credentials",
+			"MANAGED proxies that serve anyone who reaches them: their spec says credentials NONE, or they predate credentials and were not replaced since.", nil, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.phases
 	ch <- c.inFlight
+	ch <- c.open
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -323,4 +327,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	var inFlight int64
 	_ = c.st.Pool().QueryRow(ctx, "SELECT count(*) FROM orchestrator.proxies WHERE command_id IS NOT NULL").Scan(&inFlight)
 	ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(inFlight))
+	var open int64
+	_ = c.st.Pool().QueryRow(ctx, "SELECT count(*) FROM orchestrator.proxies WHERE mode = $1 AND credentials_key = ''",
+		int16(proxyv1.ProxyMode_PROXY_MODE_MANAGED)).Scan(&open)
+	ch <- prometheus.MustNewConstMetric(c.open, prometheus.GaugeValue, float64(open))
 }

@@ -66,6 +66,10 @@ func (m *Machine) Decide(p *Proxy, now time.Time) Decision {
 		p.setPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
 		p.Reason, p.Message = ReasonReplacing, "the spec changed; replacing the instance"
 		return m.issue(p, StepReplaceDelete, now)
+	case p.CredentialsStale:
+		p.setPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
+		p.Reason, p.Message = ReasonRotatingCredentials, "the credentials were rotated; replacing the instance so that the old ones stop working"
+		return m.issue(p, StepReplaceDelete, now)
 	case m.stoppedTooLong(p, now):
 		// It cannot serve and nobody started it again (a Proxmox VM whose
 		// guest agent was switched off can never report an address):
@@ -126,6 +130,12 @@ func (m *Machine) issue(p *Proxy, step Step, now time.Time) Decision {
 	var deadline time.Duration
 	switch step {
 	case StepCreate:
+		if p.Credentials == nil && WantsCredentials(p.Spec) {
+			// A proxy from before credentials gets its first ones with
+			// its next instance.
+			p.Credentials = GenerateCredentials(now)
+		}
+		p.CredentialsStale = false
 		cmd.Operation, cmd.SpecHash, deadline = busv1.Operation_OPERATION_CREATE, p.SpecHash, m.Timing.CreateDeadline
 		cmd.Request = &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{
 			Provider:  p.Spec.GetProvider(),

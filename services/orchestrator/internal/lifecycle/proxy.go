@@ -76,6 +76,12 @@ type Proxy struct {
 	// draining. DrainDeadline is when it is deleted regardless of leases.
 	DrainTime     *time.Time
 	DrainDeadline *time.Time
+
+	// Credentials are the proxy's current credentials; nil for none.
+	Credentials *Credentials
+	// CredentialsStale means the instance (or the Create in flight) has
+	// older credentials than Credentials: the next decision changes them.
+	CredentialsStale bool
 }
 
 // Deleting reports whether deletion was requested.
@@ -133,8 +139,17 @@ func (p *Proxy) Proto(withCloudInit bool) *proxyv1.Proxy {
 			PhaseTransitionTime:  ts(p.PhaseTransitionTime),
 			HealthTransitionTime: ts(p.HealthTransitionTime),
 			ProbeLatency:         duration(p.ProbeLatency),
+			CredentialsTime:      p.credentialsTime(),
 		},
 	}
+}
+
+// credentialsTime is when p's credentials were made; nil without any.
+func (p *Proxy) credentialsTime() *timestamppb.Timestamp {
+	if p.Credentials == nil {
+		return nil
+	}
+	return ts(&p.Credentials.Time)
 }
 
 func ts(t *time.Time) *timestamppb.Timestamp {

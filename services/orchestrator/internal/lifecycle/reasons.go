@@ -30,6 +30,10 @@ const (
 	// ReasonInstanceLost: the provider no longer knows the instance; it is
 	// created again.
 	ReasonInstanceLost Reason = "InstanceLost"
+	// ReasonRotatingCredentials: RotateCredentials gave the proxy new
+	// credentials; the instance is replaced so that the old ones stop
+	// working.
+	ReasonRotatingCredentials Reason = "RotatingCredentials"
 	// ReasonProviderNotConfigured: the proxy's provider is not in the
 	// providers config (also while DELETING: only skip_cleanup frees it).
 	ReasonProviderNotConfigured Reason = "ProviderNotConfigured"

@@ -58,6 +58,7 @@ func (m *Machine) Apply(p *Proxy, res *busv1.CommandResult, now time.Time) Outco
 		if err != nil {
 			m.Log.Info("instance gone; creating it again", "proxy_name", p.Name, "proxy_uid", p.UID, "provider_id", p.ProviderID)
 			clearInstance(p)
+			renewCredentials(p, now)
 			p.setPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
 			p.Reason, p.Message = ReasonInstanceLost, "the instance disappeared from the provider; creating it again"
 			p.NextAttemptTime = at(now)
@@ -65,8 +66,9 @@ func (m *Machine) Apply(p *Proxy, res *busv1.CommandResult, now time.Time) Outco
 		}
 		m.setInstance(p, res.GetGet().GetInstance(), now)
 	case StepReplaceDelete, StepReplacePoll:
-		if err != nil { // gone: create the replacement
+		if err != nil { // gone: create the replacement, with new credentials
 			clearInstance(p)
+			renewCredentials(p, now)
 			p.NextAttemptTime = at(now)
 			break
 		}

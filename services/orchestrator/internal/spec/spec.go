@@ -58,6 +58,9 @@ func Validate(v *Violations, s *proxyv1.ProxySpec, configured func(string) bool,
 		if s.GetEndpoint() != nil {
 			v.Add("spec.endpoint", "only EXTERNAL proxies have an endpoint")
 		}
+		if s.GetEndpointCredentials() != nil {
+			v.Add("spec.endpoint_credentials", "only EXTERNAL proxies carry their own credentials; a MANAGED proxy's are generated")
+		}
 	case proxyv1.ProxyMode_PROXY_MODE_EXTERNAL:
 		ep := s.GetEndpoint()
 		if ep == nil {
@@ -80,6 +83,9 @@ func Validate(v *Violations, s *proxyv1.ProxySpec, configured func(string) bool,
 		}
 		if s.GetPort() != 0 {
 			v.Add("spec.port", "EXTERNAL proxies use spec.endpoint.port")
+		}
+		if s.GetCredentials() != proxyv1.CredentialsPolicy_CREDENTIALS_POLICY_UNSPECIFIED {
+			v.Add("spec.credentials", "EXTERNAL proxies carry spec.endpoint_credentials instead; leave it unset")
 		}
 	default:
 		v.Add("spec.mode", "required: MANAGED or EXTERNAL")

@@ -14,6 +14,7 @@ import (
 func (s *Store) CloudInitKeysInUse(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `SELECT cloud_init_key FROM orchestrator.proxies
 		WHERE cloud_init_key IS NOT NULL AND cloud_init_key <> ''
+		UNION SELECT credentials_key FROM orchestrator.proxies WHERE credentials_key <> ''
 		UNION SELECT cloud_init_key FROM orchestrator.pools WHERE cloud_init_key <> '' ORDER BY 1`)
 	if err != nil {
 		return nil, err
@@ -104,6 +105,7 @@ func (s *Store) ReencryptCloudInit(ctx context.Context, batchSize int) (int, err
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
 				WHERE cloud_init_key IS NULL OR (cloud_init_key <> '' AND cloud_init_key <> $1)
+				   OR (credentials_key <> '' AND credentials_key <> $1)
 				ORDER BY uid LIMIT $2 FOR UPDATE SKIP LOCKED`, keys.Active(), batchSize)
 			if err != nil {
 				return err
@@ -118,8 +120,13 @@ func (s *Store) ReencryptCloudInit(ctx context.Context, batchSize int) (int, err
 				if err != nil {
 					return err
 				}
-				batch.Queue(`UPDATE orchestrator.proxies SET spec = $2, cloud_init = $3, cloud_init_key = $4 WHERE uid = $1`,
-					r.UID, spec, sealed, keyID)
+				credSealed, credKey, _, err := sealCredentials(keys, r)
+				if err != nil {
+					return err
+				}
+				batch.Queue(`UPDATE orchestrator.proxies SET spec = $2, cloud_init = $3, cloud_init_key = $4,
+					credentials = $5, credentials_key = $6 WHERE uid = $1`,
+					r.UID, spec, sealed, keyID, credSealed, credKey)
 			}
 			n = len(list)
 			return tx.SendBatch(ctx, batch).Close()

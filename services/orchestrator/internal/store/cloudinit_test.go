@@ -204,11 +204,11 @@ func TestPlaintextFromBeforeEncryptionIsEncrypted(t *testing.T) {
 	r := insert(t, st, "legacy")
 	plain := insert(t, st, "no-cloud-init")
 	// Make them rows as written before migration 00005: cloud-init inside
-	// spec, the new columns NULL.
+	// spec, the new columns NULL, and no credentials (00009).
 	full, _ := proto.Marshal(r.Spec)
 	bare, _ := proto.Marshal(&proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "pve"})
 	for uid, spec := range map[string][]byte{r.UID: full, plain.UID: bare} {
-		if _, err := p.Exec(ctx, "UPDATE orchestrator.proxies SET spec = $1, cloud_init = NULL, cloud_init_key = NULL WHERE uid = $2", spec, uid); err != nil {
+		if _, err := p.Exec(ctx, "UPDATE orchestrator.proxies SET spec = $1, cloud_init = NULL, cloud_init_key = NULL, credentials = NULL, credentials_key = '' WHERE uid = $2", spec, uid); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -110,7 +110,7 @@ const columns = `uid, name, labels, spec, mode, provider, spec_hash, skip_cleanu
 	instance_spec_hash, failed_spec_hash, observed_generation, phase_transition_time, health_transition_time,
 	probe_latency_us, health_sequence, next_attempt_time, attempts, command_id, command_step,
 	command_spec_hash, command_deadline, command_issue_time, stopped_since, trace_parent, cloud_init, cloud_init_key,
-	pool, drain_time, drain_deadline`
+	pool, drain_time, drain_deadline, credentials, credentials_key, credentials_time, credentials_stale`
 
 // scanRows reads every row of rows (columns) and closes it.
 func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*lifecycle.Proxy, error) {
@@ -128,18 +128,21 @@ func scanRows(keys *atrest.Keyring, rows pgx.Rows) ([]*lifecycle.Proxy, error) {
 
 func scanRow(keys *atrest.Keyring, row pgx.Row) (*lifecycle.Proxy, error) {
 	var (
-		r         lifecycle.Proxy
-		labels    []byte
-		spec      []byte
-		sealed    []byte
-		keyID     *string
-		mode      int16
-		phase     int16
-		port      int32
-		latencyUS int64
-		cmdID     *string
-		step      int16
-		reason    string
+		r          lifecycle.Proxy
+		labels     []byte
+		spec       []byte
+		sealed     []byte
+		keyID      *string
+		mode       int16
+		phase      int16
+		port       int32
+		latencyUS  int64
+		cmdID      *string
+		step       int16
+		reason     string
+		credSealed []byte
+		credKey    string
+		credTime   *time.Time
 	)
 	err := row.Scan(&r.UID, &r.Name, &labels, &spec, &mode, new(string), &r.SpecHash, &r.SkipCleanup,
 		&r.Generation, &r.Revision, &r.CreateTime, &r.UpdateTime, &r.DeleteTime, &phase, &r.ProviderID,
@@ -147,7 +150,7 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*lifecycle.Proxy, error) {
 		&r.ObservedGeneration, &r.PhaseTransitionTime, &r.HealthTransitionTime, &latencyUS,
 		&r.HealthSequence, &r.NextAttemptTime, &r.Attempts, &cmdID, &step, &r.CommandSpecHash,
 		&r.CommandDeadline, &r.CommandIssueTime, &r.StoppedSince, &r.TraceParent, &sealed, &keyID,
-		&r.Pool, &r.DrainTime, &r.DrainDeadline)
+		&r.Pool, &r.DrainTime, &r.DrainDeadline, &credSealed, &credKey, &credTime, &r.CredentialsStale)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ErrNotFound
@@ -180,6 +183,11 @@ func scanRow(keys *atrest.Keyring, row pgx.Row) (*lifecycle.Proxy, error) {
 			return nil, fmt.Errorf("cloud-init of proxy %s: %w", r.String(), err)
 		}
 		r.Spec.CloudInit = string(plain)
+	}
+	if credKey != "" {
+		if r.Credentials, err = openCredentials(keys, credSealed, credKey, credTime, &r); err != nil {
+			return nil, err
+		}
 	}
 	return &r, nil
 }

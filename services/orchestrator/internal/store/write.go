@@ -253,6 +253,10 @@ func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *lifecycle.Proxy, insert 
 	if err != nil {
 		return err
 	}
+	credSealed, credKey, credTime, err := sealCredentials(keys, r)
+	if err != nil {
+		return err
+	}
 	var cmdID *string
 	if r.CommandID != "" {
 		cmdID = &r.CommandID
@@ -263,10 +267,10 @@ func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *lifecycle.Proxy, insert 
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
 		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent,
-		sealed, keyID, r.Pool, r.DrainTime, r.DrainDeadline}
+		sealed, keyID, r.Pool, r.DrainTime, r.DrainDeadline, credSealed, credKey, credTime, r.CredentialsStale}
 	if insert {
 		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
-			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36,$37,$38,$39,$40,$41)`, args...)
+			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36,$37,$38,$39,$40,$41,$42,$43,$44,$45)`, args...)
 		return nil
 	}
 	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
@@ -276,7 +280,8 @@ func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *lifecycle.Proxy, insert 
 		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
 		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
 		command_issue_time=$34, stopped_since=$35, trace_parent=$36, cloud_init=$37, cloud_init_key=$38,
-		pool=$39, drain_time=$40, drain_deadline=$41 WHERE uid=$1`, args...)
+		pool=$39, drain_time=$40, drain_deadline=$41, credentials=$42, credentials_key=$43, credentials_time=$44,
+		credentials_stale=$45 WHERE uid=$1`, args...)
 	return nil
 }
 

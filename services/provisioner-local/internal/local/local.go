@@ -65,6 +65,8 @@ type Backend struct {
 	network  netip.Prefix
 	kind     string // squid or builtin
 	squid    string
+	// ncsaAuth is squid's basic_ncsa_auth helper; empty when not found.
+	ncsaAuth string
 	self     string // this binary, for the builtin proxy
 	timeout  time.Duration
 	log      *slog.Logger
@@ -126,6 +128,12 @@ func FromProvider(p providers.Provider, log *slog.Logger) (*Backend, error) {
 	default:
 		return nil, fmt.Errorf("%s.local.proxy: %q is not squid, builtin or auto", p.Path, c.Proxy)
 	}
+	for _, p := range []string{"/usr/lib/squid/basic_ncsa_auth", "/usr/lib64/squid/basic_ncsa_auth", "/usr/libexec/squid/basic_ncsa_auth"} {
+		if _, err := os.Stat(p); err == nil {
+			b.ncsaAuth = p
+			break
+		}
+	}
 	if b.self, err = os.Executable(); err != nil {
 		return nil, err
 	}
@@ -146,6 +154,9 @@ type state struct {
 	Kind      string    `json:"kind"`
 	CreatedAt time.Time `json:"createdAt"`
 	PID       int       `json:"pid"`
+	// Auth means the proxy demands the credentials in the instance's
+	// htpasswd file (squid's basic_ncsa_auth).
+	Auth bool `json:"auth,omitempty"`
 }
 
 func providerID(uid string) string { return "instances/" + uid }
@@ -236,6 +247,9 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 			b.instDir(uid), uid).WithMetadata("path", b.instDir(uid))
 	case errclass.Is(err, errclass.NotFound):
 		s, err = b.allocate(uid, req.GetProxyName(), port)
+	}
+	if err == nil {
+		err = b.setCredentials(s, req.GetCredentials())
 	}
 	unlock()
 	if err != nil {
@@ -443,7 +457,7 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 	switch s.Kind {
 	case "squid":
 		conf := filepath.Join(dir, "squid.conf")
-		if err := os.WriteFile(conf, []byte(squidConf(s, dir)), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte(squidConf(s, dir, b.ncsaAuth)), 0o644); err != nil {
 			return errclass.Wrap(errclass.Transient, err)
 		}
 		// A service name per instance: squids of one name collide in
@@ -579,7 +593,21 @@ func tail(s string, n int) string {
 	return s
 }
 
-func squidConf(s *state, dir string) string {
+// squidConf is an instance's squid.conf: open to the loopback network, or,
+// for an instance with credentials, to those who present them (HTTP Basic
+// Proxy-Authorization, checked by basic_ncsa_auth against the instance's
+// htpasswd file).
+func squidConf(s *state, dir, ncsaAuth string) string {
+	access := "http_access allow localnet\n"
+	if s.Auth {
+		access = fmt.Sprintf(`auth_param basic program %s %s
+auth_param basic realm egress-proxies
+auth_param basic children 2 startup=1 idle=1
+auth_param basic credentialsttl 1 minute
+acl authenticated proxy_auth REQUIRED
+http_access allow localnet authenticated
+`, ncsaAuth, filepath.Join(dir, htpasswdFile))
+	}
 	return fmt.Sprintf(`http_port %s:%d
 pid_filename %[3]s/squid.pid
 cache_log %[3]s/cache.log
@@ -591,9 +619,8 @@ max_filedescriptors 1024
 visible_hostname %[4]s
 shutdown_lifetime 0 seconds
 acl localnet src 127.0.0.0/8
-http_access allow localnet
-http_access deny all
-`, s.Address, s.Port, dir, s.Name)
+%[5]shttp_access deny all
+`, s.Address, s.Port, dir, s.Name, access)
 }
 
 // Get implements provisioner.Backend. A record whose process died is

@@ -8,6 +8,7 @@ package leasev1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	v1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	_ "github.com/egress-proxies/egress-proxies/pkg/api/egress/validate/v1"
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -1004,7 +1005,16 @@ type AcquireLeaseResponse struct {
 	Lease *Lease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
 	// What became of the session, for an acquire with a session_key; unset
 	// otherwise.
-	Session       *Session `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Session *Session `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	// The proxy's credentials (HTTP Basic Proxy-Authorization), for the
+	// holder only: never in ListLeases, WatchLeases or any other answer.
+	// Unset when the proxy has none, or when it is marked
+	// credentials_service_only and the caller lacks the service role.
+	Credentials *v1.ProxyCredentials `protobuf:"bytes,3,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	// The proxy as a URL with the credentials in it
+	// (http://user:password@host:port), ready for a client's proxy setting;
+	// http://host:port when credentials is unset.
+	ProxyUrl      string `protobuf:"bytes,4,opt,name=proxy_url,json=proxyUrl,proto3" json:"proxy_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1051,6 +1061,20 @@ func (x *AcquireLeaseResponse) GetSession() *Session {
 		return x.Session
 	}
 	return nil
+}
+
+func (x *AcquireLeaseResponse) GetCredentials() *v1.ProxyCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+func (x *AcquireLeaseResponse) GetProxyUrl() string {
+	if x != nil {
+		return x.ProxyUrl
+	}
+	return ""
 }
 
 // Session is what an acquire with a session key did to the session.
@@ -2007,7 +2031,7 @@ var File_egress_lease_v1_lease_proto protoreflect.FileDescriptor
 
 const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\x1begress/lease/v1/lease.proto\x12\x0fegress.lease.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x02\n" +
+	"\x1begress/lease/v1/lease.proto\x12\x0fegress.lease.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x02\n" +
 	"\rProxySelector\x12(\n" +
 	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12$\n" +
 	"\x06region\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x06region\x12 \n" +
@@ -2072,10 +2096,12 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12:\n" +
 	"\bselector\x18\x03 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\x12-\n" +
 	"\vsession_key\x18\x04 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\n" +
-	"sessionKey\"x\n" +
+	"sessionKey\"\xda\x01\n" +
 	"\x14AcquireLeaseResponse\x12,\n" +
 	"\x05lease\x18\x01 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\x122\n" +
-	"\asession\x18\x02 \x01(\v2\x18.egress.lease.v1.SessionR\asession\"\xe2\x01\n" +
+	"\asession\x18\x02 \x01(\v2\x18.egress.lease.v1.SessionR\asession\x12C\n" +
+	"\vcredentials\x18\x03 \x01(\v2!.egress.proxy.v1.ProxyCredentialsR\vcredentials\x12\x1b\n" +
+	"\tproxy_url\x18\x04 \x01(\tR\bproxyUrl\"\xe2\x01\n" +
 	"\aSession\x126\n" +
 	"\x06result\x18\x01 \x01(\x0e2\x1e.egress.lease.v1.SessionResultR\x06result\x12*\n" +
 	"\x11previous_lease_id\x18\x02 \x01(\tR\x0fpreviousLeaseId\x12.\n" +
@@ -2240,6 +2266,7 @@ var file_egress_lease_v1_lease_proto_goTypes = []any{
 	nil,                           // 30: egress.lease.v1.LeasableProxy.LabelsEntry
 	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*v1.ProxyCredentials)(nil),   // 33: egress.proxy.v1.ProxyCredentials
 }
 var file_egress_lease_v1_lease_proto_depIdxs = []int32{
 	29, // 0: egress.lease.v1.ProxySelector.labels:type_name -> egress.lease.v1.ProxySelector.LabelsEntry
@@ -2258,42 +2285,43 @@ var file_egress_lease_v1_lease_proto_depIdxs = []int32{
 	5,  // 13: egress.lease.v1.AcquireLeaseRequest.selector:type_name -> egress.lease.v1.ProxySelector
 	11, // 14: egress.lease.v1.AcquireLeaseResponse.lease:type_name -> egress.lease.v1.Lease
 	14, // 15: egress.lease.v1.AcquireLeaseResponse.session:type_name -> egress.lease.v1.Session
-	0,  // 16: egress.lease.v1.Session.result:type_name -> egress.lease.v1.SessionResult
-	1,  // 17: egress.lease.v1.Session.move_reason:type_name -> egress.lease.v1.SessionMoveReason
-	32, // 18: egress.lease.v1.RenewLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	11, // 19: egress.lease.v1.RenewLeaseResponse.lease:type_name -> egress.lease.v1.Lease
-	2,  // 20: egress.lease.v1.ReportOutcomeRequest.outcome:type_name -> egress.lease.v1.Outcome
-	32, // 21: egress.lease.v1.ReportOutcomeRequest.cooldown:type_name -> google.protobuf.Duration
-	3,  // 22: egress.lease.v1.ReportOutcomeRequest.scope:type_name -> egress.lease.v1.CooldownScope
-	7,  // 23: egress.lease.v1.ReportOutcomeResponse.cooldown:type_name -> egress.lease.v1.Cooldown
-	11, // 24: egress.lease.v1.ListLeasesResponse.leases:type_name -> egress.lease.v1.Lease
-	7,  // 25: egress.lease.v1.ProxyCooldown.cooldown:type_name -> egress.lease.v1.Cooldown
-	25, // 26: egress.lease.v1.ListCooldownsResponse.cooldowns:type_name -> egress.lease.v1.ProxyCooldown
-	4,  // 27: egress.lease.v1.WatchLeasesResponse.type:type_name -> egress.lease.v1.LeaseChangeType
-	11, // 28: egress.lease.v1.WatchLeasesResponse.lease:type_name -> egress.lease.v1.Lease
-	25, // 29: egress.lease.v1.WatchLeasesResponse.cooldown:type_name -> egress.lease.v1.ProxyCooldown
-	31, // 30: egress.lease.v1.WatchLeasesResponse.change_time:type_name -> google.protobuf.Timestamp
-	9,  // 31: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
-	12, // 32: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
-	16, // 33: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
-	18, // 34: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
-	20, // 35: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
-	22, // 36: egress.lease.v1.LeaseService.ListLeases:input_type -> egress.lease.v1.ListLeasesRequest
-	24, // 37: egress.lease.v1.LeaseService.ListCooldowns:input_type -> egress.lease.v1.ListCooldownsRequest
-	27, // 38: egress.lease.v1.LeaseService.WatchLeases:input_type -> egress.lease.v1.WatchLeasesRequest
-	10, // 39: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
-	13, // 40: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
-	17, // 41: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
-	19, // 42: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
-	21, // 43: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
-	23, // 44: egress.lease.v1.LeaseService.ListLeases:output_type -> egress.lease.v1.ListLeasesResponse
-	26, // 45: egress.lease.v1.LeaseService.ListCooldowns:output_type -> egress.lease.v1.ListCooldownsResponse
-	28, // 46: egress.lease.v1.LeaseService.WatchLeases:output_type -> egress.lease.v1.WatchLeasesResponse
-	39, // [39:47] is the sub-list for method output_type
-	31, // [31:39] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	33, // 16: egress.lease.v1.AcquireLeaseResponse.credentials:type_name -> egress.proxy.v1.ProxyCredentials
+	0,  // 17: egress.lease.v1.Session.result:type_name -> egress.lease.v1.SessionResult
+	1,  // 18: egress.lease.v1.Session.move_reason:type_name -> egress.lease.v1.SessionMoveReason
+	32, // 19: egress.lease.v1.RenewLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	11, // 20: egress.lease.v1.RenewLeaseResponse.lease:type_name -> egress.lease.v1.Lease
+	2,  // 21: egress.lease.v1.ReportOutcomeRequest.outcome:type_name -> egress.lease.v1.Outcome
+	32, // 22: egress.lease.v1.ReportOutcomeRequest.cooldown:type_name -> google.protobuf.Duration
+	3,  // 23: egress.lease.v1.ReportOutcomeRequest.scope:type_name -> egress.lease.v1.CooldownScope
+	7,  // 24: egress.lease.v1.ReportOutcomeResponse.cooldown:type_name -> egress.lease.v1.Cooldown
+	11, // 25: egress.lease.v1.ListLeasesResponse.leases:type_name -> egress.lease.v1.Lease
+	7,  // 26: egress.lease.v1.ProxyCooldown.cooldown:type_name -> egress.lease.v1.Cooldown
+	25, // 27: egress.lease.v1.ListCooldownsResponse.cooldowns:type_name -> egress.lease.v1.ProxyCooldown
+	4,  // 28: egress.lease.v1.WatchLeasesResponse.type:type_name -> egress.lease.v1.LeaseChangeType
+	11, // 29: egress.lease.v1.WatchLeasesResponse.lease:type_name -> egress.lease.v1.Lease
+	25, // 30: egress.lease.v1.WatchLeasesResponse.cooldown:type_name -> egress.lease.v1.ProxyCooldown
+	31, // 31: egress.lease.v1.WatchLeasesResponse.change_time:type_name -> google.protobuf.Timestamp
+	9,  // 32: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
+	12, // 33: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
+	16, // 34: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
+	18, // 35: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
+	20, // 36: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
+	22, // 37: egress.lease.v1.LeaseService.ListLeases:input_type -> egress.lease.v1.ListLeasesRequest
+	24, // 38: egress.lease.v1.LeaseService.ListCooldowns:input_type -> egress.lease.v1.ListCooldownsRequest
+	27, // 39: egress.lease.v1.LeaseService.WatchLeases:input_type -> egress.lease.v1.WatchLeasesRequest
+	10, // 40: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
+	13, // 41: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
+	17, // 42: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
+	19, // 43: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
+	21, // 44: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
+	23, // 45: egress.lease.v1.LeaseService.ListLeases:output_type -> egress.lease.v1.ListLeasesResponse
+	26, // 46: egress.lease.v1.LeaseService.ListCooldowns:output_type -> egress.lease.v1.ListCooldownsResponse
+	28, // 47: egress.lease.v1.LeaseService.WatchLeases:output_type -> egress.lease.v1.WatchLeasesResponse
+	40, // [40:48] is the sub-list for method output_type
+	32, // [32:40] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_egress_lease_v1_lease_proto_init() }

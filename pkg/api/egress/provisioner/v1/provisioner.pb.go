@@ -277,7 +277,13 @@ type CreateInstanceRequest struct {
 	// Port the proxy listens on inside the instance.
 	Port uint32 `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"`
 	// Hash of the spec this instance is created for.
-	SpecHash      string `protobuf:"bytes,7,opt,name=spec_hash,json=specHash,proto3" json:"spec_hash,omitempty"`
+	SpecHash string `protobuf:"bytes,7,opt,name=spec_hash,json=specHash,proto3" json:"spec_hash,omitempty"`
+	// The proxy's credentials, which the instance's proxy must demand
+	// (HTTP Basic Proxy-Authorization); unset: it serves anyone. Never set
+	// on a NATS command: the provisioner runtime fetches them from the
+	// orchestrator (GetProxyCredentials, with the service role) before it
+	// hands the request to its backend. Secret: never logged or traced.
+	Credentials   *v1.ProxyCredentials `protobuf:"bytes,9,opt,name=credentials,proto3" json:"credentials,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +365,13 @@ func (x *CreateInstanceRequest) GetSpecHash() string {
 		return x.SpecHash
 	}
 	return ""
+}
+
+func (x *CreateInstanceRequest) GetCredentials() *v1.ProxyCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
 }
 
 // Response of CreateInstance.
@@ -932,7 +945,7 @@ const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"\adetails\x18\a \x03(\v2,.egress.provisioner.v1.Instance.DetailsEntryR\adetails\x1a:\n" +
 	"\fDetailsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x03\n" +
 	"\x15CreateInstanceRequest\x12(\n" +
 	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12)\n" +
 	"\tproxy_uid\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\x12+\n" +
@@ -943,7 +956,8 @@ const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"cloud_init\x18\x05 \x01(\tB\r\xbaH\n" +
 	"r\b\x90\x92'\x01(\x80\x80\x04R\tcloudInit\x12\x1d\n" +
 	"\x04port\x18\x06 \x01(\rB\t\xbaH\x06*\x04\x18\xff\xff\x03R\x04port\x12)\n" +
-	"\tspec_hash\x18\a \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bspecHash\"U\n" +
+	"\tspec_hash\x18\a \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bspecHash\x12C\n" +
+	"\vcredentials\x18\t \x01(\v2!.egress.proxy.v1.ProxyCredentialsR\vcredentials\"U\n" +
 	"\x16CreateInstanceResponse\x12;\n" +
 	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"\x98\x01\n" +
 	"\x12GetInstanceRequest\x12(\n" +
@@ -1032,34 +1046,36 @@ var file_egress_provisioner_v1_provisioner_proto_goTypes = []any{
 	nil,                            // 15: egress.provisioner.v1.TargetStatus.DetailsEntry
 	(*timestamppb.Timestamp)(nil),  // 16: google.protobuf.Timestamp
 	(*v1.Placement)(nil),           // 17: egress.proxy.v1.Placement
-	(*durationpb.Duration)(nil),    // 18: google.protobuf.Duration
+	(*v1.ProxyCredentials)(nil),    // 18: egress.proxy.v1.ProxyCredentials
+	(*durationpb.Duration)(nil),    // 19: google.protobuf.Duration
 }
 var file_egress_provisioner_v1_provisioner_proto_depIdxs = []int32{
 	1,  // 0: egress.provisioner.v1.Instance.state:type_name -> egress.provisioner.v1.InstanceState
 	16, // 1: egress.provisioner.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
 	14, // 2: egress.provisioner.v1.Instance.details:type_name -> egress.provisioner.v1.Instance.DetailsEntry
 	17, // 3: egress.provisioner.v1.CreateInstanceRequest.placement:type_name -> egress.proxy.v1.Placement
-	2,  // 4: egress.provisioner.v1.CreateInstanceResponse.instance:type_name -> egress.provisioner.v1.Instance
-	2,  // 5: egress.provisioner.v1.GetInstanceResponse.instance:type_name -> egress.provisioner.v1.Instance
-	2,  // 6: egress.provisioner.v1.ListInstancesResponse.instances:type_name -> egress.provisioner.v1.Instance
-	18, // 7: egress.provisioner.v1.TargetStatus.latency:type_name -> google.protobuf.Duration
-	15, // 8: egress.provisioner.v1.TargetStatus.details:type_name -> egress.provisioner.v1.TargetStatus.DetailsEntry
-	12, // 9: egress.provisioner.v1.CheckBackendResponse.targets:type_name -> egress.provisioner.v1.TargetStatus
-	3,  // 10: egress.provisioner.v1.ProvisionerService.CreateInstance:input_type -> egress.provisioner.v1.CreateInstanceRequest
-	5,  // 11: egress.provisioner.v1.ProvisionerService.GetInstance:input_type -> egress.provisioner.v1.GetInstanceRequest
-	7,  // 12: egress.provisioner.v1.ProvisionerService.DeleteInstance:input_type -> egress.provisioner.v1.DeleteInstanceRequest
-	9,  // 13: egress.provisioner.v1.ProvisionerService.ListInstances:input_type -> egress.provisioner.v1.ListInstancesRequest
-	11, // 14: egress.provisioner.v1.ProvisionerService.CheckBackend:input_type -> egress.provisioner.v1.CheckBackendRequest
-	4,  // 15: egress.provisioner.v1.ProvisionerService.CreateInstance:output_type -> egress.provisioner.v1.CreateInstanceResponse
-	6,  // 16: egress.provisioner.v1.ProvisionerService.GetInstance:output_type -> egress.provisioner.v1.GetInstanceResponse
-	8,  // 17: egress.provisioner.v1.ProvisionerService.DeleteInstance:output_type -> egress.provisioner.v1.DeleteInstanceResponse
-	10, // 18: egress.provisioner.v1.ProvisionerService.ListInstances:output_type -> egress.provisioner.v1.ListInstancesResponse
-	13, // 19: egress.provisioner.v1.ProvisionerService.CheckBackend:output_type -> egress.provisioner.v1.CheckBackendResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	18, // 4: egress.provisioner.v1.CreateInstanceRequest.credentials:type_name -> egress.proxy.v1.ProxyCredentials
+	2,  // 5: egress.provisioner.v1.CreateInstanceResponse.instance:type_name -> egress.provisioner.v1.Instance
+	2,  // 6: egress.provisioner.v1.GetInstanceResponse.instance:type_name -> egress.provisioner.v1.Instance
+	2,  // 7: egress.provisioner.v1.ListInstancesResponse.instances:type_name -> egress.provisioner.v1.Instance
+	19, // 8: egress.provisioner.v1.TargetStatus.latency:type_name -> google.protobuf.Duration
+	15, // 9: egress.provisioner.v1.TargetStatus.details:type_name -> egress.provisioner.v1.TargetStatus.DetailsEntry
+	12, // 10: egress.provisioner.v1.CheckBackendResponse.targets:type_name -> egress.provisioner.v1.TargetStatus
+	3,  // 11: egress.provisioner.v1.ProvisionerService.CreateInstance:input_type -> egress.provisioner.v1.CreateInstanceRequest
+	5,  // 12: egress.provisioner.v1.ProvisionerService.GetInstance:input_type -> egress.provisioner.v1.GetInstanceRequest
+	7,  // 13: egress.provisioner.v1.ProvisionerService.DeleteInstance:input_type -> egress.provisioner.v1.DeleteInstanceRequest
+	9,  // 14: egress.provisioner.v1.ProvisionerService.ListInstances:input_type -> egress.provisioner.v1.ListInstancesRequest
+	11, // 15: egress.provisioner.v1.ProvisionerService.CheckBackend:input_type -> egress.provisioner.v1.CheckBackendRequest
+	4,  // 16: egress.provisioner.v1.ProvisionerService.CreateInstance:output_type -> egress.provisioner.v1.CreateInstanceResponse
+	6,  // 17: egress.provisioner.v1.ProvisionerService.GetInstance:output_type -> egress.provisioner.v1.GetInstanceResponse
+	8,  // 18: egress.provisioner.v1.ProvisionerService.DeleteInstance:output_type -> egress.provisioner.v1.DeleteInstanceResponse
+	10, // 19: egress.provisioner.v1.ProvisionerService.ListInstances:output_type -> egress.provisioner.v1.ListInstancesResponse
+	13, // 20: egress.provisioner.v1.ProvisionerService.CheckBackend:output_type -> egress.provisioner.v1.CheckBackendResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_egress_provisioner_v1_provisioner_proto_init() }

@@ -79,6 +79,59 @@ func (ProxyMode) EnumDescriptor() ([]byte, []int) {
 	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{0}
 }
 
+// CredentialsPolicy says whether a MANAGED proxy gets credentials.
+type CredentialsPolicy int32
+
+const (
+	// The default: GENERATED.
+	CredentialsPolicy_CREDENTIALS_POLICY_UNSPECIFIED CredentialsPolicy = 0
+	// Random credentials per instance, rotated with RotateCredentials.
+	CredentialsPolicy_CREDENTIALS_POLICY_GENERATED CredentialsPolicy = 1
+	// No credentials: the proxy serves anyone who reaches it.
+	CredentialsPolicy_CREDENTIALS_POLICY_NONE CredentialsPolicy = 2
+)
+
+// Enum value maps for CredentialsPolicy.
+var (
+	CredentialsPolicy_name = map[int32]string{
+		0: "CREDENTIALS_POLICY_UNSPECIFIED",
+		1: "CREDENTIALS_POLICY_GENERATED",
+		2: "CREDENTIALS_POLICY_NONE",
+	}
+	CredentialsPolicy_value = map[string]int32{
+		"CREDENTIALS_POLICY_UNSPECIFIED": 0,
+		"CREDENTIALS_POLICY_GENERATED":   1,
+		"CREDENTIALS_POLICY_NONE":        2,
+	}
+)
+
+func (x CredentialsPolicy) Enum() *CredentialsPolicy {
+	p := new(CredentialsPolicy)
+	*p = x
+	return p
+}
+
+func (x CredentialsPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CredentialsPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_egress_proxy_v1_proxy_proto_enumTypes[1].Descriptor()
+}
+
+func (CredentialsPolicy) Type() protoreflect.EnumType {
+	return &file_egress_proxy_v1_proxy_proto_enumTypes[1]
+}
+
+func (x CredentialsPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CredentialsPolicy.Descriptor instead.
+func (CredentialsPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{1}
+}
+
 // ProxyPhase is the coarse lifecycle state of a proxy.
 type ProxyPhase int32
 
@@ -135,11 +188,11 @@ func (x ProxyPhase) String() string {
 }
 
 func (ProxyPhase) Descriptor() protoreflect.EnumDescriptor {
-	return file_egress_proxy_v1_proxy_proto_enumTypes[1].Descriptor()
+	return file_egress_proxy_v1_proxy_proto_enumTypes[2].Descriptor()
 }
 
 func (ProxyPhase) Type() protoreflect.EnumType {
-	return &file_egress_proxy_v1_proxy_proto_enumTypes[1]
+	return &file_egress_proxy_v1_proxy_proto_enumTypes[2]
 }
 
 func (x ProxyPhase) Number() protoreflect.EnumNumber {
@@ -148,7 +201,7 @@ func (x ProxyPhase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ProxyPhase.Descriptor instead.
 func (ProxyPhase) EnumDescriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{1}
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{2}
 }
 
 // Proxy is one forward proxy the system keeps alive: its identity, the
@@ -375,9 +428,28 @@ type ProxySpec struct {
 	// Health-probe settings; unset fields take the health service's defaults.
 	HealthCheck *HealthCheckSpec `protobuf:"bytes,7,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
 	// Lease settings; unset fields take the lease service's defaults.
-	Lease         *LeaseSpec `protobuf:"bytes,8,opt,name=lease,proto3" json:"lease,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Lease *LeaseSpec `protobuf:"bytes,8,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Whether a MANAGED proxy gets credentials. Unset means GENERATED: the
+	// orchestrator makes a random user and password, delivers them to the
+	// instance and hands them out with leases. NONE runs the proxy open to
+	// whoever reaches it (logged as a WARNING and counted by the metric
+	// egress_proxies_without_credentials). Ignored for EXTERNAL proxies,
+	// which carry endpoint_credentials instead. Not part of the spec hash:
+	// changing it takes effect at the next instance replacement or
+	// RotateCredentials.
+	Credentials CredentialsPolicy `protobuf:"varint,9,opt,name=credentials,proto3,enum=egress.proxy.v1.CredentialsPolicy" json:"credentials,omitempty"`
+	// Credentials an EXTERNAL proxy demands (HTTP Basic
+	// Proxy-Authorization). EXTERNAL only; write only: encrypted at rest
+	// and never returned by any read, watch or event; the suite's services
+	// fetch them with GetProxyCredentials. Omitted on UpdateProxy: the
+	// stored ones stay.
+	EndpointCredentials *ProxyCredentials `protobuf:"bytes,10,opt,name=endpoint_credentials,json=endpointCredentials,proto3" json:"endpoint_credentials,omitempty"`
+	// Only callers with the service role (the gateway, health) learn the
+	// proxy's credentials: a lease answer to any other client carries none.
+	// For fleets that crawlers reach only through the gateway.
+	CredentialsServiceOnly bool `protobuf:"varint,11,opt,name=credentials_service_only,json=credentialsServiceOnly,proto3" json:"credentials_service_only,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *ProxySpec) Reset() {
@@ -466,6 +538,85 @@ func (x *ProxySpec) GetLease() *LeaseSpec {
 	return nil
 }
 
+func (x *ProxySpec) GetCredentials() CredentialsPolicy {
+	if x != nil {
+		return x.Credentials
+	}
+	return CredentialsPolicy_CREDENTIALS_POLICY_UNSPECIFIED
+}
+
+func (x *ProxySpec) GetEndpointCredentials() *ProxyCredentials {
+	if x != nil {
+		return x.EndpointCredentials
+	}
+	return nil
+}
+
+func (x *ProxySpec) GetCredentialsServiceOnly() bool {
+	if x != nil {
+		return x.CredentialsServiceOnly
+	}
+	return false
+}
+
+// ProxyCredentials is a user and password for a proxy's HTTP Basic
+// Proxy-Authorization. Secret: never logged, traced, published on events
+// or returned by reads of the proxy.
+type ProxyCredentials struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// User name: 1 to 64 letters, digits, '.', '_' or '-'.
+	Username string `protobuf:"bytes,1,opt,name=username,proto3" json:"username,omitempty"`
+	// Password: 1 to 128 printable ASCII characters other than ':' and
+	// space.
+	Password      string `protobuf:"bytes,2,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCredentials) Reset() {
+	*x = ProxyCredentials{}
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCredentials) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCredentials) ProtoMessage() {}
+
+func (x *ProxyCredentials) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCredentials.ProtoReflect.Descriptor instead.
+func (*ProxyCredentials) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ProxyCredentials) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *ProxyCredentials) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
 // Placement selects where a MANAGED instance runs and its size. Each value is
 // a key the provider's config defines (a Proxmox node, a KVM host, a GCE
 // zone; a machine-type profile; an image or template).
@@ -489,7 +640,7 @@ type Placement struct {
 
 func (x *Placement) Reset() {
 	*x = Placement{}
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[2]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +652,7 @@ func (x *Placement) String() string {
 func (*Placement) ProtoMessage() {}
 
 func (x *Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[2]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +665,7 @@ func (x *Placement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Placement.ProtoReflect.Descriptor instead.
 func (*Placement) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{2}
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Placement) GetRegion() string {
@@ -558,7 +709,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[3]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +721,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[3]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +734,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{3}
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Endpoint) GetHost() string {
@@ -623,7 +774,7 @@ type HealthCheckSpec struct {
 
 func (x *HealthCheckSpec) Reset() {
 	*x = HealthCheckSpec{}
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[4]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +786,7 @@ func (x *HealthCheckSpec) String() string {
 func (*HealthCheckSpec) ProtoMessage() {}
 
 func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[4]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +799,7 @@ func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckSpec.ProtoReflect.Descriptor instead.
 func (*HealthCheckSpec) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{4}
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HealthCheckSpec) GetInterval() *durationpb.Duration {
@@ -698,7 +849,7 @@ type LeaseSpec struct {
 
 func (x *LeaseSpec) Reset() {
 	*x = LeaseSpec{}
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[5]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +861,7 @@ func (x *LeaseSpec) String() string {
 func (*LeaseSpec) ProtoMessage() {}
 
 func (x *LeaseSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[5]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +874,7 @@ func (x *LeaseSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseSpec.ProtoReflect.Descriptor instead.
 func (*LeaseSpec) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{5}
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LeaseSpec) GetMaxLeases() uint32 {
@@ -764,14 +915,18 @@ type ProxyStatus struct {
 	// When healthy last changed.
 	HealthTransitionTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=health_transition_time,json=healthTransitionTime,proto3" json:"health_transition_time,omitempty"`
 	// Latency of the probe that produced the latest health verdict.
-	ProbeLatency  *durationpb.Duration `protobuf:"bytes,12,opt,name=probe_latency,json=probeLatency,proto3" json:"probe_latency,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ProbeLatency *durationpb.Duration `protobuf:"bytes,12,opt,name=probe_latency,json=probeLatency,proto3" json:"probe_latency,omitempty"`
+	// When the proxy's current credentials were made (or, for an EXTERNAL
+	// proxy, stored); unset when the proxy has none. The credentials
+	// themselves are never part of a proxy.
+	CredentialsTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=credentials_time,json=credentialsTime,proto3" json:"credentials_time,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ProxyStatus) Reset() {
 	*x = ProxyStatus{}
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[6]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +938,7 @@ func (x *ProxyStatus) String() string {
 func (*ProxyStatus) ProtoMessage() {}
 
 func (x *ProxyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[6]
+	mi := &file_egress_proxy_v1_proxy_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +951,7 @@ func (x *ProxyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyStatus.ProtoReflect.Descriptor instead.
 func (*ProxyStatus) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{6}
+	return file_egress_proxy_v1_proxy_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ProxyStatus) GetPhase() ProxyPhase {
@@ -883,6 +1038,13 @@ func (x *ProxyStatus) GetProbeLatency() *durationpb.Duration {
 	return nil
 }
 
+func (x *ProxyStatus) GetCredentialsTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CredentialsTime
+	}
+	return nil
+}
+
 var File_egress_proxy_v1_proxy_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
@@ -913,7 +1075,7 @@ const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x05\n" +
 	"\tProxySpec\x12;\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x1a.egress.proxy.v1.ProxyModeB\v\xbaH\b\xc8\x01\x01\x82\x01\x02\x10\x01R\x04mode\x12(\n" +
 	"\bprovider\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x128\n" +
@@ -924,7 +1086,14 @@ const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\x04port\x18\x05 \x01(\rB\t\xbaH\x06*\x04\x18\xff\xff\x03R\x04port\x125\n" +
 	"\bendpoint\x18\x06 \x01(\v2\x19.egress.proxy.v1.EndpointR\bendpoint\x12C\n" +
 	"\fhealth_check\x18\a \x01(\v2 .egress.proxy.v1.HealthCheckSpecR\vhealthCheck\x120\n" +
-	"\x05lease\x18\b \x01(\v2\x1a.egress.proxy.v1.LeaseSpecR\x05lease\"\xa7\x01\n" +
+	"\x05lease\x18\b \x01(\v2\x1a.egress.proxy.v1.LeaseSpecR\x05lease\x12N\n" +
+	"\vcredentials\x18\t \x01(\x0e2\".egress.proxy.v1.CredentialsPolicyB\b\xbaH\x05\x82\x01\x02\x10\x01R\vcredentials\x12T\n" +
+	"\x14endpoint_credentials\x18\n" +
+	" \x01(\v2!.egress.proxy.v1.ProxyCredentialsR\x13endpointCredentials\x128\n" +
+	"\x18credentials_service_only\x18\v \x01(\bR\x16credentialsServiceOnly\"\x83\x01\n" +
+	"\x10ProxyCredentials\x129\n" +
+	"\busername\x18\x01 \x01(\tB\x1d\xbaH\x1ar\x182\x16^[A-Za-z0-9._-]{1,64}$R\busername\x124\n" +
+	"\bpassword\x18\x02 \x01(\tB\x18\xbaH\x15r\x132\x11^[!-9;-~]{1,128}$R\bpassword\"\xa7\x01\n" +
 	"\tPlacement\x12#\n" +
 	"\x06region\x18\x01 \x01(\tB\v\xbaH\br\x06\x88\x92'\x01\x18?R\x06region\x12 \n" +
 	"\x04zone\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\x04zone\x12/\n" +
@@ -943,7 +1112,7 @@ const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\tLeaseSpec\x12-\n" +
 	"\n" +
 	"max_leases\x18\x01 \x01(\rB\t\xbaH\x06*\x04\x18\xc0\x84=H\x00R\tmaxLeases\x88\x01\x01B\r\n" +
-	"\v_max_leases\"\x81\x04\n" +
+	"\v_max_leases\"\xc8\x04\n" +
 	"\vProxyStatus\x121\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x1b.egress.proxy.v1.ProxyPhaseR\x05phase\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -958,11 +1127,16 @@ const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\x15phase_transition_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x13phaseTransitionTime\x12P\n" +
 	"\x16health_transition_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x14healthTransitionTime\x12>\n" +
-	"\rprobe_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\fprobeLatency*X\n" +
+	"\rprobe_latency\x18\f \x01(\v2\x19.google.protobuf.DurationR\fprobeLatency\x12E\n" +
+	"\x10credentials_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fcredentialsTime*X\n" +
 	"\tProxyMode\x12\x1a\n" +
 	"\x16PROXY_MODE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12PROXY_MODE_MANAGED\x10\x01\x12\x17\n" +
-	"\x13PROXY_MODE_EXTERNAL\x10\x02*\xc2\x01\n" +
+	"\x13PROXY_MODE_EXTERNAL\x10\x02*v\n" +
+	"\x11CredentialsPolicy\x12\"\n" +
+	"\x1eCREDENTIALS_POLICY_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cCREDENTIALS_POLICY_GENERATED\x10\x01\x12\x1b\n" +
+	"\x17CREDENTIALS_POLICY_NONE\x10\x02*\xc2\x01\n" +
 	"\n" +
 	"ProxyPhase\x12\x1b\n" +
 	"\x17PROXY_PHASE_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -985,48 +1159,53 @@ func file_egress_proxy_v1_proxy_proto_rawDescGZIP() []byte {
 	return file_egress_proxy_v1_proxy_proto_rawDescData
 }
 
-var file_egress_proxy_v1_proxy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_proxy_v1_proxy_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_egress_proxy_v1_proxy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_egress_proxy_v1_proxy_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_egress_proxy_v1_proxy_proto_goTypes = []any{
 	(ProxyMode)(0),                // 0: egress.proxy.v1.ProxyMode
-	(ProxyPhase)(0),               // 1: egress.proxy.v1.ProxyPhase
-	(*Proxy)(nil),                 // 2: egress.proxy.v1.Proxy
-	(*ProxySpec)(nil),             // 3: egress.proxy.v1.ProxySpec
-	(*Placement)(nil),             // 4: egress.proxy.v1.Placement
-	(*Endpoint)(nil),              // 5: egress.proxy.v1.Endpoint
-	(*HealthCheckSpec)(nil),       // 6: egress.proxy.v1.HealthCheckSpec
-	(*LeaseSpec)(nil),             // 7: egress.proxy.v1.LeaseSpec
-	(*ProxyStatus)(nil),           // 8: egress.proxy.v1.ProxyStatus
-	nil,                           // 9: egress.proxy.v1.Proxy.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(CredentialsPolicy)(0),        // 1: egress.proxy.v1.CredentialsPolicy
+	(ProxyPhase)(0),               // 2: egress.proxy.v1.ProxyPhase
+	(*Proxy)(nil),                 // 3: egress.proxy.v1.Proxy
+	(*ProxySpec)(nil),             // 4: egress.proxy.v1.ProxySpec
+	(*ProxyCredentials)(nil),      // 5: egress.proxy.v1.ProxyCredentials
+	(*Placement)(nil),             // 6: egress.proxy.v1.Placement
+	(*Endpoint)(nil),              // 7: egress.proxy.v1.Endpoint
+	(*HealthCheckSpec)(nil),       // 8: egress.proxy.v1.HealthCheckSpec
+	(*LeaseSpec)(nil),             // 9: egress.proxy.v1.LeaseSpec
+	(*ProxyStatus)(nil),           // 10: egress.proxy.v1.ProxyStatus
+	nil,                           // 11: egress.proxy.v1.Proxy.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
 }
 var file_egress_proxy_v1_proxy_proto_depIdxs = []int32{
-	9,  // 0: egress.proxy.v1.Proxy.labels:type_name -> egress.proxy.v1.Proxy.LabelsEntry
-	10, // 1: egress.proxy.v1.Proxy.create_time:type_name -> google.protobuf.Timestamp
-	10, // 2: egress.proxy.v1.Proxy.update_time:type_name -> google.protobuf.Timestamp
-	10, // 3: egress.proxy.v1.Proxy.delete_time:type_name -> google.protobuf.Timestamp
-	3,  // 4: egress.proxy.v1.Proxy.spec:type_name -> egress.proxy.v1.ProxySpec
-	8,  // 5: egress.proxy.v1.Proxy.status:type_name -> egress.proxy.v1.ProxyStatus
-	10, // 6: egress.proxy.v1.Proxy.drain_time:type_name -> google.protobuf.Timestamp
-	10, // 7: egress.proxy.v1.Proxy.drain_deadline:type_name -> google.protobuf.Timestamp
+	11, // 0: egress.proxy.v1.Proxy.labels:type_name -> egress.proxy.v1.Proxy.LabelsEntry
+	12, // 1: egress.proxy.v1.Proxy.create_time:type_name -> google.protobuf.Timestamp
+	12, // 2: egress.proxy.v1.Proxy.update_time:type_name -> google.protobuf.Timestamp
+	12, // 3: egress.proxy.v1.Proxy.delete_time:type_name -> google.protobuf.Timestamp
+	4,  // 4: egress.proxy.v1.Proxy.spec:type_name -> egress.proxy.v1.ProxySpec
+	10, // 5: egress.proxy.v1.Proxy.status:type_name -> egress.proxy.v1.ProxyStatus
+	12, // 6: egress.proxy.v1.Proxy.drain_time:type_name -> google.protobuf.Timestamp
+	12, // 7: egress.proxy.v1.Proxy.drain_deadline:type_name -> google.protobuf.Timestamp
 	0,  // 8: egress.proxy.v1.ProxySpec.mode:type_name -> egress.proxy.v1.ProxyMode
-	4,  // 9: egress.proxy.v1.ProxySpec.placement:type_name -> egress.proxy.v1.Placement
-	5,  // 10: egress.proxy.v1.ProxySpec.endpoint:type_name -> egress.proxy.v1.Endpoint
-	6,  // 11: egress.proxy.v1.ProxySpec.health_check:type_name -> egress.proxy.v1.HealthCheckSpec
-	7,  // 12: egress.proxy.v1.ProxySpec.lease:type_name -> egress.proxy.v1.LeaseSpec
-	11, // 13: egress.proxy.v1.HealthCheckSpec.interval:type_name -> google.protobuf.Duration
-	11, // 14: egress.proxy.v1.HealthCheckSpec.timeout:type_name -> google.protobuf.Duration
-	11, // 15: egress.proxy.v1.HealthCheckSpec.latency_threshold:type_name -> google.protobuf.Duration
-	1,  // 16: egress.proxy.v1.ProxyStatus.phase:type_name -> egress.proxy.v1.ProxyPhase
-	10, // 17: egress.proxy.v1.ProxyStatus.phase_transition_time:type_name -> google.protobuf.Timestamp
-	10, // 18: egress.proxy.v1.ProxyStatus.health_transition_time:type_name -> google.protobuf.Timestamp
-	11, // 19: egress.proxy.v1.ProxyStatus.probe_latency:type_name -> google.protobuf.Duration
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	6,  // 9: egress.proxy.v1.ProxySpec.placement:type_name -> egress.proxy.v1.Placement
+	7,  // 10: egress.proxy.v1.ProxySpec.endpoint:type_name -> egress.proxy.v1.Endpoint
+	8,  // 11: egress.proxy.v1.ProxySpec.health_check:type_name -> egress.proxy.v1.HealthCheckSpec
+	9,  // 12: egress.proxy.v1.ProxySpec.lease:type_name -> egress.proxy.v1.LeaseSpec
+	1,  // 13: egress.proxy.v1.ProxySpec.credentials:type_name -> egress.proxy.v1.CredentialsPolicy
+	5,  // 14: egress.proxy.v1.ProxySpec.endpoint_credentials:type_name -> egress.proxy.v1.ProxyCredentials
+	13, // 15: egress.proxy.v1.HealthCheckSpec.interval:type_name -> google.protobuf.Duration
+	13, // 16: egress.proxy.v1.HealthCheckSpec.timeout:type_name -> google.protobuf.Duration
+	13, // 17: egress.proxy.v1.HealthCheckSpec.latency_threshold:type_name -> google.protobuf.Duration
+	2,  // 18: egress.proxy.v1.ProxyStatus.phase:type_name -> egress.proxy.v1.ProxyPhase
+	12, // 19: egress.proxy.v1.ProxyStatus.phase_transition_time:type_name -> google.protobuf.Timestamp
+	12, // 20: egress.proxy.v1.ProxyStatus.health_transition_time:type_name -> google.protobuf.Timestamp
+	13, // 21: egress.proxy.v1.ProxyStatus.probe_latency:type_name -> google.protobuf.Duration
+	12, // 22: egress.proxy.v1.ProxyStatus.credentials_time:type_name -> google.protobuf.Timestamp
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_egress_proxy_v1_proxy_proto_init() }
@@ -1034,14 +1213,14 @@ func file_egress_proxy_v1_proxy_proto_init() {
 	if File_egress_proxy_v1_proxy_proto != nil {
 		return
 	}
-	file_egress_proxy_v1_proxy_proto_msgTypes[5].OneofWrappers = []any{}
+	file_egress_proxy_v1_proxy_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_proxy_v1_proxy_proto_rawDesc), len(file_egress_proxy_v1_proxy_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   8,
+			NumEnums:      3,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

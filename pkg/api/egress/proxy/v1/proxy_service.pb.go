@@ -138,6 +138,211 @@ func (ChangeType) EnumDescriptor() ([]byte, []int) {
 	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{1}
 }
 
+// Request of RotateCredentials.
+type RotateCredentialsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the proxy.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateCredentialsRequest) Reset() {
+	*x = RotateCredentialsRequest{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateCredentialsRequest) ProtoMessage() {}
+
+func (x *RotateCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*RotateCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RotateCredentialsRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// Response of RotateCredentials.
+type RotateCredentialsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The proxy as it is now: status.credentials_time is the new
+	// credentials' time.
+	Proxy         *Proxy `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateCredentialsResponse) Reset() {
+	*x = RotateCredentialsResponse{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateCredentialsResponse) ProtoMessage() {}
+
+func (x *RotateCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*RotateCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RotateCredentialsResponse) GetProxy() *Proxy {
+	if x != nil {
+		return x.Proxy
+	}
+	return nil
+}
+
+// Request of GetProxyCredentials.
+type GetProxyCredentialsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UID of the proxy.
+	Uid           string `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetProxyCredentialsRequest) Reset() {
+	*x = GetProxyCredentialsRequest{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetProxyCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetProxyCredentialsRequest) ProtoMessage() {}
+
+func (x *GetProxyCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetProxyCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*GetProxyCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GetProxyCredentialsRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+// Response of GetProxyCredentials.
+type GetProxyCredentialsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The credentials; unset when the proxy has none (credentials NONE, a
+	// proxy from before credentials, an EXTERNAL proxy without any).
+	Credentials *ProxyCredentials `protobuf:"bytes,1,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	// When they were made.
+	CredentialsTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=credentials_time,json=credentialsTime,proto3" json:"credentials_time,omitempty"`
+	// The proxy's spec.credentials_service_only: only service-role callers
+	// may be given them.
+	ServiceOnly   bool `protobuf:"varint,3,opt,name=service_only,json=serviceOnly,proto3" json:"service_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetProxyCredentialsResponse) Reset() {
+	*x = GetProxyCredentialsResponse{}
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetProxyCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetProxyCredentialsResponse) ProtoMessage() {}
+
+func (x *GetProxyCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetProxyCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*GetProxyCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetProxyCredentialsResponse) GetCredentials() *ProxyCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+func (x *GetProxyCredentialsResponse) GetCredentialsTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CredentialsTime
+	}
+	return nil
+}
+
+func (x *GetProxyCredentialsResponse) GetServiceOnly() bool {
+	if x != nil {
+		return x.ServiceOnly
+	}
+	return false
+}
+
 // Request of CreateProxy.
 type CreateProxyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -155,7 +360,7 @@ type CreateProxyRequest struct {
 
 func (x *CreateProxyRequest) Reset() {
 	*x = CreateProxyRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[0]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -167,7 +372,7 @@ func (x *CreateProxyRequest) String() string {
 func (*CreateProxyRequest) ProtoMessage() {}
 
 func (x *CreateProxyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[0]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -180,7 +385,7 @@ func (x *CreateProxyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProxyRequest.ProtoReflect.Descriptor instead.
 func (*CreateProxyRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{0}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateProxyRequest) GetName() string {
@@ -224,7 +429,7 @@ type CreateProxyResponse struct {
 
 func (x *CreateProxyResponse) Reset() {
 	*x = CreateProxyResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[1]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +441,7 @@ func (x *CreateProxyResponse) String() string {
 func (*CreateProxyResponse) ProtoMessage() {}
 
 func (x *CreateProxyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[1]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +454,7 @@ func (x *CreateProxyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProxyResponse.ProtoReflect.Descriptor instead.
 func (*CreateProxyResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{1}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateProxyResponse) GetProxy() *Proxy {
@@ -279,7 +484,7 @@ type GetProxyRequest struct {
 
 func (x *GetProxyRequest) Reset() {
 	*x = GetProxyRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[2]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +496,7 @@ func (x *GetProxyRequest) String() string {
 func (*GetProxyRequest) ProtoMessage() {}
 
 func (x *GetProxyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[2]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +509,7 @@ func (x *GetProxyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProxyRequest.ProtoReflect.Descriptor instead.
 func (*GetProxyRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{2}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetProxyRequest) GetName() string {
@@ -332,7 +537,7 @@ type GetProxyResponse struct {
 
 func (x *GetProxyResponse) Reset() {
 	*x = GetProxyResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[3]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +549,7 @@ func (x *GetProxyResponse) String() string {
 func (*GetProxyResponse) ProtoMessage() {}
 
 func (x *GetProxyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[3]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +562,7 @@ func (x *GetProxyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProxyResponse.ProtoReflect.Descriptor instead.
 func (*GetProxyResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{3}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetProxyResponse) GetProxy() *Proxy {
@@ -390,7 +595,7 @@ type ListProxiesRequest struct {
 
 func (x *ListProxiesRequest) Reset() {
 	*x = ListProxiesRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[4]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +607,7 @@ func (x *ListProxiesRequest) String() string {
 func (*ListProxiesRequest) ProtoMessage() {}
 
 func (x *ListProxiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[4]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +620,7 @@ func (x *ListProxiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxiesRequest.ProtoReflect.Descriptor instead.
 func (*ListProxiesRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{4}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListProxiesRequest) GetProvider() string {
@@ -476,7 +681,7 @@ type ListProxiesResponse struct {
 
 func (x *ListProxiesResponse) Reset() {
 	*x = ListProxiesResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[5]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +693,7 @@ func (x *ListProxiesResponse) String() string {
 func (*ListProxiesResponse) ProtoMessage() {}
 
 func (x *ListProxiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[5]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +706,7 @@ func (x *ListProxiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxiesResponse.ProtoReflect.Descriptor instead.
 func (*ListProxiesResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{5}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListProxiesResponse) GetProxies() []*Proxy {
@@ -547,7 +752,7 @@ type UpdateProxyRequest struct {
 
 func (x *UpdateProxyRequest) Reset() {
 	*x = UpdateProxyRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[6]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +764,7 @@ func (x *UpdateProxyRequest) String() string {
 func (*UpdateProxyRequest) ProtoMessage() {}
 
 func (x *UpdateProxyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[6]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +777,7 @@ func (x *UpdateProxyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateProxyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateProxyRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{6}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateProxyRequest) GetName() string {
@@ -628,7 +833,7 @@ type UpdateProxyResponse struct {
 
 func (x *UpdateProxyResponse) Reset() {
 	*x = UpdateProxyResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[7]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +845,7 @@ func (x *UpdateProxyResponse) String() string {
 func (*UpdateProxyResponse) ProtoMessage() {}
 
 func (x *UpdateProxyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[7]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +858,7 @@ func (x *UpdateProxyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateProxyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateProxyResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{7}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdateProxyResponse) GetProxy() *Proxy {
@@ -676,7 +881,7 @@ type DeleteProxyRequest struct {
 
 func (x *DeleteProxyRequest) Reset() {
 	*x = DeleteProxyRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[8]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +893,7 @@ func (x *DeleteProxyRequest) String() string {
 func (*DeleteProxyRequest) ProtoMessage() {}
 
 func (x *DeleteProxyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[8]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +906,7 @@ func (x *DeleteProxyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProxyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteProxyRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{8}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteProxyRequest) GetName() string {
@@ -730,7 +935,7 @@ type DeleteProxyResponse struct {
 
 func (x *DeleteProxyResponse) Reset() {
 	*x = DeleteProxyResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[9]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +947,7 @@ func (x *DeleteProxyResponse) String() string {
 func (*DeleteProxyResponse) ProtoMessage() {}
 
 func (x *DeleteProxyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[9]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +960,7 @@ func (x *DeleteProxyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProxyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteProxyResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{9}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteProxyResponse) GetProxy() *Proxy {
@@ -784,7 +989,7 @@ type WatchProxiesRequest struct {
 
 func (x *WatchProxiesRequest) Reset() {
 	*x = WatchProxiesRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[10]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +1001,7 @@ func (x *WatchProxiesRequest) String() string {
 func (*WatchProxiesRequest) ProtoMessage() {}
 
 func (x *WatchProxiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[10]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1014,7 @@ func (x *WatchProxiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProxiesRequest.ProtoReflect.Descriptor instead.
 func (*WatchProxiesRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{10}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchProxiesRequest) GetSinceRevision() int64 {
@@ -851,7 +1056,7 @@ type WatchProxiesResponse struct {
 
 func (x *WatchProxiesResponse) Reset() {
 	*x = WatchProxiesResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[11]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +1068,7 @@ func (x *WatchProxiesResponse) String() string {
 func (*WatchProxiesResponse) ProtoMessage() {}
 
 func (x *WatchProxiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[11]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +1081,7 @@ func (x *WatchProxiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchProxiesResponse.ProtoReflect.Descriptor instead.
 func (*WatchProxiesResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{11}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchProxiesResponse) GetRevision() int64 {
@@ -924,7 +1129,7 @@ type DrainProxyRequest struct {
 
 func (x *DrainProxyRequest) Reset() {
 	*x = DrainProxyRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1141,7 @@ func (x *DrainProxyRequest) String() string {
 func (*DrainProxyRequest) ProtoMessage() {}
 
 func (x *DrainProxyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[12]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1154,7 @@ func (x *DrainProxyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainProxyRequest.ProtoReflect.Descriptor instead.
 func (*DrainProxyRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{12}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DrainProxyRequest) GetName() string {
@@ -984,7 +1189,7 @@ type DrainProxyResponse struct {
 
 func (x *DrainProxyResponse) Reset() {
 	*x = DrainProxyResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1201,7 @@ func (x *DrainProxyResponse) String() string {
 func (*DrainProxyResponse) ProtoMessage() {}
 
 func (x *DrainProxyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[13]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1214,7 @@ func (x *DrainProxyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainProxyResponse.ProtoReflect.Descriptor instead.
 func (*DrainProxyResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{13}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DrainProxyResponse) GetProxy() *Proxy {
@@ -1028,7 +1233,7 @@ type ListProvidersRequest struct {
 
 func (x *ListProvidersRequest) Reset() {
 	*x = ListProvidersRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1245,7 @@ func (x *ListProvidersRequest) String() string {
 func (*ListProvidersRequest) ProtoMessage() {}
 
 func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[14]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1258,7 @@ func (x *ListProvidersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersRequest.ProtoReflect.Descriptor instead.
 func (*ListProvidersRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{14}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{18}
 }
 
 // A provider from the providers config.
@@ -1069,7 +1274,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[15]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1286,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[15]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1299,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{15}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Provider) GetName() string {
@@ -1122,7 +1327,7 @@ type ListProvidersResponse struct {
 
 func (x *ListProvidersResponse) Reset() {
 	*x = ListProvidersResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[16]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1339,7 @@ func (x *ListProvidersResponse) String() string {
 func (*ListProvidersResponse) ProtoMessage() {}
 
 func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[16]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1352,7 @@ func (x *ListProvidersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProvidersResponse.ProtoReflect.Descriptor instead.
 func (*ListProvidersResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{16}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListProvidersResponse) GetProviders() []*Provider {
@@ -1173,7 +1378,7 @@ type ListProxyChangesRequest struct {
 
 func (x *ListProxyChangesRequest) Reset() {
 	*x = ListProxyChangesRequest{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[17]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1390,7 @@ func (x *ListProxyChangesRequest) String() string {
 func (*ListProxyChangesRequest) ProtoMessage() {}
 
 func (x *ListProxyChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[17]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1403,7 @@ func (x *ListProxyChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxyChangesRequest.ProtoReflect.Descriptor instead.
 func (*ListProxyChangesRequest) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{17}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListProxyChangesRequest) GetName() string {
@@ -1234,7 +1439,7 @@ type ListProxyChangesResponse struct {
 
 func (x *ListProxyChangesResponse) Reset() {
 	*x = ListProxyChangesResponse{}
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[18]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1451,7 @@ func (x *ListProxyChangesResponse) String() string {
 func (*ListProxyChangesResponse) ProtoMessage() {}
 
 func (x *ListProxyChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[18]
+	mi := &file_egress_proxy_v1_proxy_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1464,7 @@ func (x *ListProxyChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxyChangesResponse.ProtoReflect.Descriptor instead.
 func (*ListProxyChangesResponse) Descriptor() ([]byte, []int) {
-	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{18}
+	return file_egress_proxy_v1_proxy_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListProxyChangesResponse) GetChanges() []*WatchProxiesResponse {
@@ -1273,7 +1478,17 @@ var File_egress_proxy_v1_proxy_service_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\n" +
-	"#egress/proxy/v1/proxy_service.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"\xf2\x03\n" +
+	"#egress/proxy/v1/proxy_service.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a.protoc-gen-openapiv2/options/annotations.proto\"X\n" +
+	"\x18RotateCredentialsRequest\x12<\n" +
+	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\"I\n" +
+	"\x19RotateCredentialsResponse\x12,\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x16.egress.proxy.v1.ProxyR\x05proxy\"8\n" +
+	"\x1aGetProxyCredentialsRequest\x12\x1a\n" +
+	"\x03uid\x18\x01 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\x03uid\"\xcc\x01\n" +
+	"\x1bGetProxyCredentialsResponse\x12C\n" +
+	"\vcredentials\x18\x01 \x01(\v2!.egress.proxy.v1.ProxyCredentialsR\vcredentials\x12E\n" +
+	"\x10credentials_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x0fcredentialsTime\x12!\n" +
+	"\fservice_only\x18\x03 \x01(\bR\vserviceOnly\"\xf2\x03\n" +
 	"\x12CreateProxyRequest\x12<\n" +
 	"\x04name\x18\x01 \x01(\tB(\xbaH%r#2!^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$R\x04name\x12\x87\x02\n" +
 	"\x06labels\x18\x02 \x03(\v2/.egress.proxy.v1.CreateProxyRequest.LabelsEntryB\xbd\x01\xbaH\xb9\x01\x9a\x01\xb5\x01\x10@\"yrw\x18\xbd\x022r^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$*6r422^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$R\x06labels\x126\n" +
@@ -1363,7 +1578,8 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\x17CHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CHANGE_TYPE_CREATED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_TYPE_UPDATED\x10\x02\x12\x17\n" +
-	"\x13CHANGE_TYPE_DELETED\x10\x032\xc6\b\n" +
+	"\x13CHANGE_TYPE_DELETED\x10\x032\xd6\n" +
+	"\n" +
 	"\fProxyService\x12p\n" +
 	"\vCreateProxy\x12#.egress.proxy.v1.CreateProxyRequest\x1a$.egress.proxy.v1.CreateProxyResponse\"\x16\x82\xd3\xe4\x93\x02\x10:\x01*\"\v/v1/proxies\x12k\n" +
 	"\bGetProxy\x12 .egress.proxy.v1.GetProxyRequest\x1a!.egress.proxy.v1.GetProxyResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/proxies/{name}\x12m\n" +
@@ -1374,7 +1590,9 @@ const file_egress_proxy_v1_proxy_service_proto_rawDesc = "" +
 	"\n" +
 	"DrainProxy\x12\".egress.proxy.v1.DrainProxyRequest\x1a#.egress.proxy.v1.DrainProxyResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/proxies/{name}:drain\x12\x8b\x01\n" +
 	"\x10ListProxyChanges\x12(.egress.proxy.v1.ListProxyChangesRequest\x1a).egress.proxy.v1.ListProxyChangesResponse\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/proxies/{name}/changes\x12u\n" +
-	"\rListProviders\x12%.egress.proxy.v1.ListProvidersRequest\x1a&.egress.proxy.v1.ListProvidersResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/providersB\xbc\x03\x92A\xee\x02\x12\xc3\x01\n" +
+	"\rListProviders\x12%.egress.proxy.v1.ListProvidersRequest\x1a&.egress.proxy.v1.ListProvidersResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/providers\x12\x9b\x01\n" +
+	"\x11RotateCredentials\x12).egress.proxy.v1.RotateCredentialsRequest\x1a*.egress.proxy.v1.RotateCredentialsResponse\"/\x82\xd3\xe4\x93\x02):\x01*\"$/v1/proxies/{name}:rotateCredentials\x12p\n" +
+	"\x13GetProxyCredentials\x12+.egress.proxy.v1.GetProxyCredentialsRequest\x1a,.egress.proxy.v1.GetProxyCredentialsResponseB\xbc\x03\x92A\xee\x02\x12\xc3\x01\n" +
 	"\x12egress-proxies API\x12\xa8\x01Egress proxy fleets for web crawlers: proxies (orchestrator), leases (lease) and health (health). Every service answers gRPC and this REST mapping through grpc-gateway.2\x02v1*\x02\x01\x022\x10application/json:\x10application/jsonZp\n" +
 	"n\n" +
 	"\x06bearer\x12d\b\x02\x12OA token from the service's token file, sent as `Authorization: Bearer <token>`.\x1a\rAuthorization \x02b\f\n" +
@@ -1395,83 +1613,95 @@ func file_egress_proxy_v1_proxy_service_proto_rawDescGZIP() []byte {
 }
 
 var file_egress_proxy_v1_proxy_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_proxy_v1_proxy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_egress_proxy_v1_proxy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_egress_proxy_v1_proxy_service_proto_goTypes = []any{
-	(ProxyView)(0),                   // 0: egress.proxy.v1.ProxyView
-	(ChangeType)(0),                  // 1: egress.proxy.v1.ChangeType
-	(*CreateProxyRequest)(nil),       // 2: egress.proxy.v1.CreateProxyRequest
-	(*CreateProxyResponse)(nil),      // 3: egress.proxy.v1.CreateProxyResponse
-	(*GetProxyRequest)(nil),          // 4: egress.proxy.v1.GetProxyRequest
-	(*GetProxyResponse)(nil),         // 5: egress.proxy.v1.GetProxyResponse
-	(*ListProxiesRequest)(nil),       // 6: egress.proxy.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),      // 7: egress.proxy.v1.ListProxiesResponse
-	(*UpdateProxyRequest)(nil),       // 8: egress.proxy.v1.UpdateProxyRequest
-	(*UpdateProxyResponse)(nil),      // 9: egress.proxy.v1.UpdateProxyResponse
-	(*DeleteProxyRequest)(nil),       // 10: egress.proxy.v1.DeleteProxyRequest
-	(*DeleteProxyResponse)(nil),      // 11: egress.proxy.v1.DeleteProxyResponse
-	(*WatchProxiesRequest)(nil),      // 12: egress.proxy.v1.WatchProxiesRequest
-	(*WatchProxiesResponse)(nil),     // 13: egress.proxy.v1.WatchProxiesResponse
-	(*DrainProxyRequest)(nil),        // 14: egress.proxy.v1.DrainProxyRequest
-	(*DrainProxyResponse)(nil),       // 15: egress.proxy.v1.DrainProxyResponse
-	(*ListProvidersRequest)(nil),     // 16: egress.proxy.v1.ListProvidersRequest
-	(*Provider)(nil),                 // 17: egress.proxy.v1.Provider
-	(*ListProvidersResponse)(nil),    // 18: egress.proxy.v1.ListProvidersResponse
-	(*ListProxyChangesRequest)(nil),  // 19: egress.proxy.v1.ListProxyChangesRequest
-	(*ListProxyChangesResponse)(nil), // 20: egress.proxy.v1.ListProxyChangesResponse
-	nil,                              // 21: egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	nil,                              // 22: egress.proxy.v1.ListProxiesRequest.LabelsEntry
-	nil,                              // 23: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	(*ProxySpec)(nil),                // 24: egress.proxy.v1.ProxySpec
-	(*Proxy)(nil),                    // 25: egress.proxy.v1.Proxy
-	(ProxyPhase)(0),                  // 26: egress.proxy.v1.ProxyPhase
-	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 28: google.protobuf.Duration
+	(ProxyView)(0),                      // 0: egress.proxy.v1.ProxyView
+	(ChangeType)(0),                     // 1: egress.proxy.v1.ChangeType
+	(*RotateCredentialsRequest)(nil),    // 2: egress.proxy.v1.RotateCredentialsRequest
+	(*RotateCredentialsResponse)(nil),   // 3: egress.proxy.v1.RotateCredentialsResponse
+	(*GetProxyCredentialsRequest)(nil),  // 4: egress.proxy.v1.GetProxyCredentialsRequest
+	(*GetProxyCredentialsResponse)(nil), // 5: egress.proxy.v1.GetProxyCredentialsResponse
+	(*CreateProxyRequest)(nil),          // 6: egress.proxy.v1.CreateProxyRequest
+	(*CreateProxyResponse)(nil),         // 7: egress.proxy.v1.CreateProxyResponse
+	(*GetProxyRequest)(nil),             // 8: egress.proxy.v1.GetProxyRequest
+	(*GetProxyResponse)(nil),            // 9: egress.proxy.v1.GetProxyResponse
+	(*ListProxiesRequest)(nil),          // 10: egress.proxy.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),         // 11: egress.proxy.v1.ListProxiesResponse
+	(*UpdateProxyRequest)(nil),          // 12: egress.proxy.v1.UpdateProxyRequest
+	(*UpdateProxyResponse)(nil),         // 13: egress.proxy.v1.UpdateProxyResponse
+	(*DeleteProxyRequest)(nil),          // 14: egress.proxy.v1.DeleteProxyRequest
+	(*DeleteProxyResponse)(nil),         // 15: egress.proxy.v1.DeleteProxyResponse
+	(*WatchProxiesRequest)(nil),         // 16: egress.proxy.v1.WatchProxiesRequest
+	(*WatchProxiesResponse)(nil),        // 17: egress.proxy.v1.WatchProxiesResponse
+	(*DrainProxyRequest)(nil),           // 18: egress.proxy.v1.DrainProxyRequest
+	(*DrainProxyResponse)(nil),          // 19: egress.proxy.v1.DrainProxyResponse
+	(*ListProvidersRequest)(nil),        // 20: egress.proxy.v1.ListProvidersRequest
+	(*Provider)(nil),                    // 21: egress.proxy.v1.Provider
+	(*ListProvidersResponse)(nil),       // 22: egress.proxy.v1.ListProvidersResponse
+	(*ListProxyChangesRequest)(nil),     // 23: egress.proxy.v1.ListProxyChangesRequest
+	(*ListProxyChangesResponse)(nil),    // 24: egress.proxy.v1.ListProxyChangesResponse
+	nil,                                 // 25: egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	nil,                                 // 26: egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	nil,                                 // 27: egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	(*Proxy)(nil),                       // 28: egress.proxy.v1.Proxy
+	(*ProxyCredentials)(nil),            // 29: egress.proxy.v1.ProxyCredentials
+	(*timestamppb.Timestamp)(nil),       // 30: google.protobuf.Timestamp
+	(*ProxySpec)(nil),                   // 31: egress.proxy.v1.ProxySpec
+	(ProxyPhase)(0),                     // 32: egress.proxy.v1.ProxyPhase
+	(*durationpb.Duration)(nil),         // 33: google.protobuf.Duration
 }
 var file_egress_proxy_v1_proxy_service_proto_depIdxs = []int32{
-	21, // 0: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
-	24, // 1: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	25, // 2: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	0,  // 3: egress.proxy.v1.GetProxyRequest.view:type_name -> egress.proxy.v1.ProxyView
-	25, // 4: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	26, // 5: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
-	22, // 6: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
-	0,  // 7: egress.proxy.v1.ListProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
-	25, // 8: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
-	23, // 9: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
-	24, // 10: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
-	25, // 11: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	25, // 12: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	0,  // 13: egress.proxy.v1.WatchProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
-	1,  // 14: egress.proxy.v1.WatchProxiesResponse.type:type_name -> egress.proxy.v1.ChangeType
-	25, // 15: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	27, // 16: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
-	28, // 17: egress.proxy.v1.DrainProxyRequest.drain_timeout:type_name -> google.protobuf.Duration
-	25, // 18: egress.proxy.v1.DrainProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
-	17, // 19: egress.proxy.v1.ListProvidersResponse.providers:type_name -> egress.proxy.v1.Provider
-	13, // 20: egress.proxy.v1.ListProxyChangesResponse.changes:type_name -> egress.proxy.v1.WatchProxiesResponse
-	2,  // 21: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
-	4,  // 22: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
-	6,  // 23: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
-	8,  // 24: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
-	10, // 25: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
-	12, // 26: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
-	14, // 27: egress.proxy.v1.ProxyService.DrainProxy:input_type -> egress.proxy.v1.DrainProxyRequest
-	19, // 28: egress.proxy.v1.ProxyService.ListProxyChanges:input_type -> egress.proxy.v1.ListProxyChangesRequest
-	16, // 29: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
-	3,  // 30: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
-	5,  // 31: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
-	7,  // 32: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
-	9,  // 33: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
-	11, // 34: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
-	13, // 35: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
-	15, // 36: egress.proxy.v1.ProxyService.DrainProxy:output_type -> egress.proxy.v1.DrainProxyResponse
-	20, // 37: egress.proxy.v1.ProxyService.ListProxyChanges:output_type -> egress.proxy.v1.ListProxyChangesResponse
-	18, // 38: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
-	30, // [30:39] is the sub-list for method output_type
-	21, // [21:30] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	28, // 0: egress.proxy.v1.RotateCredentialsResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	29, // 1: egress.proxy.v1.GetProxyCredentialsResponse.credentials:type_name -> egress.proxy.v1.ProxyCredentials
+	30, // 2: egress.proxy.v1.GetProxyCredentialsResponse.credentials_time:type_name -> google.protobuf.Timestamp
+	25, // 3: egress.proxy.v1.CreateProxyRequest.labels:type_name -> egress.proxy.v1.CreateProxyRequest.LabelsEntry
+	31, // 4: egress.proxy.v1.CreateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	28, // 5: egress.proxy.v1.CreateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	0,  // 6: egress.proxy.v1.GetProxyRequest.view:type_name -> egress.proxy.v1.ProxyView
+	28, // 7: egress.proxy.v1.GetProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	32, // 8: egress.proxy.v1.ListProxiesRequest.phase:type_name -> egress.proxy.v1.ProxyPhase
+	26, // 9: egress.proxy.v1.ListProxiesRequest.labels:type_name -> egress.proxy.v1.ListProxiesRequest.LabelsEntry
+	0,  // 10: egress.proxy.v1.ListProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
+	28, // 11: egress.proxy.v1.ListProxiesResponse.proxies:type_name -> egress.proxy.v1.Proxy
+	27, // 12: egress.proxy.v1.UpdateProxyRequest.labels:type_name -> egress.proxy.v1.UpdateProxyRequest.LabelsEntry
+	31, // 13: egress.proxy.v1.UpdateProxyRequest.spec:type_name -> egress.proxy.v1.ProxySpec
+	28, // 14: egress.proxy.v1.UpdateProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	28, // 15: egress.proxy.v1.DeleteProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	0,  // 16: egress.proxy.v1.WatchProxiesRequest.view:type_name -> egress.proxy.v1.ProxyView
+	1,  // 17: egress.proxy.v1.WatchProxiesResponse.type:type_name -> egress.proxy.v1.ChangeType
+	28, // 18: egress.proxy.v1.WatchProxiesResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	30, // 19: egress.proxy.v1.WatchProxiesResponse.change_time:type_name -> google.protobuf.Timestamp
+	33, // 20: egress.proxy.v1.DrainProxyRequest.drain_timeout:type_name -> google.protobuf.Duration
+	28, // 21: egress.proxy.v1.DrainProxyResponse.proxy:type_name -> egress.proxy.v1.Proxy
+	21, // 22: egress.proxy.v1.ListProvidersResponse.providers:type_name -> egress.proxy.v1.Provider
+	17, // 23: egress.proxy.v1.ListProxyChangesResponse.changes:type_name -> egress.proxy.v1.WatchProxiesResponse
+	6,  // 24: egress.proxy.v1.ProxyService.CreateProxy:input_type -> egress.proxy.v1.CreateProxyRequest
+	8,  // 25: egress.proxy.v1.ProxyService.GetProxy:input_type -> egress.proxy.v1.GetProxyRequest
+	10, // 26: egress.proxy.v1.ProxyService.ListProxies:input_type -> egress.proxy.v1.ListProxiesRequest
+	12, // 27: egress.proxy.v1.ProxyService.UpdateProxy:input_type -> egress.proxy.v1.UpdateProxyRequest
+	14, // 28: egress.proxy.v1.ProxyService.DeleteProxy:input_type -> egress.proxy.v1.DeleteProxyRequest
+	16, // 29: egress.proxy.v1.ProxyService.WatchProxies:input_type -> egress.proxy.v1.WatchProxiesRequest
+	18, // 30: egress.proxy.v1.ProxyService.DrainProxy:input_type -> egress.proxy.v1.DrainProxyRequest
+	23, // 31: egress.proxy.v1.ProxyService.ListProxyChanges:input_type -> egress.proxy.v1.ListProxyChangesRequest
+	20, // 32: egress.proxy.v1.ProxyService.ListProviders:input_type -> egress.proxy.v1.ListProvidersRequest
+	2,  // 33: egress.proxy.v1.ProxyService.RotateCredentials:input_type -> egress.proxy.v1.RotateCredentialsRequest
+	4,  // 34: egress.proxy.v1.ProxyService.GetProxyCredentials:input_type -> egress.proxy.v1.GetProxyCredentialsRequest
+	7,  // 35: egress.proxy.v1.ProxyService.CreateProxy:output_type -> egress.proxy.v1.CreateProxyResponse
+	9,  // 36: egress.proxy.v1.ProxyService.GetProxy:output_type -> egress.proxy.v1.GetProxyResponse
+	11, // 37: egress.proxy.v1.ProxyService.ListProxies:output_type -> egress.proxy.v1.ListProxiesResponse
+	13, // 38: egress.proxy.v1.ProxyService.UpdateProxy:output_type -> egress.proxy.v1.UpdateProxyResponse
+	15, // 39: egress.proxy.v1.ProxyService.DeleteProxy:output_type -> egress.proxy.v1.DeleteProxyResponse
+	17, // 40: egress.proxy.v1.ProxyService.WatchProxies:output_type -> egress.proxy.v1.WatchProxiesResponse
+	19, // 41: egress.proxy.v1.ProxyService.DrainProxy:output_type -> egress.proxy.v1.DrainProxyResponse
+	24, // 42: egress.proxy.v1.ProxyService.ListProxyChanges:output_type -> egress.proxy.v1.ListProxyChangesResponse
+	22, // 43: egress.proxy.v1.ProxyService.ListProviders:output_type -> egress.proxy.v1.ListProvidersResponse
+	3,  // 44: egress.proxy.v1.ProxyService.RotateCredentials:output_type -> egress.proxy.v1.RotateCredentialsResponse
+	5,  // 45: egress.proxy.v1.ProxyService.GetProxyCredentials:output_type -> egress.proxy.v1.GetProxyCredentialsResponse
+	35, // [35:46] is the sub-list for method output_type
+	24, // [24:35] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_egress_proxy_v1_proxy_service_proto_init() }
@@ -1486,7 +1716,7 @@ func file_egress_proxy_v1_proxy_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_proxy_v1_proxy_service_proto_rawDesc), len(file_egress_proxy_v1_proxy_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

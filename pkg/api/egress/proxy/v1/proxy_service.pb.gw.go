@@ -433,6 +433,63 @@ func local_request_ProxyService_ListProviders_0(ctx context.Context, marshaler r
 	return msg, metadata, err
 }
 
+func request_ProxyService_RotateCredentials_0(ctx context.Context, marshaler runtime.Marshaler, client ProxyServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq RotateCredentialsRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	dec := marshaler.NewDecoder(req.Body)
+	if err := dec.Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if td, ok := dec.(interface{ Token() (json.Token, error) }); ok {
+		if _, err := td.Token(); !errors.Is(err, io.EOF) {
+			return nil, metadata, status.Error(codes.InvalidArgument, "unexpected data after request body")
+		}
+	}
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.RotateCredentials(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_ProxyService_RotateCredentials_0(ctx context.Context, marshaler runtime.Marshaler, server ProxyServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq RotateCredentialsRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	dec := marshaler.NewDecoder(req.Body)
+	if err := dec.Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if td, ok := dec.(interface{ Token() (json.Token, error) }); ok {
+		if _, err := td.Token(); !errors.Is(err, io.EOF) {
+			return nil, metadata, status.Error(codes.InvalidArgument, "unexpected data after request body")
+		}
+	}
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	msg, err := server.RotateCredentials(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterProxyServiceHandlerServer registers the http handlers for service ProxyService to "mux".
 // UnaryRPC     :call ProxyServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -605,6 +662,26 @@ func RegisterProxyServiceHandlerServer(ctx context.Context, mux *runtime.ServeMu
 			return
 		}
 		forward_ProxyService_ListProviders_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_ProxyService_RotateCredentials_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/egress.proxy.v1.ProxyService/RotateCredentials", runtime.WithHTTPPathPattern("/v1/proxies/{name}:rotateCredentials"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_ProxyService_RotateCredentials_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ProxyService_RotateCredentials_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -799,29 +876,48 @@ func RegisterProxyServiceHandlerClient(ctx context.Context, mux *runtime.ServeMu
 		}
 		forward_ProxyService_ListProviders_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_ProxyService_RotateCredentials_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/egress.proxy.v1.ProxyService/RotateCredentials", runtime.WithHTTPPathPattern("/v1/proxies/{name}:rotateCredentials"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_ProxyService_RotateCredentials_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_ProxyService_RotateCredentials_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
-	pattern_ProxyService_CreateProxy_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
-	pattern_ProxyService_GetProxy_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
-	pattern_ProxyService_ListProxies_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
-	pattern_ProxyService_UpdateProxy_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
-	pattern_ProxyService_DeleteProxy_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
-	pattern_ProxyService_WatchProxies_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, "watch"))
-	pattern_ProxyService_DrainProxy_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, "drain"))
-	pattern_ProxyService_ListProxyChanges_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "proxies", "name", "changes"}, ""))
-	pattern_ProxyService_ListProviders_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "providers"}, ""))
+	pattern_ProxyService_CreateProxy_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
+	pattern_ProxyService_GetProxy_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
+	pattern_ProxyService_ListProxies_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, ""))
+	pattern_ProxyService_UpdateProxy_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
+	pattern_ProxyService_DeleteProxy_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, ""))
+	pattern_ProxyService_WatchProxies_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "proxies"}, "watch"))
+	pattern_ProxyService_DrainProxy_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, "drain"))
+	pattern_ProxyService_ListProxyChanges_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "proxies", "name", "changes"}, ""))
+	pattern_ProxyService_ListProviders_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "providers"}, ""))
+	pattern_ProxyService_RotateCredentials_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "proxies", "name"}, "rotateCredentials"))
 )
 
 var (
-	forward_ProxyService_CreateProxy_0      = runtime.ForwardResponseMessage
-	forward_ProxyService_GetProxy_0         = runtime.ForwardResponseMessage
-	forward_ProxyService_ListProxies_0      = runtime.ForwardResponseMessage
-	forward_ProxyService_UpdateProxy_0      = runtime.ForwardResponseMessage
-	forward_ProxyService_DeleteProxy_0      = runtime.ForwardResponseMessage
-	forward_ProxyService_WatchProxies_0     = runtime.ForwardResponseStream
-	forward_ProxyService_DrainProxy_0       = runtime.ForwardResponseMessage
-	forward_ProxyService_ListProxyChanges_0 = runtime.ForwardResponseMessage
-	forward_ProxyService_ListProviders_0    = runtime.ForwardResponseMessage
+	forward_ProxyService_CreateProxy_0       = runtime.ForwardResponseMessage
+	forward_ProxyService_GetProxy_0          = runtime.ForwardResponseMessage
+	forward_ProxyService_ListProxies_0       = runtime.ForwardResponseMessage
+	forward_ProxyService_UpdateProxy_0       = runtime.ForwardResponseMessage
+	forward_ProxyService_DeleteProxy_0       = runtime.ForwardResponseMessage
+	forward_ProxyService_WatchProxies_0      = runtime.ForwardResponseStream
+	forward_ProxyService_DrainProxy_0        = runtime.ForwardResponseMessage
+	forward_ProxyService_ListProxyChanges_0  = runtime.ForwardResponseMessage
+	forward_ProxyService_ListProviders_0     = runtime.ForwardResponseMessage
+	forward_ProxyService_RotateCredentials_0 = runtime.ForwardResponseMessage
 )

@@ -19,15 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ProxyService_CreateProxy_FullMethodName      = "/egress.proxy.v1.ProxyService/CreateProxy"
-	ProxyService_GetProxy_FullMethodName         = "/egress.proxy.v1.ProxyService/GetProxy"
-	ProxyService_ListProxies_FullMethodName      = "/egress.proxy.v1.ProxyService/ListProxies"
-	ProxyService_UpdateProxy_FullMethodName      = "/egress.proxy.v1.ProxyService/UpdateProxy"
-	ProxyService_DeleteProxy_FullMethodName      = "/egress.proxy.v1.ProxyService/DeleteProxy"
-	ProxyService_WatchProxies_FullMethodName     = "/egress.proxy.v1.ProxyService/WatchProxies"
-	ProxyService_DrainProxy_FullMethodName       = "/egress.proxy.v1.ProxyService/DrainProxy"
-	ProxyService_ListProxyChanges_FullMethodName = "/egress.proxy.v1.ProxyService/ListProxyChanges"
-	ProxyService_ListProviders_FullMethodName    = "/egress.proxy.v1.ProxyService/ListProviders"
+	ProxyService_CreateProxy_FullMethodName         = "/egress.proxy.v1.ProxyService/CreateProxy"
+	ProxyService_GetProxy_FullMethodName            = "/egress.proxy.v1.ProxyService/GetProxy"
+	ProxyService_ListProxies_FullMethodName         = "/egress.proxy.v1.ProxyService/ListProxies"
+	ProxyService_UpdateProxy_FullMethodName         = "/egress.proxy.v1.ProxyService/UpdateProxy"
+	ProxyService_DeleteProxy_FullMethodName         = "/egress.proxy.v1.ProxyService/DeleteProxy"
+	ProxyService_WatchProxies_FullMethodName        = "/egress.proxy.v1.ProxyService/WatchProxies"
+	ProxyService_DrainProxy_FullMethodName          = "/egress.proxy.v1.ProxyService/DrainProxy"
+	ProxyService_ListProxyChanges_FullMethodName    = "/egress.proxy.v1.ProxyService/ListProxyChanges"
+	ProxyService_ListProviders_FullMethodName       = "/egress.proxy.v1.ProxyService/ListProviders"
+	ProxyService_RotateCredentials_FullMethodName   = "/egress.proxy.v1.ProxyService/RotateCredentials"
+	ProxyService_GetProxyCredentials_FullMethodName = "/egress.proxy.v1.ProxyService/GetProxyCredentials"
 )
 
 // ProxyServiceClient is the client API for ProxyService service.
@@ -76,6 +78,16 @@ type ProxyServiceClient interface {
 	// Lists the providers from the providers config: the names a MANAGED
 	// proxy's spec.provider may use.
 	ListProviders(ctx context.Context, in *ListProvidersRequest, opts ...grpc.CallOption) (*ListProvidersResponse, error)
+	// Replaces a proxy's credentials with new random ones; the old ones stop
+	// working. In place where the provider can change a running instance's
+	// credentials, otherwise by replacing the instance. FAILED_PRECONDITION
+	// for an EXTERNAL proxy (update its endpoint_credentials instead), a
+	// proxy whose spec says credentials NONE, or one being deleted.
+	RotateCredentials(ctx context.Context, in *RotateCredentialsRequest, opts ...grpc.CallOption) (*RotateCredentialsResponse, error)
+	// Returns a proxy's current credentials, for the suite's own services
+	// (the lease service, health, the gateway, provisioners). Service role
+	// only; never mapped to REST. NOT_FOUND when no proxy has the UID.
+	GetProxyCredentials(ctx context.Context, in *GetProxyCredentialsRequest, opts ...grpc.CallOption) (*GetProxyCredentialsResponse, error)
 }
 
 type proxyServiceClient struct {
@@ -185,6 +197,26 @@ func (c *proxyServiceClient) ListProviders(ctx context.Context, in *ListProvider
 	return out, nil
 }
 
+func (c *proxyServiceClient) RotateCredentials(ctx context.Context, in *RotateCredentialsRequest, opts ...grpc.CallOption) (*RotateCredentialsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotateCredentialsResponse)
+	err := c.cc.Invoke(ctx, ProxyService_RotateCredentials_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *proxyServiceClient) GetProxyCredentials(ctx context.Context, in *GetProxyCredentialsRequest, opts ...grpc.CallOption) (*GetProxyCredentialsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetProxyCredentialsResponse)
+	err := c.cc.Invoke(ctx, ProxyService_GetProxyCredentials_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ProxyServiceServer is the server API for ProxyService service.
 // All implementations must embed UnimplementedProxyServiceServer
 // for forward compatibility.
@@ -231,6 +263,16 @@ type ProxyServiceServer interface {
 	// Lists the providers from the providers config: the names a MANAGED
 	// proxy's spec.provider may use.
 	ListProviders(context.Context, *ListProvidersRequest) (*ListProvidersResponse, error)
+	// Replaces a proxy's credentials with new random ones; the old ones stop
+	// working. In place where the provider can change a running instance's
+	// credentials, otherwise by replacing the instance. FAILED_PRECONDITION
+	// for an EXTERNAL proxy (update its endpoint_credentials instead), a
+	// proxy whose spec says credentials NONE, or one being deleted.
+	RotateCredentials(context.Context, *RotateCredentialsRequest) (*RotateCredentialsResponse, error)
+	// Returns a proxy's current credentials, for the suite's own services
+	// (the lease service, health, the gateway, provisioners). Service role
+	// only; never mapped to REST. NOT_FOUND when no proxy has the UID.
+	GetProxyCredentials(context.Context, *GetProxyCredentialsRequest) (*GetProxyCredentialsResponse, error)
 	mustEmbedUnimplementedProxyServiceServer()
 }
 
@@ -267,6 +309,12 @@ func (UnimplementedProxyServiceServer) ListProxyChanges(context.Context, *ListPr
 }
 func (UnimplementedProxyServiceServer) ListProviders(context.Context, *ListProvidersRequest) (*ListProvidersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProviders not implemented")
+}
+func (UnimplementedProxyServiceServer) RotateCredentials(context.Context, *RotateCredentialsRequest) (*RotateCredentialsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateCredentials not implemented")
+}
+func (UnimplementedProxyServiceServer) GetProxyCredentials(context.Context, *GetProxyCredentialsRequest) (*GetProxyCredentialsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetProxyCredentials not implemented")
 }
 func (UnimplementedProxyServiceServer) mustEmbedUnimplementedProxyServiceServer() {}
 func (UnimplementedProxyServiceServer) testEmbeddedByValue()                      {}
@@ -444,6 +492,42 @@ func _ProxyService_ListProviders_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ProxyService_RotateCredentials_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateCredentialsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProxyServiceServer).RotateCredentials(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ProxyService_RotateCredentials_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProxyServiceServer).RotateCredentials(ctx, req.(*RotateCredentialsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ProxyService_GetProxyCredentials_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetProxyCredentialsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProxyServiceServer).GetProxyCredentials(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ProxyService_GetProxyCredentials_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProxyServiceServer).GetProxyCredentials(ctx, req.(*GetProxyCredentialsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ProxyService_ServiceDesc is the grpc.ServiceDesc for ProxyService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -482,6 +566,14 @@ var ProxyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListProviders",
 			Handler:    _ProxyService_ListProviders_Handler,
+		},
+		{
+			MethodName: "RotateCredentials",
+			Handler:    _ProxyService_RotateCredentials_Handler,
+		},
+		{
+			MethodName: "GetProxyCredentials",
+			Handler:    _ProxyService_GetProxyCredentials_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

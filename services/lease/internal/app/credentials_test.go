@@ -1,0 +1,57 @@
+package app_test
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
+)
+
+// The acquire's answer carries the proxy's credentials, fetched from the
+// orchestrator, over gRPC and REST; a service-only proxy's stay with the
+// service role; renewals carry none.
+func TestAcquireCarriesCredentials(t *testing.T) {
+	t.Parallel()
+	creds := &proxyv1.ProxyCredentials{Username: "egress-0123456789ab", Password: "pw-secret-8810"}
+	fake := &fakeOrchestrator{token: "orchestrator-secret-token", revision: 10, pageSize: 10,
+		proxies:     []*proxyv1.Proxy{lt.Proxy(uidA, "proxy-a")},
+		credentials: map[string]*proxyv1.GetProxyCredentialsResponse{uidA: {Credentials: creds}}}
+	env := lt.Start(t, lt.Options{Config: serveOrchestrator(t, fake)})
+	for _, transport := range lt.Transports {
+		c := env.Client(transport, "crawler-a")
+		resp, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{})
+		if r.Code() != codes.OK {
+			t.Fatalf("%s acquire: %v", transport, r.Status)
+		}
+		if resp.GetCredentials().GetPassword() != creds.GetPassword() || resp.GetCredentials().GetUsername() != creds.GetUsername() {
+			t.Errorf("%s: the answer does not carry the proxy's credentials", transport)
+		}
+		if u := resp.GetProxyUrl(); !strings.HasPrefix(u, "http://egress-0123456789ab:pw-secret-8810@") {
+			t.Errorf("%s: proxy_url lacks the credentials", transport)
+		}
+		renewed, r := c.Renew(lt.Ctx(t), &leasev1.RenewLeaseRequest{LeaseId: resp.GetLease().GetLeaseId()})
+		if r.Code() != codes.OK || strings.Contains(renewed.String(), creds.GetPassword()) {
+			t.Errorf("%s renew: %v, or it carries the credentials", transport, r.Status)
+		}
+		if _, r := c.Release(lt.Ctx(t), &leasev1.ReleaseLeaseRequest{LeaseId: resp.GetLease().GetLeaseId()}); r.Code() != codes.OK {
+			t.Fatal(r.Status)
+		}
+	}
+
+	// Service-only: a crawler learns nothing.
+	fake.mu.Lock()
+	fake.credentials[uidA] = &proxyv1.GetProxyCredentialsResponse{Credentials: creds, ServiceOnly: true}
+	fake.mu.Unlock()
+	c := env.Client("grpc", "crawler-a")
+	resp, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{})
+	if r.Code() != codes.OK {
+		t.Fatal(r.Status)
+	}
+	if resp.GetCredentials() != nil || strings.Contains(resp.GetProxyUrl(), creds.GetPassword()) {
+		t.Error("a crawler got the credentials of a service-only proxy")
+	}
+}

@@ -1,0 +1,54 @@
+package local
+
+import (
+	"os"
+	"path/filepath"
+
+	"golang.org/x/crypto/bcrypt"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+)
+
+// htpasswdFile is the instance's credentials file in its directory: one
+// line "user:bcrypt-hash", which basic_ncsa_auth checks through crypt(3).
+// It never holds the password itself.
+const htpasswdFile = "htpasswd"
+
+// setCredentials makes s's instance demand c (nil: nobody's), writing its
+// htpasswd file and recording it in s. Only squid instances can demand
+// credentials: for any other, credentials are a Permanent error, so that
+// no instance runs open when it should not. Errors never show c.
+func (b *Backend) setCredentials(s *state, c *proxyv1.ProxyCredentials) error {
+	path := filepath.Join(b.instDir(s.UID), htpasswdFile)
+	if c == nil {
+		if !s.Auth {
+			return nil
+		}
+		s.Auth = false
+		_ = os.Remove(path)
+		return b.write(s)
+	}
+	if s.Kind != "squid" || b.ncsaAuth == "" {
+		return errclass.New(errclass.Permanent,
+			"the proxy has credentials, and this local provider's %s proxy cannot demand them (install squid, which brings basic_ncsa_auth)", s.Kind)
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte(c.GetPassword()), bcrypt.DefaultCost)
+	if err != nil {
+		return errclass.New(errclass.Permanent, "hashing the proxy's password failed (bcrypt takes at most 72 bytes)")
+	}
+	tmp := path + ".new"
+	// squid runs its helper under its own user: readable by all; it holds
+	// only a bcrypt hash.
+	if err := os.WriteFile(tmp, []byte(c.GetUsername()+":"+string(hash)+"\n"), 0o644); err != nil {
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return errclass.Wrap(errclass.Transient, err)
+	}
+	if s.Auth {
+		return nil
+	}
+	s.Auth = true
+	return b.write(s)
+}

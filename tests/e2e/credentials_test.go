@@ -1,0 +1,130 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+)
+
+// proxyStatus fetches the site through the proxy at host:port with user
+// (nil: none) and returns the proxy's answer to CONNECT (200 when the page
+// came through).
+func (s *suite) proxyStatus(t *testing.T, host string, port uint32, user *url.Userinfo) int {
+	t.Helper()
+	pool := s.site.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	connect := 0
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		Proxy:           http.ProxyURL(&url.URL{Scheme: "http", Host: fmt.Sprintf("%s:%d", host, port), User: user}),
+		TLSClientConfig: &tls.Config{RootCAs: pool},
+		OnProxyConnectResponse: func(_ context.Context, _ *url.URL, _ *http.Request, resp *http.Response) error {
+			connect = resp.StatusCode
+			return nil
+		},
+	}}
+	resp, err := client.Get(s.site.URL + "/probe")
+	if err != nil {
+		if connect != 0 {
+			return connect
+		}
+		t.Fatalf("fetch through %s:%d: %v", host, port, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestProxyCredentials: real squids on the local backend demand the
+// credentials the lease hands out; health probes the proxy Ready through
+// them; no other view carries them, and no service logs them.
+func TestProxyCredentials(t *testing.T) {
+	t.Parallel()
+	s := newSuite(t)
+	orch := s.startOrchestrator()
+	prov := s.startProvisioner("prov-1", append(s.peer("orchestrator"), "--orchestrator-addr="+s.orchestrator.GRPC)...)
+	lease := s.startLease()
+	health, _ := startHealthWithCredentials(s, "health-1")
+	procs := map[string]*proctest.Process{"orchestrator": orch, "provisioner": prov, "lease": lease, "health": health}
+
+	s.createProxies("cred", 1)
+	p := s.waitAll("cred", 1, "ready", 90*time.Second, ready)[0]
+	host, port := p.GetStatus().GetIp(), p.GetStatus().GetPort()
+
+	crawler := leasev1.NewLeaseServiceClient(s.conn(s.lease.GRPC, crawlerToken))
+	// acquire leases the proxy, waiting for the lease service to see it
+	// leasable (its mirror follows the orchestrator's and health's events).
+	acquire := func() *leasev1.AcquireLeaseResponse {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			resp, err := crawler.AcquireLease(ctx(t, 30*time.Second), &leasev1.AcquireLeaseRequest{
+				Selector: &leasev1.ProxySelector{Labels: map[string]string{"id": "cred-00"}}})
+			if err == nil {
+				return resp
+			}
+			if status.Code(err) != codes.ResourceExhausted || time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	first := acquire()
+	c := first.GetCredentials()
+	if c.GetUsername() == "" || c.GetPassword() == "" {
+		t.Fatal("the crawler's lease answer carries no credentials")
+	}
+	wantURL := fmt.Sprintf("http://%s@%s:%d", url.UserPassword(c.GetUsername(), c.GetPassword()).String(), host, port)
+	if first.GetProxyUrl() != wantURL {
+		t.Errorf("proxy_url does not carry the credentials and address")
+	}
+	secrets := []string{c.GetPassword()}
+
+	if got := s.proxyStatus(t, host, port, nil); got != http.StatusProxyAuthRequired {
+		t.Errorf("straight to the proxy without credentials: %d, want 407", got)
+	}
+	if got := s.proxyStatus(t, host, port, url.UserPassword(c.GetUsername(), c.GetPassword())); got != http.StatusOK {
+		t.Errorf("with the lease's credentials: %d, want 200", got)
+	}
+
+	// Another client's view of the lease carries none.
+	ops := leasev1.NewLeaseServiceClient(s.conn(s.lease.GRPC, opsToken))
+	list, err := ops.ListLeases(ctx(t, 10*time.Second), &leasev1.ListLeasesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.GetLeases()) == 0 || strings.Contains(protojson.Format(list), c.GetPassword()) {
+		t.Errorf("ListLeases (%d leases) carries the credentials, or misses the lease", len(list.GetLeases()))
+	}
+	if _, err := crawler.ReleaseLease(ctx(t, 10*time.Second), &leasev1.ReleaseLeaseRequest{LeaseId: first.GetLease().GetLeaseId()}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Secrets scan: no service's debug log holds a credential.
+	for name, proc := range procs {
+		out := proc.Output()
+		for _, secret := range secrets {
+			if strings.Contains(out, secret) {
+				t.Errorf("the %s log holds a proxy password", name)
+			}
+		}
+	}
+}
+
+// startHealthWithCredentials starts a health replica that fetches the
+// proxies' credentials from the orchestrator.
+func startHealthWithCredentials(s *suite, replica string) (*proctest.Process, servicetest.Addrs) {
+	return s.startHealthWith(replica, append(s.peer("orchestrator"), "--orchestrator-addr="+s.orchestrator.GRPC)...)
+}
