@@ -118,12 +118,12 @@ for svc in "$@"; do
 		case " $* " in *" gateway "*) listen+=(--gateway-metrics-url="http://$self:$((8181 + offset))/metrics") ;; esac
 	fi
 	# The gateway: crawlers' HTTP proxy on 8080, SOCKS5 on 1080, leasing
-	# from this run's lease service (with the sample crawler token when
+	# from this run's lease service (with the sample service token when
 	# authentication is on).
 	if [ "$svc" = gateway ]; then
 		listen+=(--proxy-listen="$host:$((8080 + offset))" --socks-listen="$host:$((1080 + offset))"
 			--lease-addr="$self:$((8110 + offset))")
-		[ "${EGRESS_LOCAL_AUTH:-}" = 1 ] && listen+=(--lease-token-file=deploy/local/crawler-token)
+		[ "${EGRESS_LOCAL_AUTH:-}" = 1 ] && listen+=(--lease-token-file=deploy/local/service-token)
 	fi
 	"$bindir/$svc" --log-format=text "${listen[@]}" >"$logdir/$svc.log" 2>&1 &
 	pids+=($!)

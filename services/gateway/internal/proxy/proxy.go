@@ -158,13 +158,13 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, caller access.
 				lease.SessionKey, lease.ID, lease.ProxyName, lease.Addr, lease.Pool, lease.TTL, lease.MoveReason)
 		}
 		out := outgoing(r, body)
-		resp, err := core.Dialer.Transport(lease.Addr).RoundTrip(out)
+		resp, err := core.Dialer.Transport(lease.Addr, lease.User).RoundTrip(out)
 		if err != nil {
 			sess.Done()
 			unreached := upstream.IsDialError(err)
 			if unreached {
 				core.Metrics.Retries.WithLabelValues("upstream_unreachable").Inc()
-				core.Dialer.Forget(lease.Addr)
+				core.Dialer.Forget(lease.Addr, lease.User)
 				_ = core.Leaser.Report(r.Context(), lease.ID, leasev1.Outcome_OUTCOME_ERROR, host, upstream.GlobalScope)
 			}
 			core.Finish(lease)

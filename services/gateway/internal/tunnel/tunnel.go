@@ -135,7 +135,7 @@ func (c *Core) Open(ctx context.Context, caller access.Caller, kind, target stri
 		if lease.Moved() && movedFrom == "" {
 			movedFrom, moveReason = lease.MovedFrom, lease.MoveReason
 		}
-		up, err := c.Dialer.Connect(ctx, lease.Addr, target)
+		up, err := c.Dialer.Connect(ctx, lease.Addr, lease.User, target)
 		if err == nil {
 			t := &Tunnel{Up: up, Lease: lease, Kind: kind, Target: target, MovedFrom: movedFrom, MoveReason: moveReason,
 				caller: caller, release: release}
@@ -171,7 +171,7 @@ func (c *Core) upstreamFailed(ctx context.Context, lease *upstream.Lease, host s
 	}
 	c.Metrics.Retries.WithLabelValues("upstream_unreachable").Inc()
 	c.Log.InfoContext(ctx, "upstream proxy unreachable", "proxy", lease.ProxyName, "error", err)
-	c.Dialer.Forget(lease.Addr)
+	c.Dialer.Forget(lease.Addr, lease.User)
 	_ = c.Leaser.Report(ctx, lease.ID, leasev1.Outcome_OUTCOME_ERROR, host, upstream.GlobalScope)
 	return &Failure{Status: http.StatusBadGateway, Message: "no proxy could be reached", Outcome: "upstream_error", Socks: SocksHostUnreach}
 }

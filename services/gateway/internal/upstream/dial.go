@@ -3,6 +3,7 @@ package upstream
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -46,9 +47,10 @@ type Dialer struct {
 }
 
 // Connect opens a tunnel to target (host:port) through the proxy at
-// proxyAddr. The returned conn carries whatever the proxy sent after its
+// proxyAddr, authenticating as user when the lease carries credentials
+// (nil: none). The returned conn carries whatever the proxy sent after its
 // answer.
-func (d *Dialer) Connect(ctx context.Context, proxyAddr, target string) (net.Conn, error) {
+func (d *Dialer) Connect(ctx context.Context, proxyAddr string, user *url.Userinfo, target string) (net.Conn, error) {
 	nd := net.Dialer{Timeout: d.DialTimeout, KeepAlive: 30 * time.Second}
 	conn, err := nd.DialContext(ctx, "tcp", proxyAddr)
 	if err != nil {
@@ -59,7 +61,11 @@ func (d *Dialer) Connect(ctx context.Context, proxyAddr, target string) (net.Con
 		deadline = dl
 	}
 	_ = conn.SetDeadline(deadline)
-	req := "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n"
+	req := "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n"
+	if user != nil {
+		req += "Proxy-Authorization: " + basicAuth(user) + "\r\n"
+	}
+	req += "\r\n"
 	if _, err := conn.Write([]byte(req)); err != nil {
 		_ = conn.Close()
 		return nil, &UnreachableError{Err: err}
@@ -88,18 +94,36 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// basicAuth is the Proxy-Authorization value of user's credentials.
+func basicAuth(user *url.Userinfo) string {
+	pass, _ := user.Password()
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user.Username()+":"+pass))
+}
+
+// poolKey names the keep-alive pool of a proxy and the credentials it is
+// used with, so that rotated credentials get connections of their own.
+func poolKey(proxyAddr string, user *url.Userinfo) string {
+	if user == nil {
+		return proxyAddr
+	}
+	return proxyAddr + "\x00" + user.String()
+}
+
 // Transport is the keep-alive pool of HTTP forwarding through the proxy at
-// proxyAddr, created at its first use.
-func (d *Dialer) Transport(proxyAddr string) *http.Transport {
+// proxyAddr (as user, when not nil: Go's transport sends the
+// Proxy-Authorization of the proxy URL's user info), created at its first
+// use.
+func (d *Dialer) Transport(proxyAddr string, user *url.Userinfo) *http.Transport {
+	key := poolKey(proxyAddr, user)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if t, ok := d.transports[proxyAddr]; ok {
+	if t, ok := d.transports[key]; ok {
 		return t
 	}
 	if d.transports == nil {
 		d.transports = map[string]*http.Transport{}
 	}
-	u := &url.URL{Scheme: "http", Host: proxyAddr}
+	u := &url.URL{Scheme: "http", Host: proxyAddr, User: user}
 	nd := &net.Dialer{Timeout: d.DialTimeout, KeepAlive: 30 * time.Second}
 	t := &http.Transport{
 		Proxy:                 http.ProxyURL(u),
@@ -112,15 +136,16 @@ func (d *Dialer) Transport(proxyAddr string) *http.Transport {
 		// comes back as the target sent it.
 		DisableCompression: true,
 	}
-	d.transports[proxyAddr] = t
+	d.transports[key] = t
 	return t
 }
 
 // Forget drops the pool of a proxy that failed.
-func (d *Dialer) Forget(proxyAddr string) {
+func (d *Dialer) Forget(proxyAddr string, user *url.Userinfo) {
+	key := poolKey(proxyAddr, user)
 	d.mu.Lock()
-	t := d.transports[proxyAddr]
-	delete(d.transports, proxyAddr)
+	t := d.transports[key]
+	delete(d.transports, key)
 	d.mu.Unlock()
 	if t != nil {
 		t.CloseIdleConnections()

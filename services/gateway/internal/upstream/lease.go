@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -27,8 +28,10 @@ type Lease struct {
 	ID        string
 	ProxyName string
 	Pool      string
-	// Addr is host:port of the proxy.
+	// Addr is host:port of the proxy; User its credentials, nil when the
+	// proxy demands none.
 	Addr string
+	User *url.Userinfo
 	// SessionKey is set for a session's lease, which outlives the
 	// request: it is renewed by the session's next request and ends
 	// after the session's lifetime without one.
@@ -140,6 +143,9 @@ func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) 
 		Addr:       net.JoinHostPort(a.GetHost(), strconv.Itoa(int(a.GetPort()))),
 		SessionKey: pl.GetSessionKey(), TTL: req.GetTtl().AsDuration(),
 		AcquireTime: pl.GetAcquireTime().AsTime(),
+	}
+	if c := resp.GetCredentials(); c.GetUsername() != "" {
+		out.User = url.UserPassword(c.GetUsername(), c.GetPassword())
 	}
 	if s := resp.GetSession(); s != nil {
 		out.Result = s.GetResult()
