@@ -208,8 +208,12 @@ func checkServices(t *testing.T, r *Rendered) {
 		for _, p := range s.Spec.Ports {
 			names = append(names, p.Name)
 		}
-		if !slices.Equal(names, []string{"grpc", "http"}) {
-			t.Errorf("Service %s ports %v, want grpc and http", name, names)
+		want := []string{"grpc", "http"}
+		if name == relName+"-gateway" {
+			want = append(want, "proxy", "socks")
+		}
+		if !slices.Equal(names, want) {
+			t.Errorf("Service %s ports %v, want %v", name, names, want)
 		}
 	}
 	// Selectors must not overlap: one Deployment's pods never match another's.
@@ -468,6 +472,8 @@ func TestSecretsMountedOnlyWhereNeeded(t *testing.T) {
 			"Pod/eg-test-services":              {"egress-service-credentials/viewer-token"},
 			// The console calls with each user's token: only its session keys.
 			"Deployment/eg-console": {"eg-console-session"},
+			// Crawlers' tokens to check, the service token to lease with.
+			"Deployment/eg-gateway": {"egress-auth", "egress-service-credentials"},
 		}},
 		{"auth-disabled.yaml", map[string][]string{
 			"Deployment/eg-orchestrator":      {db},
@@ -477,6 +483,7 @@ func TestSecretsMountedOnlyWhereNeeded(t *testing.T) {
 			"Job/eg-migrate-1":                {db},
 			"Pod/eg-test-services":            nil,
 			"Deployment/eg-console":           {"eg-console-session"},
+			"Deployment/eg-gateway":           nil,
 		}},
 	}
 	for _, tc := range tests {
@@ -542,7 +549,7 @@ func TestProvidersChecksum(t *testing.T) {
 	for name, d := range a {
 		old := d.Spec.Template.Annotations["checksum/providers"]
 		rolled := old != b[name].Spec.Template.Annotations["checksum/providers"]
-		readsConfig := name != relName+"-lease" && name != relName+"-console"
+		readsConfig := name != relName+"-lease" && name != relName+"-console" && name != relName+"-gateway"
 		if readsConfig && (old == "" || !rolled) {
 			t.Errorf("%s reads the providers config but its pods do not roll (checksum %q)", name, old)
 		}
@@ -556,7 +563,8 @@ func TestProvidersChecksum(t *testing.T) {
 	}
 }
 
-// TestNetworkPolicy: crawlers reach only lease; only the orchestrator and
+// TestNetworkPolicy: crawlers reach only lease and the gateway (its proxy
+// ports too); only the orchestrator and
 // health reach provisioners; monitoring only the HTTP ports.
 func TestNetworkPolicy(t *testing.T) {
 	t.Parallel()
@@ -598,6 +606,9 @@ func TestNetworkPolicy(t *testing.T) {
 			want["pod:app=egressctl"] = []string{"grpc", "http"}
 			if component == "lease" {
 				want["ns:"+crawlers] = []string{"grpc", "http"}
+			}
+			if component == "gateway" {
+				want["ns:"+crawlers] = []string{"proxy", "socks", "grpc", "http"}
 			}
 		}
 		if !maps.EqualFunc(peers, want, slices.Equal) {

@@ -33,6 +33,11 @@ func TestBadValuesRefused(t *testing.T) {
 		{"no service credentials", map[string]any{"serviceCredentials": map[string]any{"existingSecret": ""}}, "/serviceCredentials/existingSecret"},
 		{"http probe target", map[string]any{"health": map[string]any{"probeTarget": "http://probe.example/"}}, "/health/probeTarget"},
 		{"unknown top-level key", map[string]any{"components": map[string]any{}}, "components"},
+		{"gateway service type", map[string]any{"gateway": map[string]any{"service": map[string]any{"type": "ExternalName"}}}, "/gateway/service/type"},
+		{"gateway ports shared", map[string]any{"gateway": map[string]any{"socksPort": 8080}}, "gateway.socksPort: port 8080 is already gateway.proxyPort"},
+		{"gateway autoscaling min above max", map[string]any{"gateway": map[string]any{"autoscaling": map[string]any{
+			"enabled": true, "minReplicas": 5, "maxReplicas": 2}}}, "gateway.autoscaling: minReplicas 5 is above maxReplicas 2"},
+		{"gateway proxy port", map[string]any{"gateway": map[string]any{"proxyPort": 0}}, "/gateway/proxyPort"},
 		{"console cookie mode", map[string]any{"console": map[string]any{"secureCookies": "yes"}}, "/console/secureCookies"},
 		{"console gateway URL", map[string]any{"console": map[string]any{"gatewayMetricsURL": "gateway:8181"}}, "/console/gatewayMetricsURL"},
 		{"console ingress TLS without secret", map[string]any{"console": map[string]any{"ingress": map[string]any{"tls": []any{map[string]any{"hosts": []any{"c.example"}}}}}}, "secretName"},

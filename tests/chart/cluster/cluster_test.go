@@ -200,13 +200,13 @@ func TestChartLifecycle(t *testing.T) {
 	t.Run("upgrade rolls the readers of the providers config", func(t *testing.T) {
 		checkDeploymentsAvailable(t, cp, minPods)
 		rs1 := replicaSets(t, cp)
-		if len(rs0) != 9 || len(rs1) != 9 {
+		if len(rs0) != 10 || len(rs1) != 10 {
 			t.Fatalf("ReplicaSets before %v after %v, want one per Deployment", rs0, rs1)
 		}
 		for name := range before {
 			rolled := rs1[name] != rs0[name]
-			// Lease and the console do not read the providers config.
-			if wantRoll := name != relName+"-lease" && name != relName+"-console"; rolled != wantRoll {
+			// Lease, the console and the gateway do not read the providers config.
+			if wantRoll := name != relName+"-lease" && name != relName+"-console" && name != relName+"-gateway"; rolled != wantRoll {
 				t.Errorf("%s: rolled to a new ReplicaSet %v (%s -> %s), want %v", name, rolled, rs0[name], rs1[name], wantRoll)
 			}
 		}
@@ -295,8 +295,8 @@ func checkObjectsExist(t *testing.T, cp *controlPlane, manifest string) {
 	// all-kinds.yaml without the monitoring CRDs, which this cluster lacks
 	// (the test installs with them off: see allKindsValues).
 	// The Secret is the console's session key, which the chart makes.
-	want := map[string]int{"ServiceAccount": 1, "ConfigMap": 2, "Service": 9, "Deployment": 9,
-		"HorizontalPodAutoscaler": 2, "PodDisruptionBudget": 8, "NetworkPolicy": 9, "Secret": 1}
+	want := map[string]int{"ServiceAccount": 1, "ConfigMap": 2, "Service": 10, "Deployment": 10,
+		"HorizontalPodAutoscaler": 2, "PodDisruptionBudget": 9, "NetworkPolicy": 10, "Secret": 1}
 	for k, n := range want {
 		if kinds[k] != n {
 			t.Errorf("%d %s objects in the cluster, want %d (all: %v)", kinds[k], k, n, kinds)
@@ -330,8 +330,8 @@ func checkDeploymentsAvailable(t *testing.T, cp *controlPlane, wantPods int) []s
 				return fmt.Errorf("%s: available %v, %d/%d ready, %d updated, %d total", d.Name, avail, d.Status.ReadyReplicas, want, d.Status.UpdatedReplicas, d.Status.Replicas)
 			}
 		}
-		if len(list.Items) != 9 {
-			return fmt.Errorf("%d Deployments, want 9", len(list.Items))
+		if len(list.Items) != 10 {
+			return fmt.Errorf("%d Deployments, want 10", len(list.Items))
 		}
 		pods, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + relName})
 		if err != nil {
@@ -390,9 +390,9 @@ func checksums(t *testing.T, cp *controlPlane) map[string]string {
 }
 
 // minPods is the pods all-kinds.yaml runs before any autoscaling: 2
-// orchestrator, 1+ lease, 2 health, 2 console, 3 pve-a, 1+ pve-b, 2
-// kvm-lab, 2 gcp-eu, 1 local.
-const minPods = 16
+// orchestrator, 1+ lease, 2 health, 2 console, 2 gateway, 3 pve-a, 1+
+// pve-b, 2 kvm-lab, 2 gcp-eu, 1 local.
+const minPods = 18
 
 // allKindsValues are testdata/all-kinds.yaml without the prometheus-operator
 // objects, whose CRDs this cluster does not have.

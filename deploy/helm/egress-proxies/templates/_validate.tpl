@@ -33,6 +33,21 @@ value's path. Included once, from the providers ConfigMap.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.gateway.enabled -}}
+{{- with .Values.gateway -}}
+{{- $ports := dict -}}
+{{- range $k := list "grpcPort" "httpPort" "proxyPort" "socksPort" -}}
+{{- $p := toString (get $.Values.gateway $k) -}}
+{{- if hasKey $ports $p -}}
+{{- fail (printf "gateway.%s: port %s is already gateway.%s (each of the gateway's listeners needs its own)" $k $p (get $ports $p)) -}}
+{{- end -}}
+{{- $_ := set $ports $p $k -}}
+{{- end -}}
+{{- if and .autoscaling.enabled (gt (int .autoscaling.minReplicas) (int .autoscaling.maxReplicas)) -}}
+{{- fail (printf "gateway.autoscaling: minReplicas %v is above maxReplicas %v" .autoscaling.minReplicas .autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- with .Values.lease.autoscaling -}}
 {{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) -}}
 {{- fail (printf "lease.autoscaling: minReplicas %v is above maxReplicas %v" .minReplicas .maxReplicas) -}}

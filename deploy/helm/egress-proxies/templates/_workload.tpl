@@ -4,7 +4,9 @@ Deployment, Service, PDB, HPA, NetworkPolicy and ServiceMonitor templates
 range over. Each has: component, provider (provisioners only), type, image,
 grpcPort, httpPort, replicas, autoscaling, resources, env, envBlock (extra
 env entries as YAML), secret (provisioners only), providers (mounts the
-providers config).
+providers config), extraPorts (more named ports: the gateway's proxy
+ports), service (type and annotations of its Service), rules (mounts the
+gateway's ban rules).
 */}}
 {{- define "egress.workloads" -}}
 {{- $v := .Values -}}
@@ -41,10 +43,26 @@ providers config).
 {{- if $v.console.enabled -}}
 {{- /* The console needs no token of its own: it calls with each user's. */ -}}
 {{- $consoleEnv := printf "- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n- name: EGRESS_LEASE_ADDR\n  value: \"%s-lease:%v\"\n- name: EGRESS_HEALTH_ADDR\n  value: \"%s-health:%v\"\n- name: EGRESS_SESSION_KEY_FILE\n  value: /etc/egress/console/session-keys\n- name: EGRESS_SECURE_COOKIES\n  value: %s\n" .Release.Name $v.orchestrator.grpcPort .Release.Name $v.lease.grpcPort .Release.Name $v.health.grpcPort ($v.console.secureCookies | quote) -}}
-{{- with $v.console.gatewayMetricsURL -}}
+{{- $gwMetrics := $v.console.gatewayMetricsURL -}}
+{{- if and (not $gwMetrics) $v.gateway.enabled -}}
+{{- $gwMetrics = printf "http://%s-gateway:%v/metrics" .Release.Name $v.gateway.httpPort -}}
+{{- end -}}
+{{- with $gwMetrics -}}
 {{- $consoleEnv = printf "%s- name: EGRESS_GATEWAY_METRICS_URL\n  value: %s\n" $consoleEnv (. | quote) -}}
 {{- end -}}
 {{- $out = append $out (dict "component" "console" "image" "console" "grpcPort" $v.console.grpcPort "httpPort" $v.console.httpPort "replicas" $v.console.replicas "autoscaling" dict "resources" $v.console.resources "env" $v.console.env "envBlock" $consoleEnv "providers" false "auth" false "credentials" false "sessionKeys" ($v.console.sessionKeySecret | default (printf "%s-console-session" .Release.Name))) -}}
+{{- end -}}
+{{- if $v.gateway.enabled -}}
+{{- /* The gateway leases proxies with the service token; crawlers present their own tokens (role crawler) from the token file. */ -}}
+{{- $gwEnv := printf "%s- name: EGRESS_LEASE_ADDR\n  value: \"%s-lease:%v\"\n- name: EGRESS_PROXY_LISTEN\n  value: \":%v\"\n- name: EGRESS_SOCKS_LISTEN\n  value: \":%v\"\n" $authEnv .Release.Name $v.lease.grpcPort $v.gateway.proxyPort $v.gateway.socksPort -}}
+{{- if not $v.auth.disabled -}}
+{{- $gwEnv = printf "%s- name: EGRESS_LEASE_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $gwEnv -}}
+{{- end -}}
+{{- if $v.gateway.rules -}}
+{{- $gwEnv = printf "%s- name: EGRESS_RULES_FILE\n  value: /etc/egress/gateway/rules.yaml\n" $gwEnv -}}
+{{- end -}}
+{{- $gwPorts := list (dict "name" "proxy" "port" $v.gateway.proxyPort) (dict "name" "socks" "port" $v.gateway.socksPort) -}}
+{{- $out = append $out (dict "component" "gateway" "image" "gateway" "grpcPort" $v.gateway.grpcPort "httpPort" $v.gateway.httpPort "replicas" $v.gateway.replicas "autoscaling" $v.gateway.autoscaling "resources" $v.gateway.resources "env" $v.gateway.env "envBlock" $gwEnv "providers" false "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled) "extraPorts" $gwPorts "service" $v.gateway.service "rules" (not (empty $v.gateway.rules))) -}}
 {{- end -}}
 {{- range $v.provisioners -}}
 {{- $env := printf "%s- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n- name: EGRESS_PROVIDER\n  value: %s\n" $authEnv (.name | quote) -}}
