@@ -96,8 +96,8 @@ const (
 	// markInstallation names the installation (pkg/installation); a mark
 	// written before installations has none.
 	markInstallation = "proxy-operator-installation"
-	tag           = "proxy_operator"
-	namePrefix    = "proxy-"
+	tag              = "proxy_operator"
+	namePrefix       = "proxy-"
 )
 
 var nonName = regexp.MustCompile(`[^a-z0-9-]+`)
