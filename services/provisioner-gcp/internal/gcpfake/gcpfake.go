@@ -112,6 +112,9 @@ func (f *Fake) Put(zone string, inst *computepb.Instance) {
 	inst = proto.Clone(inst).(*computepb.Instance)
 	inst.Zone = proto.String(f.zoneURL(zone))
 	inst.SelfLink = proto.String(f.zoneURL(zone) + "/instances/" + inst.GetName())
+	if inst.LabelFingerprint == nil {
+		inst.LabelFingerprint = proto.String(labelFingerprint(inst.GetLabels()))
+	}
 	f.instances[zone+"/"+inst.GetName()] = inst
 }
 
