@@ -24,7 +24,7 @@ func FuzzCreateInstanceRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	req := &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "6f1c1e8e-8c52-4a4e-9a57-0f7f0d1c2b3a", ProxyName: "p1",
+	req := &provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: "6f1c1e8e-8c52-4a4e-9a57-0f7f0d1c2b3a", ProxyName: "p1",
 		Placement: &proxyv1.Placement{Zone: "pve1", MachineType: "small", Image: "debian-12"}, CloudInit: "#cloud-config\n", Port: 3128, SpecHash: "abcd"}
 	bin, _ := proto.Marshal(req)
 	f.Add(bin, false)

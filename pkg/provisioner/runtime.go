@@ -37,6 +37,13 @@ import (
 // Backend is one backend's implementation of the contract. Every method
 // must be idempotent and return errors classified with errclass (an
 // unclassified error counts as Transient). Create never returns NotFound.
+//
+// Every request names its installation (pkg/installation), which the
+// backend writes into the marks it makes. Create, Get and Delete treat an
+// instance whose mark names another installation as foreign (Create
+// Permanent, Get NotFound, Delete leaves it); one whose mark names no
+// installation but the request's proxy is the proxy's: Create and Get
+// claim it by writing the installation into its mark.
 type Backend interface {
 	// Create creates the proxy's instance, or adopts and finishes one an
 	// earlier attempt left, and returns it once it runs.
@@ -46,7 +53,9 @@ type Backend interface {
 	// Delete removes the instance and what was created with it; it reports
 	// false when there was nothing of the proxy's left.
 	Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error)
-	// List returns every instance carrying the system's mark.
+	// List returns every instance carrying the system's mark, of every
+	// installation, each with the installation its mark names (empty for a
+	// mark from before installations); the Runtime keeps the request's.
 	List(ctx context.Context) ([]*provisionerv1.Instance, error)
 }
 
@@ -309,7 +318,24 @@ func (r *Runtime) List(ctx context.Context, req *provisionerv1.ListInstancesRequ
 	if err := r.checkProvider(req.GetProvider()); err != nil {
 		return nil, err
 	}
-	return r.Backend().List(ctx)
+	all, err := r.Backend().List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ofInstallation(all, req.GetInstallation()), nil
+}
+
+// ofInstallation keeps the instances of installation and those whose mark
+// names none (marked before marks did; orphan GC leaves them to their own
+// proxy): another installation's instances never leave the provisioner.
+func ofInstallation(all []*provisionerv1.Instance, installation string) []*provisionerv1.Instance {
+	out := all[:0:0]
+	for _, in := range all {
+		if in.GetInstallation() == "" || in.GetInstallation() == installation {
+			out = append(out, in)
+		}
+	}
+	return out
 }
 
 // ErrNoCheck is returned by Check when the backend has none.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -216,7 +217,7 @@ func TestServerMapsErrorClasses(t *testing.T) {
 			client := grpcClient(t, NewRuntime(RuntimeOptions{Provider: "pve", Backend: b}))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/1/x", ProxyUid: "u"})
+			_, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: "vms/1/x", ProxyUid: "u"})
 			st := status.Convert(err)
 			if st.Code() != tc.wantCode {
 				t.Fatalf("code = %v, want %v (%v)", st.Code(), tc.wantCode, err)
@@ -291,23 +292,23 @@ func TestServerRoundTrip(t *testing.T) {
 	defer cancel()
 	b := newMem()
 	client := grpcClient(t, NewRuntime(RuntimeOptions{Provider: "pve", Backend: b}))
-	cr, err := client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u1", CloudInit: "#cloud-config"})
+	cr, err := client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: "u1", CloudInit: "#cloud-config"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pid := cr.GetInstance().GetProviderId()
-	if _, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: pid, ProxyUid: "u1"}); err != nil {
+	if _, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: pid, ProxyUid: "u1"}); err != nil {
 		t.Fatal(err)
 	}
-	lr, err := client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: "pve"})
+	lr, err := client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: "pve", Installation: "test"})
 	if err != nil || len(lr.GetInstances()) != 1 {
 		t.Fatalf("list = %v, %v", lr, err)
 	}
-	dr, err := client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: "pve", ProviderId: pid, ProxyUid: "u1"})
+	dr, err := client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: "pve", Installation: "test", ProviderId: pid, ProxyUid: "u1"})
 	if err != nil || !dr.GetDeleted() {
 		t.Fatalf("delete = %v, %v", dr, err)
 	}
-	_, err = client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: pid, ProxyUid: "u1"})
+	_, err = client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: pid, ProxyUid: "u1"})
 	if status.Code(err) != codes.NotFound {
 		t.Errorf("get after delete: %v, want NotFound", err)
 	}
@@ -400,7 +401,7 @@ func TestMetricsAndLogs(t *testing.T) {
 	rt := NewRuntime(RuntimeOptions{Provider: "pve", Backend: b, Metrics: m, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
 	ctx := context.Background()
 	secret := "#cloud-config\npassword: hunter2-secret"
-	in, err := rt.Create(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u1", CloudInit: secret})
+	in, err := rt.Create(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: "u1", CloudInit: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +558,7 @@ func createCmd(id, uid string) *busv1.Command {
 	return &busv1.Command{
 		CommandId: id, ProxyUid: uid, Provider: "pve", SpecHash: "h-" + uid, Operation: busv1.Operation_OPERATION_CREATE, Attempt: 1,
 		Purpose: busv1.CommandPurpose_COMMAND_PURPOSE_RECONCILE,
-		Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: uid, CloudInit: "#cloud-config\nsecret: s3cr3t-" + uid}},
+		Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: uid, CloudInit: "#cloud-config\nsecret: s3cr3t-" + uid}},
 	}
 }
 
@@ -588,7 +589,7 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 		check func(t *testing.T, r *busv1.CommandResult)
 	}{
 		{"get", &busv1.Command{CommandId: "c2", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_GET,
-			Request: &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
+			Request: &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
 			func(t *testing.T, r *busv1.CommandResult) {
 				if r.GetGet().GetInstance().GetProviderId() != in.GetProviderId() {
 					t.Errorf("get = %v", r)
@@ -596,21 +597,21 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 			}},
 		{"list", &busv1.Command{CommandId: "c3", Provider: "pve", Operation: busv1.Operation_OPERATION_LIST,
 			Purpose: busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC,
-			Request: &busv1.Command_List{List: &provisionerv1.ListInstancesRequest{Provider: "pve"}}},
+			Request: &busv1.Command_List{List: &provisionerv1.ListInstancesRequest{Provider: "pve", Installation: "test"}}},
 			func(t *testing.T, r *busv1.CommandResult) {
 				if len(r.GetList().GetInstances()) != 1 || r.GetProxyUid() != "" || r.GetPurpose() != busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC {
 					t.Errorf("list = %v", r)
 				}
 			}},
 		{"delete", &busv1.Command{CommandId: "c4", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_DELETE,
-			Request: &busv1.Command_Delete{Delete: &provisionerv1.DeleteInstanceRequest{Provider: "pve", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
+			Request: &busv1.Command_Delete{Delete: &provisionerv1.DeleteInstanceRequest{Provider: "pve", Installation: "test", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
 			func(t *testing.T, r *busv1.CommandResult) {
 				if !r.GetDelete().GetDeleted() {
 					t.Errorf("delete = %v", r)
 				}
 			}},
 		{"get after delete is NotFound", &busv1.Command{CommandId: "c5", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_GET,
-			Request: &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
+			Request: &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
 			func(t *testing.T, r *busv1.CommandResult) {
 				if errclass.Of(errclass.FromCommandError(r.GetError())) != errclass.NotFound {
 					t.Errorf("get after delete = %v", r)
@@ -623,7 +624,7 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 				}
 			}},
 		{"a request breaking the contract is Permanent", &busv1.Command{CommandId: "c8", ProxyUid: "u2", Provider: "pve", Operation: busv1.Operation_OPERATION_CREATE,
-			Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u2", ProxyName: "p2",
+			Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: "u2", ProxyName: "p2",
 				Placement: &proxyv1.Placement{Zone: "pve1\n"}}}},
 			func(t *testing.T, r *busv1.CommandResult) {
 				if r.GetError().GetReason() != errclass.Permanent || !strings.Contains(r.GetError().GetMessage(), "placement.zone") {
@@ -964,7 +965,7 @@ func TestWorkerTerminatesBadCommandsAndSurvivesPanics(t *testing.T) {
 	}
 	// A Get whose backend panics.
 	env.publish(t, ctx, &busv1.Command{CommandId: "p1", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_GET,
-		Request: &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/1/x", ProxyUid: "u1"}}})
+		Request: &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: "vms/1/x", ProxyUid: "u1"}}})
 	res := env.results(t, 1, 15*time.Second)[0]
 	if res.GetCommandId() != "p1" || res.GetError().GetReason() != errclass.Transient {
 		t.Errorf("result = %v, want p1's Transient error", res)
@@ -994,12 +995,33 @@ func TestServerSurvivesBackendPanics(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range 2 {
-		_, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/1/x", ProxyUid: "u"})
+		_, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: "vms/1/x", ProxyUid: "u"})
 		if st := status.Convert(err); st.Code() != codes.Unavailable || strings.Contains(st.Message(), "boom") {
 			t.Fatalf("GetInstance on a panicking backend: %v, want UNAVAILABLE without the panic value", err)
 		}
 	}
-	if _, err := client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: "pve"}); err != nil {
+	if _, err := client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: "pve", Installation: "test"}); err != nil {
 		t.Errorf("ListInstances after the panics: %v", err)
+	}
+}
+
+// List keeps the request's installation's instances and those whose mark
+// names none; another installation's never leave the provisioner.
+func TestListKeepsItsInstallation(t *testing.T) {
+	t.Parallel()
+	all := []*provisionerv1.Instance{
+		{ProviderId: "ours", Installation: "prod"},
+		{ProviderId: "legacy"},
+		{ProviderId: "theirs", Installation: "staging"},
+	}
+	var got []string
+	for _, in := range ofInstallation(all, "prod") {
+		got = append(got, in.GetProviderId())
+	}
+	if want := []string{"ours", "legacy"}; !slices.Equal(got, want) {
+		t.Errorf("List for prod kept %v, want %v", got, want)
+	}
+	if len(all) != 3 || all[2].GetProviderId() != "theirs" {
+		t.Errorf("the backend's list was changed: %v", all)
 	}
 }

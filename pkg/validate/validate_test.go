@@ -67,8 +67,8 @@ func TestCheck(t *testing.T) {
 		&leasev1.AcquireLeaseRequest{TargetHost: "shop.example.com", Selector: &leasev1.ProxySelector{Zone: "europe-west1-b", Labels: map[string]string{"k": "v"}}},
 		&leasev1.RenewLeaseRequest{LeaseId: "123e4567-e89b-12d3-a456-426614174000"},
 		&healthv1.ListProxyHealthRequest{PageSize: 5000},
-		&provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u1", CloudInit: "#!/bin/sh\necho ok\n", Port: 3128},
-		&provisionerv1.ListInstancesRequest{Provider: "pve"},
+		&provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "prod-1", ProxyUid: "u1", CloudInit: "#!/bin/sh\necho ok\n", Port: 3128},
+		&provisionerv1.ListInstancesRequest{Provider: "pve", Installation: "prod-1"},
 	}
 	for _, m := range ok {
 		if err := v.Check(m); err != nil {
@@ -94,6 +94,10 @@ func TestCheck(t *testing.T) {
 		{"C1 control in a placement zone", zone("a\u0085b"), "spec.placement.zone"},
 		{"zone too long", zone(strings.Repeat("z", 254)), "spec.placement.zone"},
 		{"NUL in a list filter", &proxyv1.ListProxiesRequest{Provider: "pve\x00"}, "provider"},
+		{"no installation", &provisionerv1.ListInstancesRequest{Provider: "pve"}, "installation"},
+		{"no installation on a delete", &provisionerv1.DeleteInstanceRequest{Provider: "pve", ProviderId: "vms/1/x", ProxyUid: "u"}, "installation"},
+		{"upper-case installation", &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "Prod"}, "installation"},
+		{"installation too long", &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u", Installation: strings.Repeat("a", 33)}, "installation"},
 		{"NUL in a watch filter", &proxyv1.WatchProxiesRequest{Provider: "\x00"}, "provider"},
 		{"unknown phase filter", &proxyv1.ListProxiesRequest{Phase: 42}, "phase"},
 		{"page size over 1000", &proxyv1.ListProxiesRequest{PageSize: 1001}, "page_size"},
@@ -225,7 +229,7 @@ func TestMultilineTextRuleIsTheRegexpItReplaced(t *testing.T) {
 	}
 	for _, r := range runes {
 		for _, text := range []string{string(r), "#cloud-config\n" + string(r) + "x", "x" + string(r)} {
-			err := v.Check(&provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u1", CloudInit: text, Port: 3128})
+			err := v.Check(&provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: "u1", CloudInit: text, Port: 3128})
 			if refused, want := err != nil, old.MatchString(text); refused != want {
 				t.Errorf("U+%04X in %q: refused %v, the regular expression %v (%v)", r, text, refused, want, err)
 			}

@@ -82,6 +82,16 @@ func TestConformance(t *testing.T) {
 				return nil
 			}}
 		},
+		// The labels as written before installations: without one.
+		Unclaim: func(t *testing.T, uid string) {
+			in := fake.Instance(zone, "proxy-"+uid)
+			if in == nil {
+				t.Fatalf("no instance of %s to unclaim", uid)
+			}
+			delete(in.Labels, "proxy-operator-installation")
+			in.LabelFingerprint = nil
+			fake.Put(zone, in)
+		},
 		CrashSteps: []provisionertest.CrashStep{{Name: "gcp.inserted"}},
 		Unreachable: func(t *testing.T) provisionertest.Outage {
 			return provisionertest.Outage{Backend: gcpBlock("http://" + provisionertest.ClosedAddress(t))}

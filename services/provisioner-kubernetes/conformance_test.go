@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/egress-proxies/egress-proxies/pkg/kubetest"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/provisionertest"
@@ -82,6 +84,12 @@ func TestConformance(t *testing.T) {
 				}
 				return nil
 			}}
+		},
+		Unclaim: func(t *testing.T, uid string) {
+			patch := `[{"op":"remove","path":"/metadata/labels/` + strings.ReplaceAll(kubernetes.LabelInstallation, "/", "~1") + `"}]`
+			if _, err := pods.Patch(ctx, "proxy-"+uid, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				t.Fatalf("unclaiming the pod of %s: %v", uid, err)
+			}
 		},
 		CrashSteps: []provisionertest.CrashStep{{Name: "kubernetes.created"}},
 		Unreachable: func(t *testing.T) provisionertest.Outage {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,22 @@ func TestConformance(t *testing.T) {
 				}
 				return nil
 			}}
+		},
+		// The mark as written before installations: the installation
+		// element taken out, in the running domain and its definition.
+		Unclaim: func(t *testing.T, uid string) {
+			name, uri := "proxy-"+uid, "https://egress-proxies.dev/xmlns/kvm-instance/1"
+			now := virsh(t, "metadata", name, "--uri", uri)
+			old := regexp.MustCompile(`<(\w+:)?installation>[^<]*</(\w+:)?installation>`).ReplaceAllString(now, "")
+			if old == now {
+				t.Fatalf("the mark of %s names no installation: %s", name, now)
+			}
+			old = regexp.MustCompile(`(</?)\w+:`).ReplaceAllString(old, "$1")
+			old = regexp.MustCompile(`\s+xmlns:\w+="[^"]*"`).ReplaceAllString(old, "")
+			if out, err := env.VirshErr("metadata", name, "--uri", uri, "--key", "egress", "--set", old, "--live", "--config"); err != nil {
+				virsh(t, "metadata", name, "--uri", uri, "--key", "egress", "--set", old, "--config")
+				t.Logf("unclaimed the definition only: %s", out)
+			}
 		},
 		CrashSteps: []provisionertest.CrashStep{
 			{Name: "kvm.overlay-created"}, {Name: "kvm.seed-written"}, {Name: "kvm.defined"},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -115,6 +116,25 @@ func TestConformance(t *testing.T) {
 				}
 				return nil
 			}}
+		},
+		// The record as written before installations: without one.
+		Unclaim: func(t *testing.T, uid string) {
+			path := filepath.Join(dir(uid), "instance.json")
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec map[string]any
+			if err := json.Unmarshal(raw, &rec); err != nil {
+				t.Fatal(err)
+			}
+			delete(rec, "installation")
+			if raw, err = json.Marshal(rec); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, raw, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		},
 		CrashSteps: []provisionertest.CrashStep{{Name: "local.recorded"}, {Name: "local.started"}},
 		// The state directory removed under a running provisioner.

@@ -109,6 +109,24 @@ func TestConformance(t *testing.T) {
 				return nil
 			}}
 		},
+		Unclaim: func(t *testing.T, uid string) {
+			for vmid, vm := range p.VMs() {
+				if vm.Config["name"] != "proxy-"+uid {
+					continue
+				}
+				p.SetVM(vmid, func(v *pvefake.VM) {
+					var kept []string
+					for _, line := range strings.Split(v.Config["description"], "\n") {
+						if !strings.HasPrefix(line, "proxy-operator-installation=") {
+							kept = append(kept, line)
+						}
+					}
+					v.Config["description"] = strings.Join(kept, "\n")
+				})
+				return
+			}
+			t.Fatalf("no VM of %s to unclaim", uid)
+		},
 		CrashSteps: []provisionertest.CrashStep{{Name: "proxmox.cloned"}, {Name: "proxmox.seed-uploaded"}, {Name: "proxmox.configured"}, {Name: "proxmox.started"}},
 		Unreachable: func(t *testing.T) provisionertest.Outage {
 			return provisionertest.Outage{Backend: p.block("https://" + provisionertest.ClosedAddress(t))}

@@ -87,7 +87,7 @@ func (c *cluster) publishCreate(t testing.TB, id, uid string) {
 		CommandId: id, ProxyUid: uid, Provider: "pve", SpecHash: "h", Operation: busv1.Operation_OPERATION_CREATE, Attempt: 1,
 		Deadline: timestamppb.New(time.Now().Add(5 * time.Minute)), IssueTime: timestamppb.Now(),
 		Request: &busv1.Command_Create{Create: &provisionerv1.CreateInstanceRequest{
-			Provider: "pve", ProxyUid: uid, ProxyName: "p", CloudInit: "#cloud-config\n# " + cloudSecret + "\n", Port: 3128,
+			Provider: "pve", Installation: "test", ProxyUid: uid, ProxyName: "p", CloudInit: "#cloud-config\n# " + cloudSecret + "\n", Port: 3128,
 			Placement: &proxyv1.Placement{MachineType: "small", Image: "debian-13"},
 		}},
 	}
@@ -276,7 +276,7 @@ func TestGRPCOnTheBinary(t *testing.T) {
 	before := c.fake.TotalCalls()
 	for token, want := range map[string]codes.Code{"": codes.Unauthenticated, "wrong": codes.Unauthenticated,
 		"ops-token": codes.PermissionDenied, "crawler-token": codes.PermissionDenied} {
-		_, err := dial(token).DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: "pve", ProviderId: "vms/100/x", ProxyUid: "x"})
+		_, err := dial(token).DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: "pve", Installation: "test", ProviderId: "vms/100/x", ProxyUid: "x"})
 		if status.Code(err) != want {
 			t.Errorf("DeleteInstance with token %q = %v, want %v", token, err, want)
 		}
@@ -294,20 +294,20 @@ func TestGRPCOnTheBinary(t *testing.T) {
 	if len(check.GetTargets()) != 1 || check.GetTargets()[0].GetReason() != "Reachable" || check.GetTargets()[0].GetDetails()["tokenID"] != tokenUser {
 		t.Errorf("check = %v", check)
 	}
-	created, err := client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "9c9c9c9c-0000-4000-8000-000000000001",
+	created, err := client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: "9c9c9c9c-0000-4000-8000-000000000001",
 		CloudInit: "#cloud-config\n", Placement: &proxyv1.Placement{MachineType: "small", Image: "debian-13"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: created.GetInstance().GetProviderId(), ProxyUid: "9c9c9c9c-0000-4000-8000-000000000001"})
+	got, err := client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: created.GetInstance().GetProviderId(), ProxyUid: "9c9c9c9c-0000-4000-8000-000000000001"})
 	if err != nil || got.GetInstance().GetIp() == "" {
 		t.Fatalf("get = %v, %v", got, err)
 	}
-	_, err = client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/150000/proxy-gone", ProxyUid: "x"})
+	_, err = client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: "vms/150000/proxy-gone", ProxyUid: "x"})
 	if status.Code(err) != codes.NotFound || errclass.Of(errclass.FromStatus(err)) != errclass.NotFound {
 		t.Errorf("get of a missing VM = %v", err)
 	}
-	_, err = client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", ProxyUid: "u", Placement: &proxyv1.Placement{MachineType: "huge", Image: "debian-13"}})
+	_, err = client.CreateInstance(ctx, &provisionerv1.CreateInstanceRequest{Provider: "pve", Installation: "test", ProxyUid: "u", Placement: &proxyv1.Placement{MachineType: "huge", Image: "debian-13"}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), `placement.machineType "huge" is not in proxmox.machineTypes`) {
 		t.Errorf("create with a bad placement = %v", err)
 	}
@@ -390,7 +390,7 @@ func TestPerRequestTimeoutCarriesItsReason(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err = provisionerv1.NewProvisionerServiceClient(conn).GetInstance(ctx,
-		&provisionerv1.GetInstanceRequest{Provider: "pve", ProviderId: "vms/150000/proxy-slow", ProxyUid: "9c9c9c9c-0000-4000-8000-000000000002"})
+		&provisionerv1.GetInstanceRequest{Provider: "pve", Installation: "test", ProviderId: "vms/150000/proxy-slow", ProxyUid: "9c9c9c9c-0000-4000-8000-000000000002"})
 	if err == nil {
 		t.Fatal("get against a stalled API succeeded")
 	}

@@ -42,6 +42,14 @@ import (
 // ProviderName is the provider name the suite's provisioners serve.
 const ProviderName = "conformance"
 
+// Installation is the installation every request of the suite names but
+// those of the installations rows, which name OtherInstallation too: two
+// installations sharing one backend.
+const (
+	Installation      = "conformance"
+	OtherInstallation = "conformance-other"
+)
+
 // Tester is one backend's harness for the suite.
 type Tester struct {
 	// Binary is the backend's provisioner binary.
@@ -68,6 +76,9 @@ type Tester struct {
 	// Foreign puts on the backend an instance with the name uid's instance
 	// gets but without our mark.
 	Foreign func(t *testing.T, uid string) Foreign
+	// Unclaim rewrites the mark of uid's instance as it was before marks
+	// named an installation: ours, uid's, without the installation.
+	Unclaim func(t *testing.T, uid string)
 	// CrashSteps are the crash points of the backend's Create
 	// (crashpoint.After and During) that the suite's Create reaches, in
 	// order.
@@ -179,6 +190,8 @@ var rows = []struct {
 	{"DeleteTwiceSucceeds", deleteTwice},
 	{"GetAfterDeleteIsNotFound", getAfterDelete},
 	{"ListAnswersOursOnly", listOursOnly},
+	{"InstallationsLeaveEachOthersInstancesAlone", installations},
+	{"LegacyMarkIsClaimedByItsProxy", legacyClaimed},
 	{"UnreachableBackendIsTransient", unreachable},
 	{"QuotaExceededIsReported", quota},
 	{"CheckAnswersAVerdict", checkVerdict},
@@ -236,13 +249,15 @@ func (s *Suite) cleanup(ctx context.Context, t *testing.T, uid string) {
 	if s.tr.Remove != nil {
 		defer s.tr.Remove(t, uid)
 	}
-	list, err := s.main.Client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: ProviderName})
-	if err != nil {
-		return
-	}
-	for _, in := range list.GetInstances() {
-		if in.GetProxyUid() == uid {
-			_, _ = s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, ProviderId: in.GetProviderId(), ProxyUid: uid})
+	for _, inst := range []string{Installation, OtherInstallation} {
+		list, err := s.main.Client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: ProviderName, Installation: inst})
+		if err != nil {
+			return
+		}
+		for _, in := range list.GetInstances() {
+			if in.GetProxyUid() == uid {
+				_, _ = s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, Installation: inst, ProviderId: in.GetProviderId(), ProxyUid: uid})
+			}
 		}
 	}
 }
@@ -250,7 +265,7 @@ func (s *Suite) cleanup(ctx context.Context, t *testing.T, uid string) {
 // request is the suite's Create of uid.
 func (s *Suite) request(uid string) *provisionerv1.CreateInstanceRequest {
 	return &provisionerv1.CreateInstanceRequest{
-		Provider: ProviderName, ProxyUid: uid, ProxyName: "conformance", Port: 3128, SpecHash: "conformance",
+		Provider: ProviderName, Installation: Installation, ProxyUid: uid, ProxyName: "conformance", Port: 3128, SpecHash: "conformance",
 		Placement: s.tr.Placement,
 		CloudInit: "#cloud-config\n# " + s.secret + "\n",
 	}
@@ -265,14 +280,22 @@ func ctxFor(t *testing.T) context.Context {
 // create creates uid's instance through the main provisioner.
 func (s *Suite) create(t *testing.T, uid string) *provisionerv1.Instance {
 	t.Helper()
+	return s.createFor(t, uid, Installation)
+}
+
+// createFor creates uid's instance for installation.
+func (s *Suite) createFor(t *testing.T, uid, installation string) *provisionerv1.Instance {
+	t.Helper()
 	ctx := ctxFor(t)
-	resp, err := s.main.Client.CreateInstance(ctx, s.request(uid))
+	req := s.request(uid)
+	req.Installation = installation
+	resp, err := s.main.Client.CreateInstance(ctx, req)
 	// Transient means "retry", and the orchestrator does: so does the
 	// suite, within its patience.
 	for err != nil && ctx.Err() == nil && errclass.Of(errclass.FromStatus(err)) == errclass.Transient {
 		t.Logf("Create %s answered Transient, retried: %v", uid, err)
 		time.Sleep(200 * time.Millisecond)
-		resp, err = s.main.Client.CreateInstance(ctx, s.request(uid))
+		resp, err = s.main.Client.CreateInstance(ctx, req)
 	}
 	if err != nil {
 		t.Fatalf("Create %s: %v", uid, err)
@@ -305,7 +328,7 @@ func (s *Suite) reference(t *testing.T) Observed {
 			return
 		}
 		s.ref = s.observe(t, uid)
-		_, _ = s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, ProviderId: resp.GetInstance().GetProviderId(), ProxyUid: uid})
+		_, _ = s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, Installation: Installation, ProviderId: resp.GetInstance().GetProviderId(), ProxyUid: uid})
 		if s.tr.Remove != nil {
 			s.tr.Remove(t, uid)
 		}

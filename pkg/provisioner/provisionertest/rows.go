@@ -141,7 +141,7 @@ func crashAt(t *testing.T, s *Suite, step CrashStep) {
 	}); err != nil {
 		t.Fatalf("after the crash at %s and the next Create the backend holds %+v, an uninterrupted Create %+v", step.Name, got, want)
 	}
-	get, err := s.main.Client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: ProviderName, ProviderId: in.GetProviderId(), ProxyUid: uid})
+	get, err := s.main.Client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: ProviderName, Installation: Installation, ProviderId: in.GetProviderId(), ProxyUid: uid})
 	if err != nil {
 		t.Fatalf("Get after the recovery: %v", err)
 	}
@@ -160,9 +160,9 @@ func foreign(t *testing.T, s *Suite) {
 	ctx := ctxFor(t)
 	_, err := s.main.Client.CreateInstance(ctx, s.request(uid))
 	assertClass(t, "Create over the foreign instance", err, errclass.Permanent)
-	_, err = s.main.Client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: ProviderName, ProviderId: f.ProviderID, ProxyUid: uid})
+	_, err = s.main.Client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: ProviderName, Installation: Installation, ProviderId: f.ProviderID, ProxyUid: uid})
 	assertClass(t, "Get of the foreign instance", err, errclass.NotFound)
-	del, err := s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, ProviderId: f.ProviderID, ProxyUid: uid})
+	del, err := s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, Installation: Installation, ProviderId: f.ProviderID, ProxyUid: uid})
 	if err != nil || del.GetDeleted() {
 		t.Errorf("Delete of the foreign instance = %v, %v; want deleted false and no error", del, err)
 	}
@@ -180,7 +180,7 @@ func deleteTwice(t *testing.T, s *Suite) {
 	uid := s.uid(t)
 	in := s.create(t, uid)
 	ctx := ctxFor(t)
-	req := &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, ProviderId: in.GetProviderId(), ProxyUid: uid}
+	req := &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, Installation: Installation, ProviderId: in.GetProviderId(), ProxyUid: uid}
 	first, err := s.main.Client.DeleteInstance(ctx, req)
 	if err != nil || !first.GetDeleted() {
 		t.Fatalf("Delete = %v, %v; want deleted", first, err)
@@ -209,13 +209,13 @@ func getAfterDelete(t *testing.T, s *Suite) {
 	uid := s.uid(t)
 	in := s.create(t, uid)
 	ctx := ctxFor(t)
-	if _, err := s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, ProviderId: in.GetProviderId(), ProxyUid: uid}); err != nil {
+	if _, err := s.main.Client.DeleteInstance(ctx, &provisionerv1.DeleteInstanceRequest{Provider: ProviderName, Installation: Installation, ProviderId: in.GetProviderId(), ProxyUid: uid}); err != nil {
 		t.Fatal(err)
 	}
 	var err error
 	waittest.For(t, Patience, "Get to answer an error after Delete", func() bool {
 		var got *provisionerv1.GetInstanceResponse
-		got, err = s.main.Client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: ProviderName, ProviderId: in.GetProviderId(), ProxyUid: uid})
+		got, err = s.main.Client.GetInstance(ctx, &provisionerv1.GetInstanceRequest{Provider: ProviderName, Installation: Installation, ProviderId: in.GetProviderId(), ProxyUid: uid})
 		if err == nil && got.GetInstance().GetState() != provisionerv1.InstanceState_INSTANCE_STATE_DELETING {
 			t.Fatalf("Get after Delete answered %s, want DELETING or NotFound", got.GetInstance().GetState())
 		}
@@ -235,7 +235,7 @@ func listOursOnly(t *testing.T, s *Suite) {
 		foreignUID = s.uid(t)
 		f = s.tr.Foreign(t, foreignUID)
 	}
-	list, err := s.main.Client.ListInstances(ctxFor(t), &provisionerv1.ListInstancesRequest{Provider: ProviderName})
+	list, err := s.main.Client.ListInstances(ctxFor(t), &provisionerv1.ListInstancesRequest{Provider: ProviderName, Installation: Installation})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func unreachable(t *testing.T, s *Suite) {
 	uid := s.uid(t)
 	_, err := p.Client.CreateInstance(ctx, s.request(uid))
 	assertClass(t, "Create on an unreachable backend", err, errclass.Transient)
-	_, err = p.Client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: ProviderName})
+	_, err = p.Client.ListInstances(ctx, &provisionerv1.ListInstancesRequest{Provider: ProviderName, Installation: Installation})
 	assertClass(t, "List on an unreachable backend", err, errclass.Transient)
 	resp, err := p.Client.CheckBackend(ctx, &provisionerv1.CheckBackendRequest{Provider: ProviderName})
 	if err != nil {

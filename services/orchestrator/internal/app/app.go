@@ -17,6 +17,7 @@ import (
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/installation"
 	"github.com/egress-proxies/egress-proxies/pkg/postgres"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/reload"
@@ -55,6 +56,10 @@ type Config struct {
 	// fails.
 	ProviderHealthInterval time.Duration
 	ProviderHealthStale    time.Duration
+	// InstallationID names this installation in every provisioner request
+	// and so in every instance's mark; empty: derived from the database
+	// (installationID).
+	InstallationID string
 }
 
 // DefaultConfig has the production defaults.
@@ -97,6 +102,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ProviderHealthInterval, "provider-health-interval", c.ProviderHealthInterval, "how often the providers' health is read from the health service")
 	fs.DurationVar(&c.ProviderHealthStale, "provider-health-stale-after", c.ProviderHealthStale,
 		"how long the last providers' health holds while reading it fails; then every provider counts as healthy again")
+	fs.StringVar(&c.InstallationID, "installation-id", c.InstallationID,
+		"this installation's identity, written into every instance's mark so that installations sharing a backend leave each other's instances alone "+
+			"(lowercase letters, digits and dashes, at most 32); empty: derived from the database's system identifier and name")
 	fs.StringVar(&c.CloudInitKeyFile, "cloud-init-key-file", c.CloudInitKeyFile,
 		"keyring (YAML: active key id and base64 AES-256 keys) that encrypts cloud-init in PostgreSQL; without it proxies with cloud-init are refused")
 }
@@ -136,6 +144,22 @@ func (c *Config) openStore(ctx context.Context, pool *pgxpool.Pool, log *slog.Lo
 	return st, keys, nil
 }
 
+// installationID is --installation-id, or else the identity derived from
+// the database this orchestrator keeps its state in: its cluster's system
+// identifier and its name, so that two databases on one server are two
+// installations and every replica of one agrees without being told.
+func (c *Config) installationID(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	if c.InstallationID != "" {
+		return c.InstallationID, nil
+	}
+	var sysID int64
+	var db string
+	if err := pool.QueryRow(ctx, "SELECT system_identifier, current_database() FROM pg_control_system()").Scan(&sysID, &db); err != nil {
+		return "", fmt.Errorf("deriving the installation id from the database (set --installation-id to name it instead): %w", err)
+	}
+	return installation.Derive(uint64(sysID), db), nil
+}
+
 // Migrate applies the migrations (the `migrate` subcommand).
 func (c *Config) Migrate(ctx context.Context, log *slog.Logger) error {
 	return c.Database.RunMigrations(ctx, store.Migrate, log)
@@ -149,6 +173,11 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	if err := errors.Join(c.Database.Validate(), c.NATS.Validate()); err != nil {
 		return err
 	}
+	if c.InstallationID != "" {
+		if err := installation.Valid(c.InstallationID); err != nil {
+			return fmt.Errorf("--installation-id: %w", err)
+		}
+	}
 	if c.Health.Addr != "" && (c.ProviderHealthInterval <= 0 || c.ProviderHealthStale < c.ProviderHealthInterval) {
 		return fmt.Errorf("--provider-health-interval must be positive and --provider-health-stale-after at least as long, got %s and %s",
 			c.ProviderHealthInterval, c.ProviderHealthStale)
@@ -159,6 +188,11 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	}
 	pool, err := c.Database.Open(ctx, store.Migrate, s.Log)
 	if err != nil {
+		return err
+	}
+	inst, err := c.installationID(ctx, pool)
+	if err != nil {
+		pool.Close()
 		return err
 	}
 	names := c.NATS.Names()
@@ -178,7 +212,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 	configured := func(name string) bool { _, ok := provs.Current().Get(name); return ok }
 	d := &dispatch.Dispatcher{
 		Store:      st,
-		Machine:    &lifecycle.Machine{Timing: c.Timing, Configured: configured, Log: s.Log},
+		Machine:    &lifecycle.Machine{Timing: c.Timing, Configured: configured, Log: s.Log, Installation: inst},
 		JS:         js,
 		Names:      names,
 		Log:        s.Log,
@@ -188,7 +222,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		ClaimBatch: c.ClaimBatch,
 	}
 	collector := &gc.Collector{
-		Store: st, JS: js, Names: names, Providers: func() []string { return provs.Current().Names() }, Interval: c.GCInterval, Grace: c.GCGrace,
+		Store: st, JS: js, Names: names, Installation: inst, Providers: func() []string { return provs.Current().Names() }, Interval: c.GCInterval, Grace: c.GCGrace,
 		Deadline: c.Timing.GetDeadline, Log: s.Log, Metrics: gc.NewMetrics(s.Metrics),
 	}
 	d.Handlers = map[busv1.CommandPurpose]dispatch.ResultHandler{busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC: collector}
@@ -253,7 +287,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		pool.Close()
 		return nil
 	})
-	s.Log.Info("orchestrator configured", "providers", provs.Value().Names(), "natsPrefix", names.Prefix,
+	s.Log.Info("orchestrator configured", "installation", inst, "providers", provs.Value().Names(), "natsPrefix", names.Prefix,
 		"watchRetention", c.WatchRetention)
 	return nil
 }

@@ -5,14 +5,18 @@
 //
 // An instance is an orphan only when its mark names a proxy UID that the
 // store does not know and its mark's creation time is older than the grace
-// age. Instances of live, deleting or just-created proxies are known;
-// unmarked instances, instances without a creation time, and the instances
-// of a provider whose list failed are never touched.
+// age, and its mark names this installation (Installation). Instances of
+// live, deleting or just-created proxies are known; unmarked instances,
+// another installation's, those whose mark names no installation (marked
+// before marks did: their own proxy's Get or Create claims them),
+// instances without a creation time, and the instances of a provider whose
+// list failed are never touched.
 package gc
 
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,17 +41,23 @@ var lockKey = postgres.LockKey("orchestrator", "orphan-gc")
 
 // Collector runs sweeps and handles their lists.
 type Collector struct {
-	Store     *store.Store
-	JS        jetstream.JetStream
-	Names     bus.Names
-	Providers func() []string
-	Interval  time.Duration
-	Grace     time.Duration
+	Store *store.Store
+	JS    jetstream.JetStream
+	Names bus.Names
+	// Installation is this installation's identity: lists and deletes
+	// name it, and only its instances are collected.
+	Installation string
+	Providers    func() []string
+	Interval     time.Duration
+	Grace        time.Duration
 	// Deadline of the list and delete commands.
 	Deadline time.Duration
 	Log      *slog.Logger
 	Metrics  *Metrics
 	Now      func() time.Time
+
+	sparedMu sync.Mutex
+	spared   map[string]bool // legacy instances already logged
 }
 
 func (c *Collector) now() time.Time {
@@ -108,7 +118,7 @@ func (c *Collector) Sweep(ctx context.Context) (err error) {
 			IssueTime: timestamppb.New(now),
 			Deadline:  timestamppb.New(now.Add(c.Deadline)),
 			Attempt:   1,
-			Request:   &busv1.Command_List{List: &provisionerv1.ListInstancesRequest{Provider: provider}},
+			Request:   &busv1.Command_List{List: &provisionerv1.ListInstancesRequest{Provider: provider, Installation: c.Installation}},
 		}
 		if _, err := bus.Publish(ctx, c.JS, c.Names.CommandSubject(provider), cmd, jetstream.WithMsgID(cmd.GetCommandId())); err != nil {
 			return err
@@ -145,11 +155,22 @@ func (c *Collector) handleList(ctx context.Context, res *busv1.CommandResult) {
 	}
 	now := c.now()
 	candidates := map[string]*provisionerv1.Instance{}
+	// legacy are instances whose mark names no installation: taken when
+	// their proxy is ours (its Get or Create claims them), left alone
+	// otherwise, since they may be another installation's.
+	legacy := map[string]*provisionerv1.Instance{}
 	var uids []string
 	for _, inst := range res.GetList().GetInstances() {
 		uid := inst.GetProxyUid()
 		if _, err := uuid.Parse(uid); err != nil {
 			continue // unmarked, or not a UID of ours
+		}
+		if in := inst.GetInstallation(); in != c.Installation {
+			if in == "" {
+				legacy[uid] = inst
+				uids = append(uids, uid)
+			}
+			continue // another installation's
 		}
 		if inst.GetCreateTime() == nil || now.Sub(inst.GetCreateTime().AsTime()) < c.Grace {
 			continue // young (or of unknown age): its proxy may be on its way
@@ -170,6 +191,11 @@ func (c *Collector) handleList(ctx context.Context, res *busv1.CommandResult) {
 		c.Log.Warn("orphan GC could not read the store; skipping this list", "provider", provider, "error", err)
 		return
 	}
+	for uid, inst := range legacy {
+		if !known[uid] {
+			c.spareLegacy(provider, inst)
+		}
+	}
 	for uid, inst := range candidates {
 		if known[uid] {
 			continue
@@ -184,7 +210,7 @@ func (c *Collector) handleList(ctx context.Context, res *busv1.CommandResult) {
 			Deadline:  timestamppb.New(now.Add(c.Deadline)),
 			Attempt:   1,
 			Request: &busv1.Command_Delete{Delete: &provisionerv1.DeleteInstanceRequest{
-				Provider: provider, ProviderId: inst.GetProviderId(), ProxyUid: uid,
+				Provider: provider, ProviderId: inst.GetProviderId(), ProxyUid: uid, Installation: c.Installation,
 			}},
 		}
 		c.Log.Info("deleting an orphaned instance", "provider", provider, "provider_id", inst.GetProviderId(),
@@ -193,6 +219,24 @@ func (c *Collector) handleList(ctx context.Context, res *busv1.CommandResult) {
 			c.Log.Warn("publishing an orphan delete failed; the next sweep retries", "provider", provider, "error", err)
 		}
 	}
+}
+
+// spareLegacy logs, once per instance and process, that an instance
+// whose mark names no installation and whose proxy this installation does
+// not know is left alone.
+func (c *Collector) spareLegacy(provider string, inst *provisionerv1.Instance) {
+	c.sparedMu.Lock()
+	defer c.sparedMu.Unlock()
+	key := provider + "/" + inst.GetProviderId()
+	if c.spared[key] {
+		return
+	}
+	if c.spared == nil {
+		c.spared = map[string]bool{}
+	}
+	c.spared[key] = true
+	c.Log.Info("leaving alone an instance whose mark names no installation and whose proxy is not this installation's; delete it by hand if it is an orphan",
+		"provider", provider, "provider_id", inst.GetProviderId(), "proxy_uid", inst.GetProxyUid(), "installation", c.Installation)
 }
 
 // handleDelete counts the outcome of an orphan delete.

@@ -2,6 +2,7 @@ package gc_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -63,13 +64,21 @@ func TestOrphanGCTrueOrphanMatrix(t *testing.T) {
 	old := timestamppb.New(time.Now().Add(-time.Hour))
 	orphan := uuid.NewString()
 	young := uuid.NewString()
+	ours := orchtest.Installation
 	instances = []*provisionerv1.Instance{
-		{ProviderId: "vm/live", ProxyUid: live.GetUid(), CreateTime: old},
-		{ProviderId: "vm/deleting", ProxyUid: deleting.GetUid(), CreateTime: old},
-		{ProviderId: "vm/orphan", ProxyUid: orphan, CreateTime: old},
-		{ProviderId: "vm/young", ProxyUid: young, CreateTime: timestamppb.New(time.Now().Add(-10 * time.Second))},
-		{ProviderId: "vm/unmarked", CreateTime: old},
-		{ProviderId: "vm/ageless", ProxyUid: uuid.NewString()},
+		{ProviderId: "vm/live", ProxyUid: live.GetUid(), CreateTime: old, Installation: ours},
+		{ProviderId: "vm/deleting", ProxyUid: deleting.GetUid(), CreateTime: old, Installation: ours},
+		{ProviderId: "vm/orphan", ProxyUid: orphan, CreateTime: old, Installation: ours},
+		{ProviderId: "vm/young", ProxyUid: young, CreateTime: timestamppb.New(time.Now().Add(-10 * time.Second)), Installation: ours},
+		{ProviderId: "vm/unmarked", CreateTime: old, Installation: ours},
+		{ProviderId: "vm/ageless", ProxyUid: uuid.NewString(), Installation: ours},
+		// Another installation's orphan, which its List would never
+		// answer: GC checks again.
+		{ProviderId: "vm/theirs", ProxyUid: uuid.NewString(), CreateTime: old, Installation: "staging"},
+		// Marked before installations: its proxy is ours (claimed by its
+		// Get), or perhaps another installation's: left alone.
+		{ProviderId: "vm/legacy-live", ProxyUid: live.GetUid(), CreateTime: old},
+		{ProviderId: "vm/legacy-unknown", ProxyUid: uuid.NewString(), CreateTime: old},
 	}
 	close(ready)
 	if err := h.GC.Sweep(context.Background()); err != nil {
@@ -96,6 +105,14 @@ func TestOrphanGCTrueOrphanMatrix(t *testing.T) {
 	}
 	if len(deleted) != 1 || deleted[0] != "vm/orphan" {
 		t.Errorf("orphan deletes = %v, want only vm/orphan", deleted)
+	}
+	for _, c := range fake.Received() {
+		if inst := c.GetList().GetInstallation() + c.GetDelete().GetInstallation(); c.GetPurpose() == busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC && inst != orchtest.Installation {
+			t.Errorf("GC command %s names installation %q, want %q", c.GetOperation(), inst, orchtest.Installation)
+		}
+	}
+	if n := strings.Count(h.Logs.String(), "leaving alone an instance whose mark names no installation"); n != 1 || !strings.Contains(h.Logs.String(), "vm/legacy-unknown") {
+		t.Errorf("%d INFO lines for the legacy instance of an unknown proxy, want 1 naming vm/legacy-unknown:\n%s", n, h.Logs.String())
 	}
 	if n := other.Count(busv1.Operation_OPERATION_DELETE, ""); n != 0 {
 		t.Errorf("a provider whose list failed got %d deletes", n)

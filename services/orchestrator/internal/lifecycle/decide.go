@@ -145,6 +145,8 @@ func (m *Machine) issue(p *Proxy, step Step, now time.Time) Decision {
 			CloudInit: p.Spec.GetCloudInit(),
 			Port:      p.Spec.GetPort(),
 			SpecHash:  p.SpecHash,
+
+			Installation: m.Installation,
 		}}
 		// The instance listens where its Create says, whatever the spec
 		// says by the time the result arrives.
@@ -152,12 +154,12 @@ func (m *Machine) issue(p *Proxy, step Step, now time.Time) Decision {
 	case StepPoll, StepReplacePoll, StepCleanupGet:
 		cmd.Operation, cmd.SpecHash, deadline = busv1.Operation_OPERATION_GET, p.InstanceSpecHash, m.Timing.GetDeadline
 		cmd.Request = &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{
-			Provider: p.Spec.GetProvider(), ProviderId: p.ProviderID, ProxyUid: p.UID,
+			Provider: p.Spec.GetProvider(), ProviderId: p.ProviderID, ProxyUid: p.UID, Installation: m.Installation,
 		}}
 	default:
 		cmd.Operation, cmd.SpecHash, deadline = busv1.Operation_OPERATION_DELETE, p.InstanceSpecHash, m.Timing.DeleteDeadline
 		cmd.Request = &busv1.Command_Delete{Delete: &provisionerv1.DeleteInstanceRequest{
-			Provider: p.Spec.GetProvider(), ProviderId: p.ProviderID, ProxyUid: p.UID,
+			Provider: p.Spec.GetProvider(), ProviderId: p.ProviderID, ProxyUid: p.UID, Installation: m.Installation,
 		}}
 	}
 	cmd.Deadline = timestamppb.New(now.Add(deadline))

@@ -55,6 +55,9 @@ func DefaultTiming() Timing {
 // neither (New, Update, RequestDelete, Drain, ApplyHealth) are functions.
 type Machine struct {
 	Timing Timing
+	// Installation names this installation in every command's request
+	// (pkg/installation).
+	Installation string
 	// Configured reports whether a provider is in the providers config.
 	Configured func(string) bool
 	Log        *slog.Logger

@@ -71,6 +71,9 @@ type Harness struct {
 // FastTiming is the lifecycle schedule of the harness: deadlines of
 // seconds and polls of tens of milliseconds, resync once an hour (so a
 // running proxy is left alone unless a test makes it due).
+// Installation is the installation identity of the harness's replicas.
+const Installation = "orchtest"
+
 func FastTiming() lifecycle.Timing {
 	return lifecycle.Timing{
 		CreateDeadline: 3 * time.Second, GetDeadline: 3 * time.Second, DeleteDeadline: 3 * time.Second,
@@ -133,7 +136,7 @@ func (h *Harness) StartReplica() (stop func()) {
 	work, changes := store.NewSignal(), store.NewSignal()
 	st := store.New(pg, store.WithKeyring(h.Keys))
 	collector := &gc.Collector{
-		Store: st, JS: h.JS, Names: h.Names, Providers: h.Providers.Names, Grace: time.Minute,
+		Store: st, JS: h.JS, Names: h.Names, Installation: Installation, Providers: h.Providers.Names, Grace: time.Minute,
 		Deadline: 5 * time.Second, Log: log, Metrics: gc.NewMetrics(prometheus.NewRegistry()),
 	}
 	if h.GC == nil {
@@ -141,7 +144,7 @@ func (h *Harness) StartReplica() (stop func()) {
 	}
 	d := &dispatch.Dispatcher{
 		Store: st, JS: h.JS, Names: h.Names, Log: log, Work: work, Changes: changes,
-		Machine: &lifecycle.Machine{Timing: h.Timing, Configured: h.configured, Log: log},
+		Machine: &lifecycle.Machine{Timing: h.Timing, Configured: h.configured, Log: log, Installation: Installation},
 		Metrics: dispatch.NewMetrics(prometheus.NewRegistry()), ClaimBatch: 32, Poll: 100 * time.Millisecond,
 		EventRefresh: h.EventRefresh,
 		Handlers:     map[busv1.CommandPurpose]dispatch.ResultHandler{busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC: collector},

@@ -213,8 +213,12 @@ const (
 	labelManaged   = labelPrefix + "managed"
 	labelUID       = labelPrefix + "uid"
 	labelCreatedAt = labelPrefix + "created-at"
-	labelManagedOn = "true"
-	namePrefix     = "proxy-"
+	// labelInstallation names the installation (pkg/installation, a valid
+	// label value as it is); instances labelled before installations have
+	// none.
+	labelInstallation = labelPrefix + "installation"
+	labelManagedOn    = "true"
+	namePrefix        = "proxy-"
 	// managedFilter selects the instances this system created.
 	managedFilter = "labels." + labelManaged + " = " + labelManagedOn
 )
@@ -246,21 +250,31 @@ func labelValue(uid string) string {
 
 // mark is what the labels say about an instance.
 type mark struct {
-	managed   bool
-	uid       string
-	createdAt time.Time
+	managed      bool
+	uid          string
+	createdAt    time.Time
+	installation string
 }
 
 func markOf(labels map[string]string) mark {
-	m := mark{managed: labels[labelManaged] == labelManagedOn, uid: labels[labelUID]}
+	m := mark{managed: labels[labelManaged] == labelManagedOn, uid: labels[labelUID], installation: labels[labelInstallation]}
 	if s, err := strconv.ParseInt(labels[labelCreatedAt], 10, 64); err == nil && s > 0 {
 		m.createdAt = time.Unix(s, 0).UTC()
 	}
 	return m
 }
 
-// ours reports whether the mark belongs to the proxy with uid.
-func (m mark) ours(uid string) bool { return m.managed && m.uid == labelValue(uid) }
+// ours reports whether the mark belongs to the proxy with uid of
+// installation, or to the proxy with uid from before installations.
+func (m mark) ours(uid, installation string) bool {
+	return m.managed && m.uid == labelValue(uid) && !m.foreignInstallation(installation)
+}
+
+// foreignInstallation reports whether the mark names an installation
+// other than installation.
+func (m mark) foreignInstallation(installation string) bool {
+	return m.installation != "" && m.installation != installation
+}
 
 // providerID is zones/<zone>/instances/<name>: the zone is part of it
 // because every instance call is zonal.

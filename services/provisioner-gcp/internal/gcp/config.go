@@ -196,7 +196,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if len(c.Labels) > 60 {
-		add("labels: at most 60 (Compute allows 64, the provisioner sets three)")
+		add("labels: at most 60 (Compute allows 64, the provisioner sets four)")
 	}
 	if c.DiskSizeGB < 10 || c.DiskSizeGB > 65536 {
 		add("diskSizeGb %d: want 10 to 65536", c.DiskSizeGB)

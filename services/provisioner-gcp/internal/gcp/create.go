@@ -48,13 +48,16 @@ func (be *Backend) resolve(req *provisionerv1.CreateInstanceRequest) (placement,
 // instance and its boot disk, the cloud-init as user-data byte for byte.
 func (be *Backend) buildInsertRequest(req *provisionerv1.CreateInstanceRequest, name string, p placement) *computepb.InsertInstanceRequest {
 	c := be.cfg
-	labels := make(map[string]string, len(c.Labels)+3)
+	labels := make(map[string]string, len(c.Labels)+4)
 	for k, v := range c.Labels {
 		labels[k] = v
 	}
 	labels[labelManaged] = labelManagedOn
 	labels[labelUID] = labelValue(req.GetProxyUid())
 	labels[labelCreatedAt] = strconv.FormatInt(be.now().Unix(), 10)
+	if in := req.GetInstallation(); in != "" {
+		labels[labelInstallation] = in
+	}
 
 	nic := &computepb.NetworkInterface{Network: proto.String(c.Network)}
 	if c.Subnetwork != "" {
@@ -181,13 +184,19 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 		return nil, notFoundAsTransient(err)
 	}
 	m := markOf(inst.GetLabels())
-	if !m.ours(req.GetProxyUid()) {
+	if !m.ours(req.GetProxyUid(), req.GetInstallation()) {
 		who := "no proxy-operator labels"
-		if m.managed {
+		switch {
+		case m.managed && m.uid == labelValue(req.GetProxyUid()):
+			who = "the labels of installation " + m.installation + " (two installations hold this proxy UID: a copied database?)"
+		case m.managed:
 			who = "the labels of proxy UID " + m.uid
 		}
 		return nil, errclass.New(errclass.Permanent, "instance %s in %s already exists with %s; delete or rename it", name, p.zone, who).
 			WithMetadata("zone", p.zone, "name", name)
+	}
+	if inst, err = be.claim(ctx, c, p.zone, inst, req.GetInstallation()); err != nil {
+		return nil, err
 	}
 	switch inst.GetStatus() {
 	case "STOPPING":
@@ -206,6 +215,36 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	out := be.toInstance(inst, p.zone)
 	log.DebugContext(ctx, "gcp instance created", "state", out.GetState().String(), "ip", out.GetIp())
 	return out, nil
+}
+
+// claim labels the proxy's instance with installation when its labels
+// name none (it was created before they did), so that it is this
+// installation's from now on, and answers the instance as it is then.
+func (be *Backend) claim(ctx context.Context, c *clients, zone string, inst *computepb.Instance, installation string) (*computepb.Instance, error) {
+	if installation == "" || markOf(inst.GetLabels()).installation != "" {
+		return inst, nil
+	}
+	labels := make(map[string]string, len(inst.GetLabels())+1)
+	for k, v := range inst.GetLabels() {
+		labels[k] = v
+	}
+	labels[labelInstallation] = installation
+	cctx, cancel := be.call(ctx)
+	op, err := c.instances.SetLabels(cctx, &computepb.SetLabelsInstanceRequest{
+		Project: be.cfg.Project, Zone: zone, Instance: inst.GetName(), RequestId: proto.String(uuid.NewString()),
+		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: proto.String(inst.GetLabelFingerprint())},
+	})
+	cancel()
+	if err != nil {
+		return nil, notFoundAsTransient(classify(err))
+	}
+	if err := be.watch(ctx, op); err != nil {
+		return nil, notFoundAsTransient(err)
+	}
+	be.log.InfoContext(ctx, "gcp instance labelled before installations claimed for this installation", "name", inst.GetName(), "zone", zone, "installation", installation)
+	inst = proto.Clone(inst).(*computepb.Instance)
+	inst.Labels = labels
+	return inst, nil
 }
 
 // start starts a stopped instance, watches the start operation and reads

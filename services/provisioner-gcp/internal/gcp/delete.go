@@ -34,8 +34,8 @@ func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstance
 		return false, err
 	}
 	m := markOf(inst.GetLabels())
-	if !m.managed || (req.GetProxyUid() != "" && !m.ours(req.GetProxyUid())) {
-		log.InfoContext(ctx, "gcp instance is not the proxy's; left alone", "managed", m.managed, "labelUID", m.uid)
+	if !m.managed || m.foreignInstallation(req.GetInstallation()) || (req.GetProxyUid() != "" && !m.ours(req.GetProxyUid(), req.GetInstallation())) {
+		log.InfoContext(ctx, "gcp instance is not the proxy's; left alone", "managed", m.managed, "labelUID", m.uid, "labelInstallation", m.installation)
 		return false, nil
 	}
 	cctx, cancel := be.call(ctx)

@@ -76,10 +76,11 @@ func (be *Backend) toInstance(inst *computepb.Instance, zone string) *provisione
 	m := markOf(inst.GetLabels())
 	ip := be.addressOf(inst)
 	out := &provisionerv1.Instance{
-		ProviderId: providerID(zone, inst.GetName()),
-		ProxyUid:   m.uid,
-		Name:       inst.GetName(),
-		State:      stateOf(inst.GetStatus(), ip != ""),
+		ProviderId:   providerID(zone, inst.GetName()),
+		ProxyUid:     m.uid,
+		Name:         inst.GetName(),
+		Installation: m.installation,
+		State:        stateOf(inst.GetStatus(), ip != ""),
 		Details: map[string]string{
 			"zone": zone, "project": be.cfg.Project, "status": inst.GetStatus(),
 			"machineType": lastSegment(inst.GetMachineType()),
@@ -116,8 +117,15 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 	switch {
 	case !m.managed:
 		return nil, errclass.New(errclass.NotFound, "%s carries no proxy-operator labels", req.GetProviderId())
-	case req.GetProxyUid() != "" && !m.ours(req.GetProxyUid()):
+	case m.foreignInstallation(req.GetInstallation()):
+		return nil, errclass.New(errclass.NotFound, "%s is labelled for installation %s", req.GetProviderId(), m.installation)
+	case req.GetProxyUid() != "" && !m.ours(req.GetProxyUid(), req.GetInstallation()):
 		return nil, errclass.New(errclass.NotFound, "%s is labelled for proxy UID %s", req.GetProviderId(), m.uid)
+	}
+	if req.GetProxyUid() != "" {
+		if inst, err = be.claim(ctx, c, zone, inst, req.GetInstallation()); err != nil {
+			return nil, err
+		}
 	}
 	out := be.toInstance(inst, zone)
 	be.log.DebugContext(ctx, "gcp instance fetched", "name", name, "zone", zone, "status", inst.GetStatus(), "state", out.GetState().String(), "ip", out.GetIp())

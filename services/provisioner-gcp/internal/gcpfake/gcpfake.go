@@ -14,6 +14,8 @@
 package gcpfake
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -110,6 +112,9 @@ func (f *Fake) Put(zone string, inst *computepb.Instance) {
 	inst = proto.Clone(inst).(*computepb.Instance)
 	inst.Zone = proto.String(f.zoneURL(zone))
 	inst.SelfLink = proto.String(f.zoneURL(zone) + "/instances/" + inst.GetName())
+	if inst.LabelFingerprint == nil {
+		inst.LabelFingerprint = proto.String(labelFingerprint(inst.GetLabels()))
+	}
 	f.instances[zone+"/"+inst.GetName()] = inst
 }
 
@@ -140,6 +145,7 @@ var (
 	instancesRE  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances$`)
 	instanceRE   = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$`)
 	startRE      = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/start$`)
+	setLabelsRE  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/setLabels$`)
 	operationRE  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)$`)
 	aggregatedRE = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/aggregated/instances$`)
 	nameRE       = regexp.MustCompile(`^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -188,6 +194,12 @@ func (f *Fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m := startRE.FindStringSubmatch(p); m != nil && r.Method == http.MethodPost {
 		if f.project(w, m[1]) && f.zone(w, m[2]) {
 			f.start(w, m[2], m[3])
+		}
+		return
+	}
+	if m := setLabelsRE.FindStringSubmatch(p); m != nil && r.Method == http.MethodPost {
+		if f.project(w, m[1]) && f.zone(w, m[2]) {
+			f.setLabels(w, m[2], m[3], body)
 		}
 		return
 	}
@@ -274,6 +286,7 @@ func (f *Fake) insert(w http.ResponseWriter, zone string, body []byte) {
 		inst.CreationTimestamp = proto.String(time.Now().Format("2006-01-02T15:04:05.000-07:00"))
 		inst.MachineType = proto.String(apiBase + "/projects/" + f.opts.Project + "/" + inst.GetMachineType())
 		inst.Fingerprint = proto.String("x1Ef3bWcZ0E=")
+		inst.LabelFingerprint = proto.String(labelFingerprint(inst.GetLabels()))
 		for i, nic := range inst.GetNetworkInterfaces() {
 			nic.Name = proto.String(fmt.Sprintf("nic%d", i))
 			nic.NetworkIP = proto.String(fmt.Sprintf("10.128.%d.%d", f.seq/250, f.seq%250+2))
@@ -386,6 +399,56 @@ func (f *Fake) delete(w http.ResponseWriter, zone, name string) {
 	o.apply = func() {
 		delete(f.instances, key)
 		delete(f.pending, key)
+	}
+	writeProto(w, o.proto)
+}
+
+// labelFingerprint is an instance's label fingerprint: it changes with
+// its labels.
+func labelFingerprint(labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	h := sha256.New()
+	for _, k := range keys {
+		fmt.Fprintf(h, "%s=%s;", k, labels[k])
+	}
+	return base64.StdEncoding.EncodeToString(h.Sum(nil)[:8])
+}
+
+// setLabels replaces an instance's labels, as Compute does: the request's
+// labelFingerprint must be the instance's (else 412 conditionNotMet), and
+// the labels apply when the operation is done.
+func (f *Fake) setLabels(w http.ResponseWriter, zone, name string, body []byte) {
+	key := zone + "/" + name
+	in, ok := f.instances[key]
+	if !ok {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", f.opts.Project, zone, name))
+		return
+	}
+	var req computepb.InstancesSetLabelsRequest
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "parseError", "Parse Error")
+		return
+	}
+	want := in.GetLabelFingerprint()
+	if want == "" {
+		want = labelFingerprint(in.GetLabels())
+	}
+	if req.GetLabelFingerprint() != want {
+		writeError(w, http.StatusPreconditionFailed, "conditionNotMet",
+			"Labels fingerprint either invalid or resource labels have changed")
+		return
+	}
+	o := f.newOp(zone, "setLabels", name)
+	labels := req.GetLabels()
+	o.apply = func() {
+		if cur, ok := f.instances[key]; ok {
+			cur.Labels = labels
+			cur.LabelFingerprint = proto.String(labelFingerprint(labels))
+		}
 	}
 	writeProto(w, o.proto)
 }

@@ -2,12 +2,14 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
@@ -44,7 +46,7 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 		return nil, err
 	}
 	pod := b.s.buildPod(podInput{
-		provider: b.name, uid: req.GetProxyUid(), proxyName: req.GetProxyName(), specHash: req.GetSpecHash(),
+		provider: b.name, installation: req.GetInstallation(), uid: req.GetProxyUid(), proxyName: req.GetProxyName(), specHash: req.GetSpecHash(),
 		port: port, now: b.now(), sched: sched, image: image, resources: res,
 	}, name)
 	pods := cs.CoreV1().Pods(b.s.cfg.Namespace)
@@ -66,7 +68,7 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 		// creates it.
 		return nil, notFoundAsTransient(err)
 	}
-	if !ours(existing, b.name, req.GetProxyUid()) {
+	if !ours(existing, b.name, req.GetInstallation(), req.GetProxyUid()) {
 		return nil, errclass.New(errclass.Permanent, "pod %s/%s already exists and is not this proxy's (%s); delete or rename it",
 			b.s.cfg.Namespace, name, describeMark(existing)).WithMetadata("namespace", b.s.cfg.Namespace, "pod", name)
 	}
@@ -75,6 +77,9 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 			b.s.cfg.Namespace, name)
 	}
 	b.log.DebugContext(ctx, "kubernetes pod already exists; adopted", "pod", name)
+	if existing, err = b.claim(ctx, existing, req.GetInstallation()); err != nil {
+		return nil, err
+	}
 	return b.toInstance(existing), nil
 }
 
@@ -87,13 +92,45 @@ func notFoundAsTransient(err error) error {
 	return err
 }
 
-// ours reports whether pod carries the mark of provider and (when uid is
-// given) of the proxy.
-func ours(pod *corev1.Pod, provider, uid string) bool {
+// ours reports whether pod carries the mark of provider, of installation
+// or of none (a pod made before marks named installations), and (when uid
+// is given) of the proxy.
+func ours(pod *corev1.Pod, provider, installation, uid string) bool {
 	if pod.Labels[LabelManagedBy] != ManagedByValue || pod.Labels[LabelProvider] != provider {
 		return false
 	}
+	if in := pod.Labels[LabelInstallation]; in != "" && in != installation {
+		return false
+	}
 	return uid == "" || pod.Annotations[AnnotationUID] == uid
+}
+
+// claim labels the proxy's pod with installation when its mark names none
+// (it was made before marks did), so that it is this installation's from
+// now on, and answers the pod as it then is.
+func (b *Backend) claim(ctx context.Context, pod *corev1.Pod, installation string) (*corev1.Pod, error) {
+	if installation == "" || pod.Labels[LabelInstallation] != "" {
+		return pod, nil
+	}
+	cs, err := b.clientset()
+	if err != nil {
+		return nil, err
+	}
+	// The UID precondition claims exactly the pod just checked.
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": string(pod.UID), "labels": map[string]string{LabelInstallation: installation},
+	}})
+	if err != nil {
+		return nil, errclass.Wrap(errclass.Transient, err)
+	}
+	cctx, cancel := b.call(ctx)
+	defer cancel()
+	patched, err := cs.CoreV1().Pods(b.s.cfg.Namespace).Patch(cctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+	if err != nil {
+		return nil, notFoundAsTransient(b.classify(err, "patch", "pods"))
+	}
+	b.log.InfoContext(ctx, "kubernetes pod made before installations claimed for this installation", "pod", pod.Name, "installation", installation)
+	return patched, nil
 }
 
 func describeMark(pod *corev1.Pod) string {
@@ -102,6 +139,8 @@ func describeMark(pod *corev1.Pod) string {
 		return "it lacks the " + LabelManagedBy + "=" + ManagedByValue + " label"
 	case pod.Labels[LabelProvider] != "" && pod.Annotations[AnnotationUID] == "":
 		return "it belongs to provider " + pod.Labels[LabelProvider]
+	case pod.Labels[LabelInstallation] != "":
+		return "it belongs to proxy UID " + pod.Annotations[AnnotationUID] + " of provider " + pod.Labels[LabelProvider] + ", installation " + pod.Labels[LabelInstallation]
 	default:
 		return "it belongs to proxy UID " + pod.Annotations[AnnotationUID] + " of provider " + pod.Labels[LabelProvider]
 	}
@@ -132,8 +171,13 @@ func (b *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest
 	if err != nil {
 		return nil, err
 	}
-	if !ours(pod, b.name, req.GetProxyUid()) {
+	if !ours(pod, b.name, req.GetInstallation(), req.GetProxyUid()) {
 		return nil, errclass.New(errclass.NotFound, "pod %s/%s is not this proxy's: %s", b.s.cfg.Namespace, name, describeMark(pod))
+	}
+	if req.GetProxyUid() != "" {
+		if pod, err = b.claim(ctx, pod, req.GetInstallation()); err != nil {
+			return nil, err
+		}
 	}
 	return b.toInstance(pod), nil
 }
@@ -156,7 +200,7 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 	if err != nil {
 		return false, err
 	}
-	if !ours(pod, b.name, req.GetProxyUid()) {
+	if !ours(pod, b.name, req.GetInstallation(), req.GetProxyUid()) {
 		b.log.InfoContext(ctx, "pod is not this proxy's; left alone", "pod", name, "mark", describeMark(pod))
 		return false, nil
 	}
@@ -216,11 +260,12 @@ func (b *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) {
 func (b *Backend) toInstance(pod *corev1.Pod) *provisionerv1.Instance {
 	state, why := stateOf(pod)
 	out := &provisionerv1.Instance{
-		ProviderId: providerID(pod.Namespace, pod.Name),
-		ProxyUid:   pod.Annotations[AnnotationUID],
-		Name:       pod.Name,
-		State:      state,
-		Details:    map[string]string{"namespace": pod.Namespace, "phase": string(pod.Status.Phase)},
+		ProviderId:   providerID(pod.Namespace, pod.Name),
+		ProxyUid:     pod.Annotations[AnnotationUID],
+		Name:         pod.Name,
+		Installation: pod.Labels[LabelInstallation],
+		State:        state,
+		Details:      map[string]string{"namespace": pod.Namespace, "phase": string(pod.Status.Phase)},
 	}
 	if out.Details["phase"] == "" {
 		out.Details["phase"] = string(corev1.PodPending)

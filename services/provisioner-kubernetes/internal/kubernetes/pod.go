@@ -19,11 +19,14 @@ import (
 // everything else in the namespace. List and orphan GC select on
 // LabelManagedBy and LabelProvider.
 const (
-	LabelManagedBy     = "app.kubernetes.io/managed-by"
-	ManagedByValue     = "egress-proxies"
-	labelDomain        = "egress-proxies.dev/"
-	LabelProvider      = labelDomain + "provider"
-	LabelProxyUID      = labelDomain + "proxy-uid"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedByValue = "egress-proxies"
+	labelDomain    = "egress-proxies.dev/"
+	LabelProvider  = labelDomain + "provider"
+	LabelProxyUID  = labelDomain + "proxy-uid"
+	// LabelInstallation names the installation (pkg/installation); pods
+	// made before installations have none.
+	LabelInstallation  = labelDomain + "installation"
 	AnnotationUID      = labelDomain + "proxy-uid"
 	AnnotationName     = labelDomain + "proxy-name"
 	AnnotationCreated  = labelDomain + "created-at"
@@ -102,12 +105,12 @@ func squidConf(port, maxFD int, allowed []netip.Prefix, name string) string {
 
 // podInput is what one pod is built from.
 type podInput struct {
-	provider, uid, proxyName, specHash string
-	port                               int
-	now                                time.Time
-	sched                              scheduling
-	image                              string
-	resources                          corev1.ResourceRequirements
+	provider, installation, uid, proxyName, specHash string
+	port                                             int
+	now                                              time.Time
+	sched                                            scheduling
+	image                                            string
+	resources                                        corev1.ResourceRequirements
 }
 
 // buildPod is the proxy's pod: Squid on the node's network (so the
@@ -117,11 +120,14 @@ type podInput struct {
 // a readiness probe on the proxy port.
 func (s *settings) buildPod(in podInput, name string) *corev1.Pod {
 	c := s.cfg
-	labels := make(map[string]string, len(c.Labels)+3)
+	labels := make(map[string]string, len(c.Labels)+4)
 	maps.Copy(labels, c.Labels)
 	labels[LabelManagedBy] = ManagedByValue
 	labels[LabelProvider] = in.provider
 	labels[LabelProxyUID] = uidLabel(in.uid)
+	if in.installation != "" {
+		labels[LabelInstallation] = in.installation
+	}
 	ann := make(map[string]string, len(c.Annotations)+5)
 	maps.Copy(ann, c.Annotations)
 	ann[AnnotationUID] = in.uid

@@ -259,13 +259,13 @@ func (be *Backend) adoptOrCached(ctx context.Context, api libvirtAPI, p placemen
 		if err != nil {
 			return nil, "", err
 		}
-		if !m.isFor(be.name, uid) {
+		if !m.isFor(be.name, req.GetInstallation(), uid) {
 			return nil, "", errclass.New(errclass.Permanent, "domain %s on host %s exists and is not this proxy's on provider %s (it carries %s); it was left untouched",
 				name, p.host.Name, be.name, m.describe()).
 				WithMetadata("host", p.host.Name, "domain", name)
 		}
-		if m.ownedBy(be.name) == legacy {
-			m = be.claim(ctx, api, p.host, dom, m)
+		if m.needsClaim(be.name, req.GetInstallation()) {
+			m = be.claim(ctx, api, p.host, dom, m, req.GetInstallation())
 		}
 		in, err := be.startAndDescribe(ctx, api, dom, p.host, providerID(p.host.Name, name), m)
 		return in, "", err
@@ -333,7 +333,7 @@ func (be *Backend) build(ctx context.Context, api libvirtAPI, p placement, name,
 	x, err := domainXML(domainSpec{
 		Name: name, Type: be.cfg.DomainType, VCPUs: p.machine.VCPUs, MemoryMiB: p.machine.MemoryMiB,
 		Firmware: p.image.Firmware, OverlayPath: overlayPath, SeedPath: seedPath, Bridge: p.host.Bridge,
-		ConsoleLog: consoleLogPath(p.host, name), Mark: markXML(be.name, uid, created),
+		ConsoleLog: consoleLogPath(p.host, name), Mark: markXML(be.name, req.GetInstallation(), uid, created),
 	})
 	if err != nil {
 		return nil, err
@@ -369,12 +369,13 @@ func (be *Backend) startAndDescribe(ctx context.Context, api libvirtAPI, dom lib
 
 func (be *Backend) instance(h Host, name, id string, m mark, st libvirt.DomainState, reason int32, ip string) *provisionerv1.Instance {
 	in := &provisionerv1.Instance{
-		ProviderId: id,
-		ProxyUid:   m.UID,
-		Name:       name,
-		State:      mapState(st, reason, ip),
-		Ip:         ip,
-		Details:    map[string]string{"host": h.Name, "pool": h.Pool, "libvirtState": domainStateName(st)},
+		ProviderId:   id,
+		ProxyUid:     m.UID,
+		Installation: m.Installation,
+		Name:         name,
+		State:        mapState(st, reason, ip),
+		Ip:           ip,
+		Details:      map[string]string{"host": h.Name, "pool": h.Pool, "libvirtState": domainStateName(st)},
 	}
 	if t := m.createdAt(); !t.IsZero() {
 		in.CreateTime = timestamppb.New(t)
@@ -443,13 +444,16 @@ func readMark(api libvirtAPI, dom libvirt.Domain) (mark, error) {
 	return m, nil
 }
 
-// claim rewrites a legacy mark as this provider's, keeping its UID and
-// creation time, in the live domain (when running) and its persistent
+// claim rewrites a mark without provider or installation as this
+// provider's and installation's, keeping its UID and creation time, in the live domain (when running) and its persistent
 // definition, and returns the mark as it now is. It is best effort: the
 // domain is the proxy's either way, so a failure is a WARNING, the
 // operation goes on, and the next Get tries again.
-func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvirt.Domain, m mark) mark {
-	x := markElement(be.name, m.UID, m.createdAt())
+func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvirt.Domain, m mark, installation string) mark {
+	if installation == "" {
+		installation = m.Installation
+	}
+	x := markElement(be.name, installation, m.UID, m.createdAt())
 	flags := libvirt.DomainAffectLive | libvirt.DomainAffectConfig
 	err := api.DomainSetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{x},
 		libvirt.OptString{metadataPrefix}, libvirt.OptString{metadataURI}, flags)
@@ -463,8 +467,9 @@ func (be *Backend) claim(ctx context.Context, api libvirtAPI, h Host, dom libvir
 			"host", h.Name, "domain", dom.Name, "proxy_uid", m.UID, "error", err.Error())
 		return m
 	}
-	be.log.InfoContext(ctx, "domain with a mark without provider claimed for this provider", "host", h.Name, "domain", dom.Name, "proxy_uid", m.UID)
-	m.Provider = be.name
+	be.log.InfoContext(ctx, "domain with a mark without provider or installation claimed for this provider and installation", "host", h.Name, "domain", dom.Name,
+		"proxy_uid", m.UID, "installation", installation)
+	m.Provider, m.Installation = be.name, installation
 	return m
 }
 
@@ -512,11 +517,11 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 		if err != nil {
 			return err
 		}
-		if !m.isFor(be.name, req.GetProxyUid()) {
+		if !m.isFor(be.name, req.GetInstallation(), req.GetProxyUid()) {
 			return errclass.New(errclass.NotFound, "domain %s on host %s is not this proxy's on provider %s (it carries %s)", name, h.Name, be.name, m.describe())
 		}
-		if m.ownedBy(be.name) == legacy && req.GetProxyUid() != "" {
-			m = be.claim(ctx, api, h, dom, m)
+		if req.GetProxyUid() != "" && m.needsClaim(be.name, req.GetInstallation()) {
+			m = be.claim(ctx, api, h, dom, m, req.GetInstallation())
 		}
 		st, reason, err := api.DomainGetState(dom, 0)
 		if err != nil {
@@ -669,9 +674,9 @@ func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstance
 			if err != nil {
 				return err
 			}
-			if !m.isFor(be.name, req.GetProxyUid()) {
+			if !m.isFor(be.name, req.GetInstallation(), req.GetProxyUid()) {
 				be.log.WarnContext(ctx, "domain with the proxy's name is not this proxy's; left untouched", "host", h.Name, "domain", name,
-					"markProvider", m.Provider, "markUID", m.UID)
+					"markProvider", m.Provider, "markInstallation", m.Installation, "markUID", m.UID)
 				return nil
 			}
 			if err := api.DomainDestroy(dom); err != nil && !hasCode(err, libvirt.ErrOperationInvalid) && !hasCode(err, libvirt.ErrNoDomain) {

@@ -120,7 +120,7 @@ func BenchmarkLive(b *testing.B) {
 				b.Cleanup(func() { env.RemoveDomain(name) })
 				x, err := domainXML(domainSpec{Name: name, Type: DomainQEMU, VCPUs: 1, MemoryMiB: 64, Firmware: FirmwareBIOS,
 					OverlayPath: env.PoolDir + "/none.qcow2", SeedPath: env.PoolDir + "/none.iso", Bridge: env.Bridge,
-					ConsoleLog: env.ConsoleDir + "/" + name + ".log", Mark: markXML("kvm-bench", name, time.Now())})
+					ConsoleLog: env.ConsoleDir + "/" + name + ".log", Mark: markXML("kvm-bench", "", name, time.Now())})
 				if err != nil {
 					return err
 				}

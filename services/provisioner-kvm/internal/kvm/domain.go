@@ -58,9 +58,12 @@ type mark struct {
 	Managed string `xml:"managed"`
 	// Provider is the name of the provider that made the domain; marks
 	// written before it was recorded have none (legacy marks).
-	Provider  string `xml:"provider"`
-	UID       string `xml:"uid"`
-	CreatedAt string `xml:"createdAt"`
+	Provider string `xml:"provider"`
+	// Installation is the installation (pkg/installation) the domain is
+	// for; marks written before it was recorded have none.
+	Installation string `xml:"installation"`
+	UID          string `xml:"uid"`
+	CreatedAt    string `xml:"createdAt"`
 }
 
 func (m mark) managed() bool { return m.Managed == "true" }
@@ -96,9 +99,21 @@ func (m mark) ownedBy(provider string) ownership {
 // proxy's. A legacy mark counts as provider's: the UID it carries is
 // unique across providers, and the proxy asking for it is the one that
 // owns it.
-func (m mark) isFor(provider, uid string) bool {
+func (m mark) isFor(provider, installation, uid string) bool {
 	o := m.ownedBy(provider)
-	return (o == owned || o == legacy) && (uid == "" || m.UID == uid)
+	return (o == owned || o == legacy) && (uid == "" || m.UID == uid) && !m.foreignInstallation(installation)
+}
+
+// foreignInstallation reports whether the mark names an installation
+// other than installation: another installation's domain, left alone.
+func (m mark) foreignInstallation(installation string) bool {
+	return m.Installation != "" && m.Installation != installation
+}
+
+// needsClaim reports whether the mark, the proxy's, lacks its provider or
+// installation, which the proxy's Get or Create then writes.
+func (m mark) needsClaim(provider, installation string) bool {
+	return m.ownedBy(provider) == legacy || (m.Installation == "" && installation != "")
 }
 
 // describe says whose the mark is, for messages.
@@ -108,6 +123,8 @@ func (m mark) describe() string {
 		return "no mark"
 	case m.Provider == "":
 		return fmt.Sprintf("a mark without provider, uid %q", m.UID)
+	case m.Installation != "":
+		return fmt.Sprintf("provider %q's mark, installation %q, uid %q", m.Provider, m.Installation, m.UID)
 	default:
 		return fmt.Sprintf("provider %q's mark, uid %q", m.Provider, m.UID)
 	}
@@ -120,18 +137,18 @@ func (m mark) createdAt() time.Time {
 
 // markXML is the element stored in the domain's <metadata>, in the
 // system's namespace under its own prefix.
-func markXML(provider, uid string, created time.Time) string {
-	return buildMark(metadataPrefix+":", fmt.Sprintf(" xmlns:%s=%q", metadataPrefix, metadataURI), provider, uid, created)
+func markXML(provider, installation, uid string, created time.Time) string {
+	return buildMark(metadataPrefix+":", fmt.Sprintf(" xmlns:%s=%q", metadataPrefix, metadataURI), provider, installation, uid, created)
 }
 
 // markElement is the mark without namespace, as virDomainSetMetadata
 // takes it: libvirt puts it (and its children) in the namespace it is
 // given, and refuses an element that declares that namespace itself.
-func markElement(provider, uid string, created time.Time) string {
-	return buildMark("", "", provider, uid, created)
+func markElement(provider, installation, uid string, created time.Time) string {
+	return buildMark("", "", provider, installation, uid, created)
 }
 
-func buildMark(p, decl, provider, uid string, created time.Time) string {
+func buildMark(p, decl, provider, installation, uid string, created time.Time) string {
 	var b bytes.Buffer
 	esc := func(s string) string {
 		var e bytes.Buffer
@@ -141,6 +158,9 @@ func buildMark(p, decl, provider, uid string, created time.Time) string {
 	fmt.Fprintf(&b, `<%sinstance%s>`, p, decl)
 	fmt.Fprintf(&b, `<%smanaged>true</%smanaged>`, p, p)
 	fmt.Fprintf(&b, `<%sprovider>%s</%sprovider>`, p, esc(provider), p)
+	if installation != "" {
+		fmt.Fprintf(&b, `<%sinstallation>%s</%sinstallation>`, p, esc(installation), p)
+	}
 	fmt.Fprintf(&b, `<%suid>%s</%suid>`, p, esc(uid), p)
 	fmt.Fprintf(&b, `<%screatedAt>%s</%screatedAt>`, p, created.UTC().Format(time.RFC3339), p)
 	fmt.Fprintf(&b, `</%sinstance>`, p)

@@ -53,8 +53,8 @@ func TestMark(t *testing.T) {
 		managed      bool
 		wantErr      bool
 	}{
-		{"as written", markXML("kvm-<a>", "uid-<1>", created), "uid-<1>", "kvm-<a>", true, false},
-		{"as claimed", markElement("kvm-<a>", "uid-<1>", created), "uid-<1>", "kvm-<a>", true, false},
+		{"as written", markXML("kvm-<a>", "", "uid-<1>", created), "uid-<1>", "kvm-<a>", true, false},
+		{"as claimed", markElement("kvm-<a>", "", "uid-<1>", created), "uid-<1>", "kvm-<a>", true, false},
 		{"libvirt bare form", `<instance><managed>true</managed><provider>p</provider><uid>u2</uid><createdAt>2026-12-03T10:00:00Z</createdAt></instance>`, "u2", "p", true, false},
 		{"other prefix", `<x:instance xmlns:x="` + metadataURI + `"><x:managed>true</x:managed><x:provider>p</x:provider><x:uid>u3</x:uid><x:createdAt>2026-12-03T10:00:00Z</x:createdAt></x:instance>`, "u3", "p", true, false},
 		{"legacy, no provider", `<egress:instance xmlns:egress="` + metadataURI + `"><egress:managed>true</egress:managed><egress:uid>u4</egress:uid><egress:createdAt>2026-12-03T10:00:00Z</egress:createdAt></egress:instance>`, "u4", "", true, false},
@@ -96,7 +96,7 @@ func TestMarkOwnership(t *testing.T) {
 			t.Errorf("%s: ownedBy = %v, want %v", tc.name, got, tc.own)
 		}
 		for uid, want := range tc.isFor {
-			if got := tc.m.isFor("a", uid); got != want {
+			if got := tc.m.isFor("a", "", uid); got != want {
 				t.Errorf("%s: isFor(a, %q) = %v, want %v", tc.name, uid, got, want)
 			}
 		}
@@ -104,7 +104,7 @@ func TestMarkOwnership(t *testing.T) {
 }
 
 func FuzzParseMark(f *testing.F) {
-	f.Add(markXML("p", "u", time.Unix(0, 0)))
+	f.Add(markXML("p", "", "u", time.Unix(0, 0)))
 	f.Add(`<instance><uid>x</uid></instance>`)
 	f.Fuzz(func(t *testing.T, s string) { _, _ = parseMark(s) })
 }
@@ -112,7 +112,7 @@ func FuzzParseMark(f *testing.F) {
 func TestDomainXML(t *testing.T) {
 	t.Parallel()
 	spec := domainSpec{Name: "proxy-a", Type: DomainKVM, VCPUs: 2, MemoryMiB: 2048, Firmware: FirmwareUEFI,
-		OverlayPath: "/p/proxy-a.qcow2", SeedPath: "/p/proxy-a-seed.iso", Bridge: "br0", ConsoleLog: "/log/proxy-a.log", Mark: markXML("kvm-test", "a", time.Unix(0, 0))}
+		OverlayPath: "/p/proxy-a.qcow2", SeedPath: "/p/proxy-a-seed.iso", Bridge: "br0", ConsoleLog: "/log/proxy-a.log", Mark: markXML("kvm-test", "", "a", time.Unix(0, 0))}
 	for _, tc := range []struct {
 		name    string
 		mod     func(*domainSpec)

@@ -157,6 +157,34 @@ type state struct {
 	// Auth means the proxy demands the credentials in the instance's
 	// htpasswd file (squid's basic_ncsa_auth).
 	Auth bool `json:"auth,omitempty"`
+	// Installation is the installation (pkg/installation) the instance is
+	// for; records written before installations have none.
+	Installation string `json:"installation,omitempty"`
+}
+
+// foreignInstallation reports whether the record names an installation
+// other than installation: another installation's instance, left alone.
+func (s *state) foreignInstallation(installation string) bool {
+	return s.Installation != "" && s.Installation != installation
+}
+
+// claim writes installation into uid's record when it names none (written
+// before records did), so that it is this installation's from now on.
+func (b *Backend) claim(s *state, installation string) error {
+	if installation == "" || s.Installation != "" {
+		return nil
+	}
+	unlock, err := b.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s.Installation = installation
+	if err := b.write(s); err != nil {
+		return err
+	}
+	b.log.Info("local instance recorded before installations claimed for this installation", "provider_id", providerID(s.UID), "installation", installation)
+	return nil
 }
 
 func providerID(uid string) string { return "instances/" + uid }
@@ -214,12 +242,13 @@ func uidFromProviderID(pid, proxyUID string) (string, error) {
 
 func (b *Backend) instance(s *state, st provisionerv1.InstanceState) *provisionerv1.Instance {
 	return &provisionerv1.Instance{
-		ProviderId: providerID(s.UID),
-		ProxyUid:   s.UID,
-		Name:       s.Name,
-		State:      st,
-		Ip:         s.Address,
-		CreateTime: timestamppb.New(s.CreatedAt),
+		ProviderId:   providerID(s.UID),
+		ProxyUid:     s.UID,
+		Name:         s.Name,
+		Installation: s.Installation,
+		State:        st,
+		Ip:           s.Address,
+		CreateTime:   timestamppb.New(s.CreatedAt),
 		Details: map[string]string{
 			"proxy": s.Kind, "port": strconv.Itoa(int(s.Port)), "pid": strconv.Itoa(s.PID),
 		},
@@ -246,13 +275,19 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 		err = errclass.New(errclass.Permanent, "%s exists and is not an instance of this provisioner (no record of proxy %s in it); it was left untouched, remove it",
 			b.instDir(uid), uid).WithMetadata("path", b.instDir(uid))
 	case errclass.Is(err, errclass.NotFound):
-		s, err = b.allocate(uid, req.GetProxyName(), port)
+		s, err = b.allocate(uid, req.GetInstallation(), req.GetProxyName(), port)
+	case err == nil && s.foreignInstallation(req.GetInstallation()):
+		err = errclass.New(errclass.Permanent, "instance %s is installation %s's, not %s: two installations hold proxy UID %s (a copied database?); it was left untouched",
+			providerID(uid), s.Installation, req.GetInstallation(), uid)
 	}
 	if err == nil {
 		err = b.setCredentials(s, req.GetCredentials())
 	}
 	unlock()
 	if err != nil {
+		return nil, err
+	}
+	if err := b.claim(s, req.GetInstallation()); err != nil {
 		return nil, err
 	}
 	crashpoint.After(ctx, "local.recorded")
@@ -264,7 +299,7 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 
 // allocate picks the instance's address (from the UID's hash, probing on
 // from a taken one) and records it. Called under the state lock.
-func (b *Backend) allocate(uid, proxyName string, port uint32) (*state, error) {
+func (b *Backend) allocate(uid, installation, proxyName string, port uint32) (*state, error) {
 	taken := map[string]bool{}
 	all, err := b.all()
 	if err != nil {
@@ -290,7 +325,7 @@ func (b *Backend) allocate(uid, proxyName string, port uint32) (*state, error) {
 			continue
 		}
 		s := &state{UID: uid, Name: "proxy-" + uid, ProxyName: proxyName, Address: addr, Port: port, Kind: b.kind,
-			CreatedAt: time.Now().UTC().Truncate(time.Second)}
+			CreatedAt: time.Now().UTC().Truncate(time.Second), Installation: installation}
 		if err := b.makeDir(s); err != nil {
 			return nil, err
 		}
@@ -634,6 +669,14 @@ func (b *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest
 	if err != nil {
 		return nil, err
 	}
+	if s.foreignInstallation(req.GetInstallation()) {
+		return nil, errclass.New(errclass.NotFound, "instance %s is installation %s's", req.GetProviderId(), s.Installation)
+	}
+	if req.GetProxyUid() != "" {
+		if err := b.claim(s, req.GetInstallation()); err != nil {
+			return nil, err
+		}
+	}
 	if !b.alive(s) {
 		b.log.Warn("local proxy process is gone; starting it again", "name", s.Name, "provider_id", providerID(uid))
 		if err := b.ensureRunning(ctx, s); err != nil {
@@ -658,6 +701,10 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 	}
 	if err != nil && !errclass.Is(err, errclass.Permanent) {
 		return false, err
+	}
+	if s != nil && s.foreignInstallation(req.GetInstallation()) {
+		b.log.Info("local instance is another installation's; left alone", "provider_id", providerID(uid), "installation", s.Installation)
+		return false, nil
 	}
 	if s != nil && b.alive(s) {
 		b.stopping.Store(s.PID, struct{}{})

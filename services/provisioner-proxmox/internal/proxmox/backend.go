@@ -93,8 +93,11 @@ const (
 	markManaged   = "proxy-operator-managed"
 	markUID       = "proxy-operator-uid"
 	markCreatedAt = "proxy-operator-created-at"
-	tag           = "proxy_operator"
-	namePrefix    = "proxy-"
+	// markInstallation names the installation (pkg/installation); a mark
+	// written before installations has none.
+	markInstallation = "proxy-operator-installation"
+	tag              = "proxy_operator"
+	namePrefix       = "proxy-"
 )
 
 var nonName = regexp.MustCompile(`[^a-z0-9-]+`)
@@ -125,13 +128,25 @@ func vmidFor(uid string, r VMIDRange, probe int) int {
 const maxProbes = 32
 
 type mark struct {
-	managed   bool
-	uid       string
-	createdAt time.Time
+	managed      bool
+	uid          string
+	createdAt    time.Time
+	installation string
 }
 
-func markLines(uid string, created time.Time) string {
-	return fmt.Sprintf("%s=true\n%s=%s\n%s=%s\n", markManaged, markUID, uid, markCreatedAt, created.UTC().Format(time.RFC3339))
+func markLines(uid, installation string, created time.Time) string {
+	s := fmt.Sprintf("%s=true\n%s=%s\n%s=%s\n", markManaged, markUID, uid, markCreatedAt, created.UTC().Format(time.RFC3339))
+	if installation != "" {
+		s += markInstallation + "=" + installation + "\n"
+	}
+	return s
+}
+
+// foreignInstallation reports whether a mark names an installation other
+// than the request's: such a VM is another installation's and is left
+// alone. A mark naming none is the proxy's to claim.
+func (m mark) foreignInstallation(installation string) bool {
+	return m.installation != "" && m.installation != installation
 }
 
 // parseMark reads the mark from a description; other lines are ignored.
@@ -149,6 +164,8 @@ func parseMark(desc string) mark {
 			m.uid = strings.TrimSpace(v)
 		case markCreatedAt:
 			m.createdAt, _ = time.Parse(time.RFC3339, strings.TrimSpace(v))
+		case markInstallation:
+			m.installation = strings.TrimSpace(v)
 		}
 	}
 	return m

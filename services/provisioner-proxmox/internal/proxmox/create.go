@@ -73,7 +73,7 @@ const (
 // inspect is the ownership check of the VM at vmid: wait out a lock, then
 // tell ours (adopt) from another's (probe on), refusing a VM that has our
 // name but not our mark.
-func (be *Backend) inspect(ctx context.Context, vmid int, node, name, uid string) (verdict, map[string]string, error) {
+func (be *Backend) inspect(ctx context.Context, vmid int, node, name, uid, installation string) (verdict, map[string]string, error) {
 	deadline := time.Now().Add(be.b.Clone)
 	for {
 		cfg, err := be.config(ctx, node, vmid)
@@ -88,7 +88,7 @@ func (be *Backend) inspect(ctx context.Context, vmid int, node, name, uid string
 			if cfg["name"] != name {
 				return vmOther, cfg, nil
 			}
-			if err := be.checkMark(vmid, name, uid, cfg); err != nil {
+			if err := be.checkMark(vmid, name, uid, installation, cfg); err != nil {
 				return 0, nil, err
 			}
 			return 0, nil, errclass.New(errclass.Permanent, "VM %d (%s) is hibernated (lock: suspended); resume or destroy it in Proxmox", vmid, name).WithMetadata("vmid", strconv.Itoa(vmid), "node", node)
@@ -97,7 +97,7 @@ func (be *Backend) inspect(ctx context.Context, vmid int, node, name, uid string
 			if cfg["name"] != name {
 				return vmOther, cfg, nil
 			}
-			if err := be.checkMark(vmid, name, uid, cfg); err != nil {
+			if err := be.checkMark(vmid, name, uid, installation, cfg); err != nil {
 				return 0, nil, err
 			}
 			return vmOurs, cfg, nil
@@ -116,9 +116,9 @@ func (be *Backend) inspect(ctx context.Context, vmid int, node, name, uid string
 	}
 }
 
-// checkMark refuses a VM with our name that carries no mark or another
-// UID.
-func (be *Backend) checkMark(vmid int, name, uid string, cfg map[string]string) error {
+// checkMark refuses a VM with our name that carries no mark, another UID
+// or another installation.
+func (be *Backend) checkMark(vmid int, name, uid, installation string, cfg map[string]string) error {
 	m := parseMark(cfg["description"])
 	if !m.managed {
 		return errclass.New(errclass.Permanent, "VM %d is named %s but carries no proxy-operator mark (proxy UID %s, VM UID none); it was not created by egress-proxies, remove or rename it", vmid, name, uid).
@@ -127,6 +127,10 @@ func (be *Backend) checkMark(vmid int, name, uid string, cfg map[string]string) 
 	if m.uid != "" && m.uid != uid {
 		return errclass.New(errclass.Permanent, "VM %d is named %s but is marked for proxy UID %s, not %s; remove or rename it", vmid, name, m.uid, uid).
 			WithMetadata("vmid", strconv.Itoa(vmid), "proxyUID", uid, "vmUID", m.uid)
+	}
+	if m.foreignInstallation(installation) {
+		return errclass.New(errclass.Permanent, "VM %d is named %s but is marked for installation %s, not %s; two installations hold proxy UID %s (a copied database?): remove or rename it", vmid, name, m.installation, installation, uid).
+			WithMetadata("vmid", strconv.Itoa(vmid), "proxyUID", uid, "installation", installation, "vmInstallation", m.installation)
 	}
 	return nil
 }
@@ -179,7 +183,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 		if r.Status == "unknown" {
 			return nil, errclass.New(errclass.Transient, "VM %d is on node %s, which does not answer (status unknown)", r.VMID, r.Node)
 		}
-		v, c, err := be.inspect(ctx, r.VMID, r.Node, name, uid)
+		v, c, err := be.inspect(ctx, r.VMID, r.Node, name, uid, req.GetInstallation())
 		if err != nil {
 			return nil, err
 		}
@@ -220,7 +224,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 				if err := mayClone(); err != nil {
 					return nil, err
 				}
-				if created, err = be.cloneInto(ctx, p, cand, name, uid); err != nil {
+				if created, err = be.cloneInto(ctx, p, cand, name, uid, req.GetInstallation()); err != nil {
 					return nil, err
 				}
 				vmid, node = cand, p.node
@@ -229,7 +233,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 			if r.Status == "unknown" {
 				return nil, errclass.New(errclass.Transient, "VMID %d is on node %s, which does not answer (status unknown)", cand, r.Node)
 			}
-			v, c, err := be.inspect(ctx, cand, r.Node, name, uid)
+			v, c, err := be.inspect(ctx, cand, r.Node, name, uid, req.GetInstallation())
 			if err != nil {
 				return nil, err
 			}
@@ -240,7 +244,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 				if err := mayClone(); err != nil {
 					return nil, err
 				}
-				if created, err = be.cloneInto(ctx, p, cand, name, uid); err != nil {
+				if created, err = be.cloneInto(ctx, p, cand, name, uid, req.GetInstallation()); err != nil {
 					return nil, err
 				}
 				vmid, node = cand, p.node
@@ -260,6 +264,9 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	}
 	if cfg != nil {
 		log.DebugContext(ctx, "proxmox vm adopted", "status", st.Status, "qmpstatus", st.QMP)
+		if err := be.claim(ctx, node, vmid, cfg, uid, req.GetInstallation()); err != nil {
+			return nil, err
+		}
 	}
 	if cfg != nil {
 		created = parseMark(cfg["description"]).createdAt
@@ -329,7 +336,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 
 // cloneInto checks the template and full-clones it to vmid with the mark
 // in the description, waiting for the clone task.
-func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, uid string) (time.Time, error) {
+func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, uid, installation string) (time.Time, error) {
 	tnode, err := be.checkTemplate(ctx, p)
 	if err != nil {
 		return time.Time{}, err
@@ -339,7 +346,7 @@ func (be *Backend) cloneInto(ctx context.Context, p resolved, vmid int, name, ui
 	created := be.now().UTC().Truncate(time.Second)
 	form := url.Values{
 		"newid": {strconv.Itoa(vmid)}, "name": {name}, "full": {"1"},
-		"description": {markLines(uid, created)},
+		"description": {markLines(uid, installation, created)},
 	}
 	if be.cfg.Storage != "" {
 		form.Set("storage", be.cfg.Storage)

@@ -15,7 +15,7 @@ import (
 // Delete stops (a paused VM too) and destroys the VM with its disks, then
 // deletes its seed on the VM's node; a seed that could not be deleted
 // there fails the call, on a repeated Delete too. A VM already gone, not
-// ours or unmarked is left alone, and the seed is looked for on every
+// ours, unmarked or another installation's is left alone, and the seed is looked for on every
 // node (deleteSeedEverywhere: a node that does not answer is skipped and
 // its seed left to List's sweep).
 func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error) {
@@ -23,9 +23,13 @@ func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstance
 	if err != nil {
 		return false, err
 	}
-	loc, gone, err := be.locate(ctx, req.GetProviderId(), req.GetProxyUid())
+	loc, gone, err := be.locate(ctx, req.GetProviderId(), req.GetProxyUid(), req.GetInstallation())
 	if err != nil {
 		return false, classify(err)
+	}
+	if gone != nil && gone.otherInstallation {
+		be.log.DebugContext(ctx, "proxmox vm is another installation's, left alone", "provider_id", req.GetProviderId(), "reason", gone.reason)
+		return false, nil
 	}
 	if gone != nil {
 		be.log.DebugContext(ctx, "proxmox vm already gone", "provider_id", req.GetProviderId(), "reason", gone.reason)

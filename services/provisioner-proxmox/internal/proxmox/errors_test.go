@@ -266,8 +266,8 @@ func TestHelpers(t *testing.T) {
 		desc string
 		want mark
 	}{
-		{"admin\nproxy-operator-managed=true\nproxy-operator-uid=u1\nproxy-operator-created-at=2026-09-23T17:42:11Z\nnote", mark{true, "u1", time.Date(2026, 9, 23, 17, 42, 11, 0, time.UTC)}},
-		{"proxy-operator-managed=false\nproxy-operator-uid=u1", mark{false, "u1", time.Time{}}},
+		{"admin\nproxy-operator-managed=true\nproxy-operator-uid=u1\nproxy-operator-created-at=2026-09-23T17:42:11Z\nnote", mark{true, "u1", time.Date(2026, 9, 23, 17, 42, 11, 0, time.UTC), ""}},
+		{"proxy-operator-managed=false\nproxy-operator-uid=u1", mark{false, "u1", time.Time{}, ""}},
 		{"", mark{}},
 	} {
 		if got := parseMark(tc.desc); got != tc.want {

@@ -35,7 +35,7 @@ func FuzzParseProviderID(f *testing.F) {
 
 // Descriptions are written by anyone with VM.Config.Options.
 func FuzzParseMark(f *testing.F) {
-	f.Add(markLines("u1", time.Unix(1700000000, 0)))
+	f.Add(markLines("u1", "", time.Unix(1700000000, 0)))
 	f.Add("admin\nproxy-operator-managed=true\r\nproxy-operator-uid= spaced \n")
 	f.Add("=\n==\nproxy-operator-created-at=not-a-time")
 	f.Fuzz(func(t *testing.T, desc string) {
@@ -44,7 +44,7 @@ func FuzzParseMark(f *testing.F) {
 			t.Fatalf("managed without the line: %q", desc)
 		}
 		// Appending our own mark always wins for the fields it sets.
-		m2 := parseMark(desc + "\n" + markLines("uid-x", time.Unix(1700000000, 0)))
+		m2 := parseMark(desc + "\n" + markLines("uid-x", "", time.Unix(1700000000, 0)))
 		if !m2.managed || m2.uid != "uid-x" || m2.createdAt.Unix() != 1700000000 {
 			t.Fatalf("appended mark not read: %+v from %q", m2, desc)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,12 +26,17 @@ type located struct {
 }
 
 // errNotOurs explains why a providerID no longer names the proxy's VM.
-type notOurs struct{ reason string }
+type notOurs struct {
+	reason string
+	// otherInstallation: the VM is another installation's, and so is its
+	// seed.
+	otherInstallation bool
+}
 
 // locate finds the VM of a providerID: in the cluster's resources, then
 // its config, checking the name and the mark. A nil located with a reason
 // means it is gone or not the proxy's.
-func (be *Backend) locate(ctx context.Context, pid, uid string) (*located, *notOurs, error) {
+func (be *Backend) locate(ctx context.Context, pid, uid, installation string) (*located, *notOurs, error) {
 	vmid, name, err := parseProviderID(pid)
 	if err != nil {
 		return nil, nil, err
@@ -46,7 +52,7 @@ func (be *Backend) locate(ctx context.Context, pid, uid string) (*located, *notO
 		}
 	}
 	if r == nil {
-		return nil, &notOurs{"VMID absent from the cluster's resources"}, nil
+		return nil, &notOurs{reason: "VMID absent from the cluster's resources"}, nil
 	}
 	if r.Status == "unknown" {
 		return nil, nil, errclass.New(errclass.Transient, "VM %d is on node %s, which does not answer (status unknown)", vmid, r.Node).WithMetadata("vmid", strconv.Itoa(vmid), "node", r.Node)
@@ -54,21 +60,24 @@ func (be *Backend) locate(ctx context.Context, pid, uid string) (*located, *notO
 	cfg, err := be.config(ctx, r.Node, vmid)
 	if err != nil {
 		if errclass.Is(classify(err), errclass.NotFound) {
-			return nil, &notOurs{"configuration file does not exist"}, nil
+			return nil, &notOurs{reason: "configuration file does not exist"}, nil
 		}
 		return nil, nil, err
 	}
 	if cfg["name"] != name {
 		be.log.DebugContext(ctx, "proxmox vm at this vmid is not ours, left alone", "vmid", vmid, "node", r.Node, "name", name, "vmName", cfg["name"])
-		return nil, &notOurs{"the VM at this VMID is named " + cfg["name"]}, nil
+		return nil, &notOurs{reason: "the VM at this VMID is named " + cfg["name"]}, nil
 	}
 	m := parseMark(cfg["description"])
 	if !m.managed {
 		be.log.DebugContext(ctx, "proxmox vm carries no proxy-operator mark, left alone", "vmid", vmid, "node", r.Node, "name", name)
-		return nil, &notOurs{"the VM carries no proxy-operator mark"}, nil
+		return nil, &notOurs{reason: "the VM carries no proxy-operator mark"}, nil
 	}
 	if uid != "" && m.uid != "" && m.uid != uid {
-		return nil, &notOurs{"the VM is marked for proxy UID " + m.uid}, nil
+		return nil, &notOurs{reason: "the VM is marked for proxy UID " + m.uid}, nil
+	}
+	if m.foreignInstallation(installation) {
+		return nil, &notOurs{reason: "the VM is marked for installation " + m.installation, otherInstallation: true}, nil
 	}
 	return &located{vmid: vmid, name: name, node: r.Node, resource: *r, cfg: cfg, mark: m}, nil, nil
 }
@@ -76,13 +85,16 @@ func (be *Backend) locate(ctx context.Context, pid, uid string) (*located, *notO
 // Get reads the VM's state and address: four calls for a running VM
 // (resources, config, status, agent).
 func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceRequest) (*provisionerv1.Instance, error) {
-	loc, gone, err := be.locate(ctx, req.GetProviderId(), req.GetProxyUid())
+	loc, gone, err := be.locate(ctx, req.GetProviderId(), req.GetProxyUid(), req.GetInstallation())
 	if err != nil {
 		return nil, classify(err)
 	}
 	if gone != nil {
 		be.log.DebugContext(ctx, "proxmox vm not found", "provider_id", req.GetProviderId(), "reason", gone.reason)
 		return nil, errclass.New(errclass.NotFound, "%s: %s", req.GetProviderId(), gone.reason)
+	}
+	if err := be.claim(ctx, loc.node, loc.vmid, loc.cfg, req.GetProxyUid(), req.GetInstallation()); err != nil {
+		return nil, err
 	}
 	log := be.log.With("vmid", loc.vmid, "name", loc.name, "node", loc.node)
 	in := &provisionerv1.Instance{
@@ -126,6 +138,26 @@ func (be *Backend) Get(ctx context.Context, req *provisionerv1.GetInstanceReques
 	}
 	log.DebugContext(ctx, "proxmox vm fetched", "state", in.GetState().String(), "ip", in.GetIp(), "proxy_uid", loc.mark.uid, "status", st.Status, "qmpstatus", st.QMP)
 	return in, nil
+}
+
+// claim writes installation into the mark of the proxy uid's VM when the
+// mark names none (written before marks named installations), so that it
+// is this installation's from now on. Any other mark is left as it is.
+func (be *Backend) claim(ctx context.Context, node string, vmid int, cfg map[string]string, uid, installation string) error {
+	m := parseMark(cfg["description"])
+	if !m.managed || m.installation != "" || installation == "" || m.uid != uid {
+		return nil
+	}
+	desc := strings.TrimRight(cfg["description"], "\n") + "\n" + markInstallation + "=" + installation + "\n"
+	form := url.Values{"description": {desc}}
+	err := be.c.do(ctx, call{name: "SetConfig", method: http.MethodPut, path: vmPath(node, vmid) + "/config", form: form,
+		attrs: []any{"node", node, "vmid", vmid}, trace: []any{"description", desc}}, nil)
+	if err != nil {
+		return notFoundAsTransient(err)
+	}
+	cfg["description"] = desc
+	be.log.InfoContext(ctx, "proxmox vm marked before installations claimed for this installation", "vmid", vmid, "node", node, "proxy_uid", uid, "installation", installation)
+	return nil
 }
 
 // agentIP asks the guest agent for the VM's address. The agent's two
@@ -239,7 +271,7 @@ func (be *Backend) List(ctx context.Context) ([]*provisionerv1.Instance, error) 
 			}
 			in := &provisionerv1.Instance{
 				ProviderId: providerID(r.VMID, cfg["name"]), ProxyUid: m.uid, Name: cfg["name"],
-				State: state, Ip: ip,
+				State: state, Ip: ip, Installation: m.installation,
 				Details: map[string]string{"node": r.Node, "vmid": strconv.Itoa(r.VMID), "status": r.Status},
 			}
 			if !m.createdAt.IsZero() {

@@ -151,7 +151,7 @@ func TestList(t *testing.T) {
 	e.fake.AddVM(pvefake.VM{VMID: 150000, Node: "pv1-1", Config: map[string]string{"name": "proxy-handmade", "description": "by hand"}})
 	e.fake.AddVM(pvefake.VM{VMID: 200, Node: "pv1-1", Config: map[string]string{"name": "db-1", "tags": "prod"}})
 	// A marked VM whose config write never happened (no tag) is still ours.
-	e.fake.AddVM(pvefake.VM{VMID: 150001, Node: "pv1-1", Config: map[string]string{"name": "proxy-half", "description": markLines("half-uid", time.Unix(1700000000, 0))}})
+	e.fake.AddVM(pvefake.VM{VMID: 150001, Node: "pv1-1", Config: map[string]string{"name": "proxy-half", "description": markLines("half-uid", "", time.Unix(1700000000, 0))}})
 	got, err := e.be.List(ctxT(t))
 	if err != nil {
 		t.Fatal(err)

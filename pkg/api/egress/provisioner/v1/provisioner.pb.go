@@ -177,7 +177,10 @@ type Instance struct {
 	// instances by it.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// Backend facts worth showing (node, zone, VMID); never secrets.
-	Details       map[string]string `protobuf:"bytes,7,rep,name=details,proto3" json:"details,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Details map[string]string `protobuf:"bytes,7,rep,name=details,proto3" json:"details,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The installation named by the instance's mark; empty when the mark
+	// predates installations (a legacy mark).
+	Installation  string `protobuf:"bytes,8,opt,name=installation,proto3" json:"installation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -261,6 +264,13 @@ func (x *Instance) GetDetails() map[string]string {
 	return nil
 }
 
+func (x *Instance) GetInstallation() string {
+	if x != nil {
+		return x.Installation
+	}
+	return ""
+}
+
 // Request of CreateInstance.
 type CreateInstanceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -283,7 +293,12 @@ type CreateInstanceRequest struct {
 	// on a NATS command: the provisioner runtime fetches them from the
 	// orchestrator (GetProxyCredentials, with the service role) before it
 	// hands the request to its backend. Secret: never logged or traced.
-	Credentials   *v1.ProxyCredentials `protobuf:"bytes,9,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	Credentials *v1.ProxyCredentials `protobuf:"bytes,9,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	// The orchestrator installation the request is for (its
+	// --installation-id): a backend writes it into every instance's mark and
+	// takes only instances of this installation (or, for the proxy's own
+	// Create and Get, instances marked before marks named one). Required.
+	Installation  string `protobuf:"bytes,8,opt,name=installation,proto3" json:"installation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +389,13 @@ func (x *CreateInstanceRequest) GetCredentials() *v1.ProxyCredentials {
 	return nil
 }
 
+func (x *CreateInstanceRequest) GetInstallation() string {
+	if x != nil {
+		return x.Installation
+	}
+	return ""
+}
+
 // Response of CreateInstance.
 type CreateInstanceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -428,7 +450,12 @@ type GetInstanceRequest struct {
 	// The provider's identifier of the instance.
 	ProviderId string `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
 	// UID of the proxy; an instance marked with another UID is NOT_FOUND.
-	ProxyUid      string `protobuf:"bytes,3,opt,name=proxy_uid,json=proxyUid,proto3" json:"proxy_uid,omitempty"`
+	ProxyUid string `protobuf:"bytes,3,opt,name=proxy_uid,json=proxyUid,proto3" json:"proxy_uid,omitempty"`
+	// The orchestrator installation the request is for (its
+	// --installation-id): a backend writes it into every instance's mark and
+	// takes only instances of this installation (or, for the proxy's own
+	// Create and Get, instances marked before marks named one). Required.
+	Installation  string `protobuf:"bytes,4,opt,name=installation,proto3" json:"installation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -480,6 +507,13 @@ func (x *GetInstanceRequest) GetProviderId() string {
 func (x *GetInstanceRequest) GetProxyUid() string {
 	if x != nil {
 		return x.ProxyUid
+	}
+	return ""
+}
+
+func (x *GetInstanceRequest) GetInstallation() string {
+	if x != nil {
+		return x.Installation
 	}
 	return ""
 }
@@ -538,7 +572,12 @@ type DeleteInstanceRequest struct {
 	// The provider's identifier of the instance.
 	ProviderId string `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
 	// UID of the proxy; an instance marked with another UID is left alone.
-	ProxyUid      string `protobuf:"bytes,3,opt,name=proxy_uid,json=proxyUid,proto3" json:"proxy_uid,omitempty"`
+	ProxyUid string `protobuf:"bytes,3,opt,name=proxy_uid,json=proxyUid,proto3" json:"proxy_uid,omitempty"`
+	// The orchestrator installation the request is for (its
+	// --installation-id): a backend writes it into every instance's mark and
+	// takes only instances of this installation (or, for the proxy's own
+	// Create and Get, instances marked before marks named one). Required.
+	Installation  string `protobuf:"bytes,4,opt,name=installation,proto3" json:"installation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -594,6 +633,13 @@ func (x *DeleteInstanceRequest) GetProxyUid() string {
 	return ""
 }
 
+func (x *DeleteInstanceRequest) GetInstallation() string {
+	if x != nil {
+		return x.Installation
+	}
+	return ""
+}
+
 // Response of DeleteInstance.
 type DeleteInstanceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -644,7 +690,12 @@ func (x *DeleteInstanceResponse) GetDeleted() bool {
 type ListInstancesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Configured provider name.
-	Provider      string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	Provider string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The orchestrator installation the request is for (its
+	// --installation-id): a backend writes it into every instance's mark and
+	// takes only instances of this installation (or, for the proxy's own
+	// Create and Get, instances marked before marks named one). Required.
+	Installation  string `protobuf:"bytes,2,opt,name=installation,proto3" json:"installation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -682,6 +733,13 @@ func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
 func (x *ListInstancesRequest) GetProvider() string {
 	if x != nil {
 		return x.Provider
+	}
+	return ""
+}
+
+func (x *ListInstancesRequest) GetInstallation() string {
+	if x != nil {
+		return x.Installation
 	}
 	return ""
 }
@@ -932,7 +990,7 @@ var File_egress_provisioner_v1_provisioner_proto protoreflect.FileDescriptor
 
 const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"\n" +
-	"'egress/provisioner/v1/provisioner.proto\x12\x15egress.provisioner.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x02\n" +
+	"'egress/provisioner/v1/provisioner.proto\x12\x15egress.provisioner.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8d\x03\n" +
 	"\bInstance\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1b\n" +
@@ -942,10 +1000,11 @@ const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12;\n" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12F\n" +
-	"\adetails\x18\a \x03(\v2,.egress.provisioner.v1.Instance.DetailsEntryR\adetails\x1a:\n" +
+	"\adetails\x18\a \x03(\v2,.egress.provisioner.v1.Instance.DetailsEntryR\adetails\x12\"\n" +
+	"\finstallation\x18\b \x01(\tR\finstallation\x1a:\n" +
 	"\fDetailsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x03\n" +
 	"\x15CreateInstanceRequest\x12(\n" +
 	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12)\n" +
 	"\tproxy_uid\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\x12+\n" +
@@ -957,25 +1016,29 @@ const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"r\b\x90\x92'\x01(\x80\x80\x04R\tcloudInit\x12\x1d\n" +
 	"\x04port\x18\x06 \x01(\rB\t\xbaH\x06*\x04\x18\xff\xff\x03R\x04port\x12)\n" +
 	"\tspec_hash\x18\a \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bspecHash\x12C\n" +
-	"\vcredentials\x18\t \x01(\v2!.egress.proxy.v1.ProxyCredentialsR\vcredentials\"U\n" +
+	"\vcredentials\x18\t \x01(\v2!.egress.proxy.v1.ProxyCredentialsR\vcredentials\x12O\n" +
+	"\finstallation\x18\b \x01(\tB+\xbaH(r&2$^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$R\finstallation\"U\n" +
 	"\x16CreateInstanceResponse\x12;\n" +
-	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"\x98\x01\n" +
+	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"\xe9\x01\n" +
 	"\x12GetInstanceRequest\x12(\n" +
 	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12-\n" +
 	"\vprovider_id\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\n" +
 	"providerId\x12)\n" +
-	"\tproxy_uid\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\"R\n" +
+	"\tproxy_uid\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\x12O\n" +
+	"\finstallation\x18\x04 \x01(\tB+\xbaH(r&2$^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$R\finstallation\"R\n" +
 	"\x13GetInstanceResponse\x12;\n" +
-	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"\x9b\x01\n" +
+	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance\"\xec\x01\n" +
 	"\x15DeleteInstanceRequest\x12(\n" +
 	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12-\n" +
 	"\vprovider_id\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\n" +
 	"providerId\x12)\n" +
-	"\tproxy_uid\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\"2\n" +
+	"\tproxy_uid\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\x12O\n" +
+	"\finstallation\x18\x04 \x01(\tB+\xbaH(r&2$^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$R\finstallation\"2\n" +
 	"\x16DeleteInstanceResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted\"@\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"\x91\x01\n" +
 	"\x14ListInstancesRequest\x12(\n" +
-	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\"V\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12O\n" +
+	"\finstallation\x18\x02 \x01(\tB+\xbaH(r&2$^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$R\finstallation\"V\n" +
 	"\x15ListInstancesResponse\x12=\n" +
 	"\tinstances\x18\x01 \x03(\v2\x1f.egress.provisioner.v1.InstanceR\tinstances\"?\n" +
 	"\x13CheckBackendRequest\x12(\n" +

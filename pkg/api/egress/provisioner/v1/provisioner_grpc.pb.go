@@ -50,8 +50,9 @@ type ProvisionerServiceClient interface {
 	// Deletes an instance and everything created with it. Succeeds when it is
 	// already gone.
 	DeleteInstance(ctx context.Context, in *DeleteInstanceRequest, opts ...grpc.CallOption) (*DeleteInstanceResponse, error)
-	// Lists every instance this provider manages (carries the system's mark),
-	// for orphan GC.
+	// Lists every instance this provider manages (carries the system's mark)
+	// for the request's installation, and those whose mark predates
+	// installations (Instance.installation empty), for orphan GC.
 	ListInstances(ctx context.Context, in *ListInstancesRequest, opts ...grpc.CallOption) (*ListInstancesResponse, error)
 	// Checks that the backend is reachable and usable, one verdict per target,
 	// without touching any instance. Never fails as a whole: a failure is a
@@ -141,8 +142,9 @@ type ProvisionerServiceServer interface {
 	// Deletes an instance and everything created with it. Succeeds when it is
 	// already gone.
 	DeleteInstance(context.Context, *DeleteInstanceRequest) (*DeleteInstanceResponse, error)
-	// Lists every instance this provider manages (carries the system's mark),
-	// for orphan GC.
+	// Lists every instance this provider manages (carries the system's mark)
+	// for the request's installation, and those whose mark predates
+	// installations (Instance.installation empty), for orphan GC.
 	ListInstances(context.Context, *ListInstancesRequest) (*ListInstancesResponse, error)
 	// Checks that the backend is reachable and usable, one verdict per target,
 	// without touching any instance. Never fails as a whole: a failure is a
