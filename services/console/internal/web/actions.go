@@ -220,6 +220,18 @@ func (s *Server) drainProxy(_ http.ResponseWriter, r *http.Request, sess *sessio
 	return done("Proxy " + name + " is draining until " + fmtTime(resp.GetProxy().GetDrainDeadline()) + "."), nil
 }
 
+func (s *Server) rotateCredentials(_ http.ResponseWriter, r *http.Request, sess *session) (any, error) {
+	name := r.PathValue("name")
+	ctx, cancel := callCtx(r)
+	defer cancel()
+	resp, err := s.api.Proxies.RotateCredentials(ctx, &proxyv1.RotateCredentialsRequest{Name: name}, as(sess))
+	if e := fromAPI("the orchestrator", err); e != nil {
+		return nil, e
+	}
+	s.log.Info("proxy credentials rotated", "client_id", sess.ClientID, "proxy_uid", resp.GetProxy().GetUid(), "name", name)
+	return done("Proxy " + name + " has new credentials (made " + fmtTime(resp.GetProxy().GetStatus().GetCredentialsTime()) + "); the old ones stop working."), nil
+}
+
 // parseSpread reads `provider[/zone]=weight, …`.
 func parseSpread(s string) ([]*proxyv1.SpreadTarget, error) {
 	var out []*proxyv1.SpreadTarget

@@ -175,6 +175,7 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /actions/proxies", s.action(s.createProxy))
 	s.mux.Handle("POST /actions/proxies/{name}/delete", s.action(s.deleteProxy))
 	s.mux.Handle("POST /actions/proxies/{name}/drain", s.action(s.drainProxy))
+	s.mux.Handle("POST /actions/proxies/{name}/rotate-credentials", s.action(s.rotateCredentials))
 	s.mux.Handle("POST /actions/pools", s.action(s.createPool))
 	s.mux.Handle("POST /actions/pools/{name}/scale", s.action(s.scalePool))
 	s.mux.Handle("POST /actions/pools/{name}/delete", s.action(s.deletePool))

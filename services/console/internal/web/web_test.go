@@ -382,6 +382,36 @@ func TestActionsCSRFAndRoles(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden || !exists("by-admin") {
 		t.Errorf("a viewer's forced delete: %d %s", resp.StatusCode, body)
 	}
+	// Rotating credentials: refused to a viewer forcing it by hand; the
+	// admin's rotation makes new ones, and no page ever shows them.
+	before, err := api.GetProxy(context.Background(), &proxyv1.GetProxyRequest{Name: "by-admin"}, grpc.PerRPCCredentials(auth.BearerToken("tok-admin")))
+	if err != nil || before.GetProxy().GetStatus().GetCredentialsTime() == nil {
+		t.Fatalf("by-admin has no credentials: %v %v", before, err)
+	}
+	resp, body = viewer.do("POST", "/actions/proxies/by-admin/rotate-credentials", url.Values{"csrf": {viewerCSRF}}, map[string]string{"X-Requested-With": "console"})
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a viewer's forced rotation: %d %s", resp.StatusCode, body)
+	}
+	if _, apage := admin.do("GET", "/proxies/by-admin", nil, nil); !strings.Contains(apage, `id="rotate-credentials"`) {
+		t.Error("the admin's proxy page offers no rotation")
+	}
+	resp, body = admin.do("POST", "/actions/proxies/by-admin/rotate-credentials", url.Values{"csrf": {adminCSRF}}, map[string]string{"X-Requested-With": "console"})
+	if resp.StatusCode != 200 || !strings.Contains(body, "has new credentials") {
+		t.Errorf("the admin's rotation: %d %s", resp.StatusCode, body)
+	}
+	creds, err := api.GetProxyCredentials(context.Background(), &proxyv1.GetProxyCredentialsRequest{Uid: before.GetProxy().GetUid()}, grpc.PerRPCCredentials(auth.BearerToken("tok-service")))
+	if err != nil || creds.GetCredentials().GetPassword() == "" {
+		t.Fatalf("the proxy's credentials: %v %v", creds, err)
+	}
+	if !creds.GetCredentialsTime().AsTime().After(before.GetProxy().GetStatus().GetCredentialsTime().AsTime()) {
+		t.Errorf("credentials made %v, not after the rotation's start (%v)", creds.GetCredentialsTime().AsTime(), before.GetProxy().GetStatus().GetCredentialsTime().AsTime())
+	}
+	for who, b := range map[string]*browser{"admin": admin, "viewer": viewer} {
+		if _, page := b.do("GET", "/proxies/by-admin", nil, nil); strings.Contains(page, creds.GetCredentials().GetPassword()) || !strings.Contains(page, `id="proxy-credentials"`) {
+			t.Errorf("the %s's proxy page shows the password, or not when the credentials were made", who)
+		}
+	}
+
 	// A plain form post (no script) is answered with a redirect, and only
 	// ever to a path of the console.
 	resp, _ = admin.do("POST", "/actions/proxies/by-admin/drain", url.Values{"csrf": {adminCSRF}, "cancel": {"true"}, "next": {"//evil.example/"}}, nil)
