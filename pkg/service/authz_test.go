@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	gatewayv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/gateway/v1"
 	healthv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/health/v1"
 	identityv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/identity/v1"
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
@@ -109,10 +110,12 @@ func TestRoleMatrix(t *testing.T) {
 	leasev1.RegisterLeaseServiceServer(s.GRPC, leasev1.UnimplementedLeaseServiceServer{})
 	healthv1.RegisterHealthServiceServer(s.GRPC, healthv1.UnimplementedHealthServiceServer{})
 	provisionerv1.RegisterProvisionerServiceServer(s.GRPC, provisionerv1.UnimplementedProvisionerServiceServer{})
+	gatewayv1.RegisterGatewayServiceServer(s.GRPC, gatewayv1.UnimplementedGatewayServiceServer{})
 	s.MountREST(proxyv1.RegisterProxyServiceHandler)
 	s.MountREST(proxyv1.RegisterProxyPoolServiceHandler)
 	s.MountREST(leasev1.RegisterLeaseServiceHandler)
 	s.MountREST(healthv1.RegisterHealthServiceHandler)
+	s.MountREST(gatewayv1.RegisterGatewayServiceHandler)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	defer func() {
