@@ -249,7 +249,8 @@ func TestKilledWithCommandInFlight(t *testing.T) {
 	ns := natstest.New(t)
 	js := ns.JetStream(t)
 	dsn := orchtest.Database(t)
-	args := []string{"--auth-disabled", "--providers-config=" + providersFile(t), "--database-url=" + dsn, "--nats-url=" + ns.URL()}
+	args := []string{"--auth-disabled", "--providers-config=" + providersFile(t), "--database-url=" + dsn, "--nats-url=" + ns.URL(),
+		"--cloud-init-key-file=" + cloudInitKeyring(t)}
 	first, addrs := servicetest.Start(t, ".", args)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

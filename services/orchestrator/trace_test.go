@@ -143,6 +143,7 @@ func TestOneTracePerProxyAcrossProcesses(t *testing.T) {
 		"--provider=local", "--replica-id=traced-1", "--ack-wait=5s"}, append(env, "EGRESS_AUTH_DISABLED=true")...)
 	_, orch := servicetest.Start(t, ".", []string{"--auth-disabled", "--providers-config=" + providers,
 		"--database-url=" + orchtest.Database(t), "--nats-url=" + nats.URL(), "--gc-interval=1s", "--gc-grace=1h",
+		"--cloud-init-key-file=" + cloudInitKeyring(t),
 		"--provisioning-poll=200ms"}, env...)
 
 	conn, err := grpc.NewClient(orch.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
