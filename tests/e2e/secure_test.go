@@ -131,13 +131,13 @@ func TestSecureSuite(t *testing.T) {
 	// The provisioner answers the service role only.
 	for token, want := range map[string]codes.Code{opsToken: codes.PermissionDenied, crawlerToken: codes.PermissionDenied, "": codes.Unauthenticated} {
 		c := provisionerv1.NewProvisionerServiceClient(s.conn(s.provisioner.GRPC, token))
-		_, err := c.ListInstances(ctx(t, 10*time.Second), &provisionerv1.ListInstancesRequest{Provider: "local", Installation: "test"})
+		_, err := c.ListInstances(ctx(t, 10*time.Second), &provisionerv1.ListInstancesRequest{Provider: "local", Installation: s.installation})
 		if status.Code(err) != want {
 			t.Errorf("ListInstances with %q = %v, want %v", token, err, want)
 		}
 	}
 	svc := provisionerv1.NewProvisionerServiceClient(s.conn(s.provisioner.GRPC, serviceToken))
-	if list, err := svc.ListInstances(ctx(t, 10*time.Second), &provisionerv1.ListInstancesRequest{Provider: "local", Installation: "test"}); err != nil || len(list.GetInstances()) != 1 {
+	if list, err := svc.ListInstances(ctx(t, 10*time.Second), &provisionerv1.ListInstancesRequest{Provider: "local", Installation: s.installation}); err != nil || len(list.GetInstances()) != 1 {
 		t.Errorf("ListInstances as the service = %v %v", list, err)
 	}
 

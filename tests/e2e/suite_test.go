@@ -67,6 +67,9 @@ type suite struct {
 	keyFile  string
 	// cloudInitKeys is the orchestrator's cloud-init keyring.
 	cloudInitKeys string
+	// installation is the orchestrator's installation id, its own per
+	// suite (two suites may share a backend).
+	installation string
 
 	orchestrator servicetest.Addrs
 	lease        servicetest.Addrs
@@ -94,6 +97,7 @@ func newSuite(t *testing.T) *suite {
 	if _, err := rand.Read(key); err != nil {
 		t.Fatal(err)
 	}
+	s.installation = fmt.Sprintf("e2e-%x", key[:6])
 	s.cloudInitKeys = s.write("cloud-init-keys.yaml", "active: e2e\nkeys:\n  e2e: "+base64.StdEncoding.EncodeToString(key)+"\n")
 
 	s.site = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -205,7 +209,7 @@ func (s *suite) base(httpAddr string) string {
 
 func (s *suite) startOrchestrator() *proctest.Process {
 	p, a := servicetest.Start(s.t, "../../services/orchestrator", append(s.common(),
-		"--providers-config="+s.providers, "--cloud-init-key-file="+s.cloudInitKeys,
+		"--providers-config="+s.providers, "--cloud-init-key-file="+s.cloudInitKeys, "--installation-id="+s.installation,
 		"--gc-interval=2s", "--gc-grace=1s", "--resync-interval=3s",
 		"--provisioning-poll=200ms", "--deletion-poll=200ms", "--create-deadline=30s", "--get-deadline=10s", "--delete-deadline=20s"))
 	s.orchestrator = a
