@@ -417,7 +417,7 @@ func (cp *ControlPlane) ServiceAccountToken(t testing.TB, namespace, name string
 
 // ProvisionerRules are what the chart's Role grants provisioner-kubernetes
 // in its namespace.
-var ProvisionerRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list"}}}
+var ProvisionerRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list", "patch"}}}
 
 // Account makes the ServiceAccount namespace/name, bound to a Role of the
 // same name holding rules (nil: no Role, no rights), and returns a

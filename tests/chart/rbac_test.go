@@ -42,7 +42,7 @@ func TestKubernetesProvisionerRBAC(t *testing.T) {
 	if role == nil || role.Namespace != "egress-proxies" {
 		t.Fatalf("Role %+v, want %s in the proxies' namespace egress-proxies", role, name)
 	}
-	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list"}}}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list", "patch"}}}
 	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, want[0].APIGroups) ||
 		!slices.Equal(role.Rules[0].Resources, want[0].Resources) || !slices.Equal(role.Rules[0].Verbs, want[0].Verbs) {
 		t.Errorf("rules %+v, want %+v", role.Rules, want)
