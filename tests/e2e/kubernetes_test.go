@@ -57,13 +57,14 @@ func TestKubernetesBackend(t *testing.T) {
 		"--providers-config=" + s.providers, "--provider=kube", "--replica-id=kube-1", "--log-level=debug"}, s.serving()...))
 	s.startOrchestrator()
 
-	// A marked pod that no proxy owns (an orphan, old enough), and a pod
-	// that is not ours.
+	// A pod of this installation that no proxy owns (an orphan, old
+	// enough), and a pod that is not ours.
 	const orphanUID = "0d9c2a34-5b1e-4c39-9a55-6b7e2f1c8d40"
 	orphan := "proxy-" + orphanUID
 	old := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
 	for _, pod := range []*corev1.Pod{
-		{ObjectMeta: metav1.ObjectMeta{Name: orphan, Labels: map[string]string{"app.kubernetes.io/managed-by": "egress-proxies", "egress-proxies.dev/provider": "kube"},
+		{ObjectMeta: metav1.ObjectMeta{Name: orphan, Labels: map[string]string{"app.kubernetes.io/managed-by": "egress-proxies", "egress-proxies.dev/provider": "kube",
+			"egress-proxies.dev/installation": s.installation},
 			Annotations: map[string]string{"egress-proxies.dev/proxy-uid": orphanUID, "egress-proxies.dev/created-at": old}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Image: "squid"}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}},
