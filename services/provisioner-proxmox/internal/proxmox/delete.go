@@ -13,11 +13,12 @@ import (
 )
 
 // Delete stops (a paused VM too) and destroys the VM with its disks, then
-// deletes its seed on the VM's node; a seed that could not be deleted
-// there fails the call, on a repeated Delete too. A VM already gone, not
-// ours, unmarked or another installation's is left alone, and the seed is looked for on every
-// node (deleteSeedEverywhere: a node that does not answer is skipped and
-// its seed left to List's sweep).
+// deletes its NoCloud seed ISO on the VM's node; an ISO that could not be
+// deleted there fails the call, on a repeated Delete too. Another
+// installation's VM is left alone with its ISO. A VM already gone, not
+// ours or unmarked is left alone too, and the proxy's ISO is looked for on
+// every node (deleteSeedEverywhere: a node that does not answer is
+// skipped and its ISO left to List's sweep).
 func (be *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceRequest) (bool, error) {
 	_, name, err := parseProviderID(req.GetProviderId())
 	if err != nil {
