@@ -374,9 +374,26 @@ func TestResyncAfterNATSOutage(t *testing.T) {
 		got := listed(t, c)
 		return env.Parts.Syncer.Resyncs() > before && got["proxy-b"] && !got["proxy-a"]
 	})
-	// The event consumers resumed too.
-	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidC, "proxy-c"), 30)
-	waittest.For(t, 30*time.Second, "proxy-c is leasable from its event after the outage", func() bool { return listed(t, c)["proxy-c"] })
+	// The event consumers resumed too. The orchestrator commits a change
+	// before it publishes its event, so its listing holds proxy-c (made
+	// at revision 30) before the event of its next change (31) is out: a
+	// resync still running from the reconnect cannot undo the event, nor
+	// make it stale. That the event itself was applied shows in the
+	// counter, which resyncs do not move.
+	applied := func() int {
+		n, _ := strconv.Atoi(scrape(t, env)[`egress_lease_events_total{kind="proxy",result="applied"}`])
+		return n
+	}
+	appliedBefore := applied()
+	fake.mu.Lock()
+	fake.revision = 30
+	fake.proxies = append(fake.proxies, lt.Proxy(uidC, "proxy-c"))
+	fake.mu.Unlock()
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidC, "proxy-c"), 31)
+	waittest.For(t, 30*time.Second, "proxy-c's event applied after the outage", func() bool { return applied() > appliedBefore })
+	if got := listed(t, c); !got["proxy-c"] {
+		t.Errorf("after its event the leasable proxies are %v, want proxy-c among them", got)
+	}
 }
 
 // TestStartsWhileNATSIsDown: a replica starting during a NATS outage
