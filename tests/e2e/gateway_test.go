@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -165,6 +167,44 @@ func rawConnect(t *testing.T, addr, target, user, token string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// openTunnel sends a CONNECT to target through the gateway at addr and,
+// when it is answered 200, returns the open tunnel and the lease id the
+// gateway named; otherwise the status and a nil conn.
+func openTunnel(t *testing.T, addr, target, user, token string) (net.Conn, int, string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: target}, Host: target,
+		Header: http.Header{"Proxy-Authorization": {"Basic " + basic(user, token)}}}
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	// The answer to a CONNECT has no body: reading it byte-exactly leaves
+	// the tunnel's bytes on conn.
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 1), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if resp.StatusCode != http.StatusOK {
+		conn.Close()
+		return nil, resp.StatusCode, ""
+	}
+	return conn, resp.StatusCode, resp.Header.Get("X-Egress-Lease")
+}
+
+// closedWithin reports whether the peer closes conn within d (reading
+// whatever it still sends).
+func closedWithin(conn net.Conn, d time.Duration) bool {
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, conn)
+	var ne net.Error
+	return err == nil || !(errors.As(err, &ne) && ne.Timeout())
+}
+
 func basic(user, pass string) string {
 	u := url.UserPassword(user, pass)
 	r := &http.Request{Header: http.Header{}}
@@ -174,10 +214,13 @@ func basic(user, pass string) string {
 }
 
 // The gateway end to end: two replicas over four squids; rotation, the
-// three ways in (HTTP, CONNECT, SOCKS5) with curl and Go, refusals of bad
-// credentials and options, a session shared by both replicas, a ban rule
-// cooling a proxy down for its target only, and a killed proxy retried
-// transparently with the session's move shown.
+// three ways in (HTTP, CONNECT, SOCKS5) with curl, Go, Python requests
+// and Scrapy, refusals of bad credentials and options, a session shared
+// by both replicas, a ban rule cooling a proxy down for its target only,
+// the admin API, each limit, a gateway killed mid-tunnel, the Python
+// package's Scrapy middleware in gateway mode, a killed proxy retried
+// transparently with the session's move shown, and a session moving off
+// its deleted proxy.
 func TestGateway(t *testing.T) {
 	s := newSuite(t)
 	s.startProvisioner("prov-1")
@@ -242,10 +285,7 @@ func TestGateway(t *testing.T) {
 	})
 
 	t.Run("Python requests and a Scrapy spider", func(t *testing.T) {
-		py := "/usr/bin/python3"
-		if _, err := exec.LookPath(py); err != nil {
-			t.Skip("no " + py + " (scripts/ensure-deps.sh installs python3-scrapy)")
-		}
+		py := pythonWithScrapy(t)
 		script := s.write("gw-requests.py", `import sys, requests
 proxy = "http://provider-local:%s@%s" % (sys.argv[1], sys.argv[2])
 r = requests.get(sys.argv[3] + "/py-http", proxies={"http": proxy, "https": proxy}, timeout=20)
@@ -461,6 +501,169 @@ p.start()
 		}
 	})
 
+	t.Run("each limit refuses with its status and a metric", func(t *testing.T) {
+		gwL := s.startGateway("--max-client-tunnels=2", "--max-tunnels=3", "--max-header-bytes=2048",
+			"--read-header-timeout=1s", "--tunnel-idle-timeout=2s", "--tunnel-max-lifetime=4s")
+		target := strings.TrimPrefix(plain.URL, "http://")
+		refusals := func(limit string) string {
+			return proctest.MetricLine(t, gwL.api.HTTP, `egress_gateway_limit_refusals_total{limit="`+limit+`"}`)
+		}
+		// Tunnels per client (crawler-a holds two) and in all (the
+		// gateway's own crawler token takes the third).
+		var open []net.Conn
+		defer func() {
+			for _, c := range open {
+				c.Close()
+			}
+		}()
+		for i := range 2 {
+			c, code, _ := openTunnel(t, gwL.proxy, target, "", crawlerToken)
+			if c == nil {
+				t.Fatalf("crawler-a's tunnel %d: %d", i, code)
+			}
+			open = append(open, c)
+		}
+		if _, code, _ := openTunnel(t, gwL.proxy, target, "", crawlerToken); code != http.StatusTooManyRequests {
+			t.Fatalf("crawler-a's third tunnel: %d, want 429", code)
+		}
+		c, code, _ := openTunnel(t, gwL.proxy, target, "", gatewayToken)
+		if c == nil {
+			t.Fatalf("the other client's first tunnel: %d", code)
+		}
+		open = append(open, c)
+		if _, code, _ := openTunnel(t, gwL.proxy, target, "", gatewayToken); code != http.StatusServiceUnavailable {
+			t.Fatalf("a fourth tunnel in all: %d, want 503", code)
+		}
+		if !strings.HasSuffix(refusals("tunnels_per_client"), " 1") || !strings.HasSuffix(refusals("tunnels_total"), " 1") {
+			t.Fatalf("refusal metrics: %q, %q", refusals("tunnels_per_client"), refusals("tunnels_total"))
+		}
+		// Idle tunnels are closed after 2s (the three above, which send nothing).
+		for i, c := range open {
+			if !closedWithin(c, 10*time.Second) {
+				t.Fatalf("idle tunnel %d still open after 10s", i)
+			}
+		}
+		// Counted once the tunnel's goroutines are done, a moment after the close.
+		waittest.For(t, 5*time.Second, "three idle closes counted", func() bool { return strings.HasSuffix(refusals("idle"), " 3") })
+		// A busy tunnel is closed at its maximum lifetime (4s).
+		busy, code, _ := openTunnel(t, gwL.proxy, target, "", crawlerToken)
+		if busy == nil {
+			t.Fatalf("the busy tunnel: %d", code)
+		}
+		defer busy.Close()
+		started := time.Now()
+		br := bufio.NewReader(busy)
+		for {
+			_ = busy.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := fmt.Fprintf(busy, "GET /busy HTTP/1.1\r\nHost: %s\r\n\r\n", target); err != nil {
+				break
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				break
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if time.Since(started) > 15*time.Second {
+				t.Fatal("the busy tunnel outlived its maximum lifetime by 11s")
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+		if lived := time.Since(started); lived < 3*time.Second {
+			t.Fatalf("the busy tunnel closed after %v, before its lifetime", lived)
+		}
+		waittest.For(t, 5*time.Second, "the lifetime close counted", func() bool { return strings.HasSuffix(refusals("tunnel_lifetime"), " 1") })
+		// Headers well over 2 KiB (net/http reads up to 4 KiB past the
+		// limit before it refuses): 431, and nothing reaches the target.
+		req, _ := http.NewRequest("GET", plain.URL+"/big-header", nil)
+		req.Header.Set("X-Filler", strings.Repeat("f", 16<<10))
+		resp, err := s.through(gwL.proxy, "", crawlerToken).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || plain.saw("/big-header") {
+			t.Fatalf("a 16 KiB header: %d (reached the target: %v)", resp.StatusCode, plain.saw("/big-header"))
+		}
+		// A client that never finishes its headers is disconnected after 1s.
+		slow, err := net.Dial("tcp", gwL.proxy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer slow.Close()
+		fmt.Fprintf(slow, "GET %s/slowloris HTTP/1.1\r\nHost: %s\r\nX-Slow: ", plain.URL, target)
+		if !closedWithin(slow, 10*time.Second) {
+			t.Fatal("a client stuck in its headers is still connected after 10s")
+		}
+	})
+
+	t.Run("a gateway killed mid-tunnel leaves no lease past its TTL", func(t *testing.T) {
+		gwK := s.startGateway("--lease-ttl=6s")
+		conn, code, leaseID := openTunnel(t, gwK.proxy, strings.TrimPrefix(plain.URL, "http://"), "", crawlerToken)
+		if conn == nil || leaseID == "" {
+			t.Fatalf("CONNECT: %d, lease %q", code, leaseID)
+		}
+		defer conn.Close()
+		leases := leasev1.NewLeaseServiceClient(s.conn(s.lease.GRPC, opsToken))
+		live := func() bool {
+			list, err := leases.ListLeases(ctx(t, 10*time.Second), &leasev1.ListLeasesRequest{ClientId: "gateway", PageSize: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range list.GetLeases() {
+				if l.GetLeaseId() == leaseID {
+					return true
+				}
+			}
+			return false
+		}
+		// The tunnel's lease is renewed while it lives: still live past
+		// two TTLs.
+		time.Sleep(13 * time.Second)
+		if !live() {
+			t.Fatal("the open tunnel's lease ended within two TTLs: it is not renewed")
+		}
+		gwK.proc.Kill(t)
+		killed := time.Now()
+		waittest.For(t, 30*time.Second, "the killed gateway's lease to end", func() bool { return !live() })
+		if after := time.Since(killed); after > 6*time.Second+5*time.Second {
+			t.Errorf("the lease outlived the killed gateway by %v; its TTL is 6s", after)
+		}
+		proxies, err := leases.ListProxies(ctx(t, 10*time.Second), &leasev1.ListProxiesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range proxies.GetProxies() {
+			if p.GetMaxLeases() > 0 && p.GetActiveLeases() > p.GetMaxLeases() {
+				t.Errorf("proxy %s over capacity: %d leases of %d", p.GetProxyName(), p.GetActiveLeases(), p.GetMaxLeases())
+			}
+		}
+	})
+
+	t.Run("the Scrapy middleware in gateway mode", func(t *testing.T) {
+		// clients/python/tests/test_gateway.py: a session per domain over
+		// replica A, a ban reported through replica B's admin API. After
+		// the admin API's subtest, which counts replica A's sessions, and
+		// the ban rule's, which counts every cooldown.
+		python := pythonWithScrapy(t)
+		dir, err := filepath.Abs("../../clients/python")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(ctx(t, 5*time.Minute), python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gateway", "tests")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "EGRESS_GATEWAY_URL=http://"+gwA.proxy, "EGRESS_GATEWAY_ADMIN_URL=http://"+gwB.api.HTTP,
+			"EGRESS_TOKEN="+crawlerToken, "PYTHONPATH="+dir, "PYTHONDONTWRITEBYTECODE=1")
+		out, err := cmd.CombinedOutput()
+		t.Logf("pytest:\n%s", out)
+		if err != nil {
+			t.Fatalf("pytest: %v", err)
+		}
+		if m := regexp.MustCompile(`(\d+) passed`).FindStringSubmatch(string(out)); m == nil || strings.Contains(string(out), "skipped") {
+			t.Fatal("pytest ran no test or skipped some")
+		}
+	})
+
 	t.Run("a killed proxy is retried transparently and the session's move shown", func(t *testing.T) {
 		// Nothing may notice the death before the gateway does.
 		healthProc.Kill(t)
@@ -499,6 +702,43 @@ p.start()
 		}
 		if l := proctest.MetricLine(t, gwA.api.HTTP, `egress_gateway_retries_total{reason="upstream_unreachable"}`); !strings.HasSuffix(l, " 1") {
 			t.Fatalf("retries metric: %q", l)
+		}
+	})
+	t.Run("a session moves when its proxy is deleted", func(t *testing.T) {
+		// Every proxy holds one lease at a time: end k1 so that a proxy is
+		// free to move to.
+		req, _ := http.NewRequest("POST", "http://"+gwA.api.HTTP+"/v1/sessions/k1:end", strings.NewReader("{}"))
+		req.Header.Set("Authorization", "Bearer "+crawlerToken)
+		if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("ending session k1: %v %v", resp, err)
+		}
+		resp, _ := getVia(t, s.through(gwA.proxy, "session-d1", crawlerToken), plain.URL+"/before-delete")
+		doomed := resp.Header.Get("X-Egress-Proxy")
+		if resp.StatusCode != 200 || doomed == "" {
+			t.Fatalf("the session's first request: %d", resp.StatusCode)
+		}
+		if _, err := s.proxies().DeleteProxy(ctx(t, 10*time.Second), &proxyv1.DeleteProxyRequest{Name: doomed}); err != nil {
+			t.Fatal(err)
+		}
+		// The lease service learns of the deletion from events (first no
+		// longer Ready, then deleted); until then the session may still go
+		// through the proxy.
+		var moved *http.Response
+		waittest.For(t, 60*time.Second, "the session off its deleted proxy", func() bool {
+			resp, _ := getVia(t, s.through(gwB.proxy, "session-d1", crawlerToken), plain.URL+"/after-delete")
+			if resp.StatusCode == 200 && resp.Header.Get("X-Egress-Proxy") != doomed {
+				moved = resp
+				return true
+			}
+			return false
+		})
+		if m := moved.Header.Get("X-Egress-Session-Moved"); !regexp.MustCompile(`^` + regexp.QuoteMeta(doomed) + `; reason=proxy_(deleted|draining|unhealthy)$`).MatchString(m) {
+			t.Fatalf("X-Egress-Session-Moved = %q; want the move off the deleted %s", m, doomed)
+		}
+		again, _ := getVia(t, s.through(gwA.proxy, "session-d1", crawlerToken), plain.URL+"/settled")
+		if again.Header.Get("X-Egress-Proxy") != moved.Header.Get("X-Egress-Proxy") || again.Header.Get("X-Egress-Session-Moved") != "" {
+			t.Fatalf("after the move the session went through %s (moved %q); want %s, settled",
+				again.Header.Get("X-Egress-Proxy"), again.Header.Get("X-Egress-Session-Moved"), moved.Header.Get("X-Egress-Proxy"))
 		}
 	})
 }

@@ -151,19 +151,14 @@ class Cooldown:
     outcome: str = ""
 
 
-class LeaseClient:
-    """Talks to one lease service over REST.
+class _RestClient:
+    """One service's REST API: base URL, bearer token, TLS, JSON calls.
+    Errors are raised as ``_error`` (a LeaseError)."""
 
-    ``base_url`` is the service's HTTP address (``http://lease:8111`` or
-    ``https://…``); ``token`` the crawler's bearer token (empty only for a
-    service running with ``--auth-disabled``). TLS: ``ca_file`` verifies the
-    service (default: the system roots), or pass a ready ``ssl_context``.
-    """
+    _error = LeaseError
 
     def __init__(self, base_url: str, token: str = "", *, ca_file: Optional[str] = None,
-                 ssl_context: Optional[ssl.SSLContext] = None, timeout: float = 10.0,
-                 backoff: Optional[Backoff] = None,
-                 on_lost: Optional[Callable[["Lease", LeaseLost], None]] = None):
+                 ssl_context: Optional[ssl.SSLContext] = None, timeout: float = 10.0):
         if not base_url:
             raise ValueError("base_url: empty")
         parsed = urllib.parse.urlparse(base_url)
@@ -172,21 +167,16 @@ class LeaseClient:
         self.base_url = base_url.rstrip("/")
         self._token = token
         self.timeout = timeout
-        self.backoff = backoff or Backoff()
-        self.on_lost = on_lost
         if ssl_context is None and parsed.scheme == "https":
             ssl_context = ssl.create_default_context(cafile=ca_file)
         handlers: List[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
         if ssl_context is not None:
             handlers.append(urllib.request.HTTPSHandler(context=ssl_context))
-        # No proxy from the environment: the lease service is reached
-        # directly.
+        # No proxy from the environment: the service is reached directly.
         self._opener = urllib.request.build_opener(*handlers)
-        self._lock = threading.Lock()
-        self._leases: Dict[str, "Lease"] = {}
 
     def __repr__(self) -> str:  # never the token
-        return f"LeaseClient({self.base_url!r})"
+        return f"{type(self).__name__}({self.base_url!r})"
 
     def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
@@ -215,10 +205,30 @@ class LeaseClient:
                 raise RateLimited(f"{method} {path}: {message}", code, e.code, details, retry_after) from None
             if code == _RESOURCE_EXHAUSTED:
                 raise NoProxyAvailable(message, code, e.code, details) from None
-            raise LeaseError(f"{method} {path}: {message}", code, e.code, details) from None
+            raise self._error(f"{method} {path}: {message}", code, e.code, details) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise LeaseError(f"{method} {path}: {reason}", _UNAVAILABLE, 0) from None
+            raise self._error(f"{method} {path}: {reason}", _UNAVAILABLE, 0) from None
+
+
+class LeaseClient(_RestClient):
+    """Talks to one lease service over REST.
+
+    ``base_url`` is the service's HTTP address (``http://lease:8111`` or
+    ``https://…``); ``token`` the crawler's bearer token (empty only for a
+    service running with ``--auth-disabled``). TLS: ``ca_file`` verifies the
+    service (default: the system roots), or pass a ready ``ssl_context``.
+    """
+
+    def __init__(self, base_url: str, token: str = "", *, ca_file: Optional[str] = None,
+                 ssl_context: Optional[ssl.SSLContext] = None, timeout: float = 10.0,
+                 backoff: Optional[Backoff] = None,
+                 on_lost: Optional[Callable[["Lease", LeaseLost], None]] = None):
+        super().__init__(base_url, token, ca_file=ca_file, ssl_context=ssl_context, timeout=timeout)
+        self.backoff = backoff or Backoff()
+        self.on_lost = on_lost
+        self._lock = threading.Lock()
+        self._leases: Dict[str, "Lease"] = {}
 
     def list_proxies(self, selector: Optional[Mapping] = None) -> List[dict]:
         """The leasable proxies matching ``selector`` (REST JSON objects)."""

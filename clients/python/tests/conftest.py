@@ -2,7 +2,9 @@
 
 They need the lease service's REST address and a crawler token in
 EGRESS_LEASE_URL and EGRESS_TOKEN; `make test-e2e` starts a suite with
-proxies and runs them (tests/e2e/clients_test.go).
+proxies and runs them (tests/e2e/clients_test.go). The gateway's tests
+need its proxy and admin addresses in EGRESS_GATEWAY_URL and
+EGRESS_GATEWAY_ADMIN_URL too (tests/e2e/gateway_test.go runs them).
 """
 
 import http.server
@@ -16,18 +18,24 @@ from egress_proxies import LeaseClient
 
 LEASE_URL = os.environ.get("EGRESS_LEASE_URL", "")
 TOKEN = os.environ.get("EGRESS_TOKEN", "")
+GATEWAY_URL = os.environ.get("EGRESS_GATEWAY_URL", "")
+GATEWAY_ADMIN_URL = os.environ.get("EGRESS_GATEWAY_ADMIN_URL", "")
 
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "suite: needs a running suite (EGRESS_LEASE_URL)")
+    config.addinivalue_line("markers", "gateway: needs a running gateway (EGRESS_GATEWAY_URL, EGRESS_GATEWAY_ADMIN_URL)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if not LEASE_URL:
-        skip = pytest.mark.skip(reason="EGRESS_LEASE_URL is not set: these tests run against a suite (make test-e2e)")
+    for marker, ready, why in (("suite", LEASE_URL, "EGRESS_LEASE_URL"),
+                               ("gateway", GATEWAY_URL and GATEWAY_ADMIN_URL, "EGRESS_GATEWAY_URL")):
+        if ready:
+            continue
+        skip = pytest.mark.skip(reason=f"{why} is not set: these tests run against a suite (make test-e2e)")
         for item in items:
-            if "suite" in item.keywords:
+            if marker in item.keywords:
                 item.add_marker(skip)
 
 

@@ -1,5 +1,8 @@
 """The Scrapy middleware's decisions that need no network."""
 
+import base64
+import re
+
 import pytest
 
 scrapy = pytest.importorskip("scrapy")
@@ -97,3 +100,118 @@ def test_idle_leases_spare_domains_with_requests_in_flight():
     mw._end(r1)  # counted once, however often it ends
     assert mw._inflight["busy.example"] == 0
     assert mw.idle_leases(time.monotonic() + 61) == [busy] and mw._held == {}
+
+
+# -- gateway mode -------------------------------------------------------------
+
+from egress_proxies import GatewayClient, gateway_proxy_url, gateway_username  # noqa: E402
+from egress_proxies.scrapy import EgressGatewayMiddleware  # noqa: E402
+
+
+def basic(request):
+    value = request.headers.get("Proxy-Authorization", b"").decode()
+    assert value.startswith("Basic "), value
+    return base64.b64decode(value[len("Basic "):]).decode()
+
+
+class FakeSpider:
+    name = "shop spider"
+
+
+def gateway(**kw):
+    kw.setdefault("session_prefix", "run1.")
+    return EgressGatewayMiddleware("http://127.0.0.1:8080", "tok en", **kw)
+
+
+def test_username_carries_every_option_in_the_gateways_grammar():
+    assert gateway_username() == ""
+    assert gateway_username(session="cart42", pool="web", lifetime=600,
+                            selector={"provider": "gce", "region": "europe-west1", "zone": "europe-west1-b",
+                                      "labels": {"market": "eu", "example.com/tier": ""}}) == \
+        "session-cart42,pool-web,provider-gce,region-europe-west1,zone-europe-west1-b," \
+        "label-example.com/tier=,label-market=eu,lifetime-600s"
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"session": "a,b"}, "session"),
+    ({"session": ""}, "session"),
+    ({"session": "x" * 65}, "session"),
+    ({"pool": "web,session-x"}, "pool"),
+    ({"selector": {"region": "eu west"}}, "selector.region"),
+    ({"selector": {"labels": {"a=b": "c"}}}, "selector.labels key"),
+    ({"selector": {"labels": {"a": "b,c"}}}, "selector.labels['a']"),
+    ({"lifetime": 60}, "lifetime"),
+    ({"session": "s", "lifetime": 0}, "lifetime"),
+])
+def test_username_refuses_what_would_break_it_naming_the_option(kw, field):
+    with pytest.raises(ValueError) as e:
+        gateway_username(**kw)
+    assert str(e.value).startswith(field), e.value
+
+
+def test_proxy_url_quotes_the_token_and_refuses_other_urls():
+    assert gateway_proxy_url("http://gw:8080", "t/k:n", session="s1") == "http://session-s1:t%2Fk%3An@gw:8080"
+    assert gateway_proxy_url("http://gw:8080/", "t") == "http://:t@gw:8080"
+    for bad in ("https://gw:8080", "gw:8080", "http://u:p@gw:8080", "http://gw:8080/path"):
+        with pytest.raises(ValueError) as e:
+            gateway_proxy_url(bad, "secret-token")
+        assert "secret-token" not in str(e.value) and ":p@" not in str(e.value)
+
+
+def test_gateway_report_needs_exactly_one_of_session_and_lease():
+    c = GatewayClient("http://127.0.0.1:9", "t")
+    with pytest.raises(ValueError):
+        c.report(BANNED, "shop.example")
+    with pytest.raises(ValueError):
+        c.report(BANNED, "shop.example", session_id="s", lease_id="l")
+    with pytest.raises(ValueError):
+        c.report("OUTCOME_SUCCESS", "shop.example", session_id="s")
+    assert "'t'" not in repr(c)
+
+
+def test_gateway_sessions_per_domain_spider_or_none():
+    req = Request("http://Shop.Example./p/1")
+    mw = gateway()
+    assert mw.process_request(req, FakeSpider()) is None
+    assert req.meta["proxy"] == "http://127.0.0.1:8080"
+    assert basic(req) == "session-run1.shop.example:tok en"
+    assert req.meta["egress_session"] == "run1.shop.example"
+
+    spider_req = Request("http://other.example/")
+    gateway(session_mode="spider").process_request(spider_req, FakeSpider())
+    # "shop spider" holds a space: the session id is a digest of it.
+    assert re.fullmatch(r"run1\.[0-9a-f]{24}", spider_req.meta["egress_session"]), spider_req.meta
+
+    rot = Request("http://shop.example/")
+    gateway(session_mode="none", pool="web").process_request(rot, FakeSpider())
+    assert basic(rot) == "pool-web:tok en" and rot.meta["egress_session"] is None
+    # No option at all: the token still goes (Scrapy would send none from
+    # a proxy URL with an empty username).
+    bare = Request("http://shop.example/")
+    gateway(session_mode="none").process_request(bare, FakeSpider())
+    assert basic(bare) == ":tok en" and bare.meta["proxy"] == "http://127.0.0.1:8080"
+
+    # Each crawl gets sessions of its own unless told otherwise.
+    a = EgressGatewayMiddleware("http://127.0.0.1:8080", "t")
+    b = EgressGatewayMiddleware("http://127.0.0.1:8080", "t")
+    assert a.session_id_for("x.example", "s") != b.session_id_for("x.example", "s")
+
+
+def test_gateway_mode_refuses_bad_settings_at_start():
+    with pytest.raises(ValueError, match="EGRESS_GATEWAY_SESSION"):
+        gateway(session_mode="per-request")
+    with pytest.raises(ValueError, match="pool"):
+        gateway(pool="a,b")
+    from scrapy.exceptions import NotConfigured
+    from scrapy.utils.test import get_crawler
+    with pytest.raises(NotConfigured):
+        EgressGatewayMiddleware.from_crawler(get_crawler(settings_dict={}))
+
+
+def test_gateway_mode_leaves_foreign_proxies_and_passes_successes():
+    mw = gateway()
+    mine = Request("http://shop.example/", meta={"proxy": "http://mine:3128"})
+    assert mw.process_request(mine, FakeSpider()) is None and mine.meta["proxy"] == "http://mine:3128"
+    r = response(200)
+    mw.process_request(r.request, FakeSpider())
+    assert mw.process_response(r.request, r, FakeSpider()) is r
