@@ -359,7 +359,14 @@ func (s *Store) settle(v *view, r *round) (again []*op) {
 			v.settle(o.uid, a.active, seq)
 		}
 		endedNow := false
-		if sr, ok := res.sessions[o.session()]; ok && o.acquire.SessionKey != "" {
+		if sr, ok := res.sessions[o.session()]; ok && o.acquire.SessionKey != "" && sr.earlier {
+			// The session moved off its proxy in an earlier round that had
+			// no proxy to give it (or in this operation's previous round):
+			// the grant to come completes that move.
+			if o.moved == nil {
+				o.moved = &Moved{LeaseID: sr.lease.ID, ProxyUID: sr.lease.ProxyUID, ProxyName: sr.lease.ProxyName, Reason: MoveReason(sr.verdict)}
+			}
+		} else if ok && o.acquire.SessionKey != "" {
 			if sr.active >= 0 {
 				v.setActive(sr.lease.ProxyUID, sr.active, seq)
 			}

@@ -32,6 +32,10 @@ const verdictExpired = "expired"
 // selector and cools down neither for the target nor globally; otherwise
 // ended, as expired past its expiry or as moved, giving its capacity back.
 // The verdicts are tried in the order of store.MoveReason's constants.
+// A session without an active lease whose latest lease ended as moved (in
+// a round that found no proxy to take it) is answered too, marked
+// earlier, with that move's reason as its verdict: the grant to come
+// completes the move.
 const sessionSQL = `
 WITH req AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[],
@@ -62,9 +66,17 @@ WITH req AS (
 ), ended AS (
 	UPDATE lease.leases le
 	SET end_time = LEAST($10, le.expire_time),
-	    end_reason = CASE WHEN c.verdict = 'expired' THEN 'expired' ELSE 'moved' END
+	    end_reason = CASE WHEN c.verdict = 'expired' THEN 'expired' ELSE 'moved' END,
+	    move_reason = CASE WHEN c.verdict = 'expired' THEN '' ELSE c.verdict END
 	FROM cur c WHERE le.id = c.id AND c.verdict <> ''
 	RETURNING le.id, le.proxy_uid
+), latest AS (
+	SELECT DISTINCT ON (r.client_id, r.session_key) r.client_id, r.session_key, le.id, le.proxy_uid,
+	       le.end_reason, le.move_reason
+	FROM req r
+	JOIN lease.leases le ON le.client_id = r.client_id AND le.session_key = r.session_key AND le.session_key <> ''
+	WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.client_id = r.client_id AND c.session_key = r.session_key)
+	ORDER BY r.client_id, r.session_key, le.acquire_time DESC
 ), n AS (
 	SELECT proxy_uid, count(*)::int AS n FROM ended GROUP BY proxy_uid
 ), p AS (
@@ -73,16 +85,24 @@ WITH req AS (
 	RETURNING p.uid, p.active_leases
 )
 SELECT c.client_id, c.session_key, c.id::text, c.uid, c.name, c.host, c.port, c.pool, c.verdict,
-       COALESCE(k.target_host, ''), k.acquire_time, k.expire_time, COALESCE(p.active_leases, -1)
-FROM cur c LEFT JOIN kept k ON k.id = c.id LEFT JOIN p ON p.uid = c.uid`
+       COALESCE(k.target_host, ''), k.acquire_time, k.expire_time, COALESCE(p.active_leases, -1), false
+FROM cur c LEFT JOIN kept k ON k.id = c.id LEFT JOIN p ON p.uid = c.uid
+UNION ALL
+SELECT l.client_id, l.session_key, l.id::text, l.proxy_uid, px.name, '', 0, '', l.move_reason,
+       '', NULL, NULL, -1, true
+FROM latest l JOIN lease.proxies px ON px.uid = l.proxy_uid
+WHERE l.end_reason = 'moved' AND l.move_reason <> ''`
 
 // sessionRow is sessionSQL's answer for one session that had an active
 // lease: the lease (complete when kept), the verdict, and its proxy's
-// active leases after the round when the lease ended (-1 otherwise).
+// active leases after the round when the lease ended (-1 otherwise). An
+// earlier row is the session's latest lease, moved in an earlier round
+// (its id, proxy and the move's reason as the verdict).
 type sessionRow struct {
 	lease   Lease
 	verdict string
 	active  int
+	earlier bool
 }
 
 // sessionArgs are sessionSQL's arrays, one entry per session acquire.
@@ -117,7 +137,7 @@ func (a *sessionArgs) queue(b *pgx.Batch, now time.Time, out map[string]sessionR
 				var port int32
 				var acquired, expire *time.Time
 				if err := rows.Scan(&client, &key, &r.lease.ID, &r.lease.ProxyUID, &r.lease.ProxyName, &r.lease.Host, &port,
-					&r.lease.Pool, &r.verdict, &r.lease.TargetHost, &acquired, &expire, &r.active); err != nil {
+					&r.lease.Pool, &r.verdict, &r.lease.TargetHost, &acquired, &expire, &r.active, &r.earlier); err != nil {
 					return err
 				}
 				r.lease.ClientID, r.lease.SessionKey, r.lease.Port = client, key, uint32(port)

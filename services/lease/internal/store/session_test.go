@@ -250,6 +250,45 @@ func TestSessionWithNowhereToMove(t *testing.T) {
 		t.Fatalf("lease rows: %v, want %s ended as moved", rows, first.ID)
 	}
 	checkCounts(t, st)
+
+	// Once a proxy can take it, the session's next lease still shows the
+	// move, from the proxy and for the reason of that refused round.
+	seedProxies(t, st, 2, nil)
+	g := acquireSession(t, st, req)
+	if g.Session != SessionMoved || g.Moved == nil || g.Moved.LeaseID != first.ID || g.Moved.ProxyUID != first.ProxyUID ||
+		g.Moved.ProxyName == "" || g.Moved.Reason != MoveCoolingDown || g.ProxyUID == first.ProxyUID {
+		t.Fatalf("acquire once a proxy is free: %+v (moved %+v), want moved off %s for cooling_down", g, g.Moved, first.ID)
+	}
+	if again := acquireSession(t, st, req); again.Session != SessionExisting || again.ID != g.ID || again.Moved != nil {
+		t.Fatalf("acquire after the move: %+v, want the new lease %s, settled", again, g.ID)
+	}
+	checkCounts(t, st)
+}
+
+// A session whose proxy left it in a refused round and serves again by
+// the time of its next lease is back there: not a move.
+func TestSessionBackOnTheProxyItLeft(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	now := time.Now().UTC().Truncate(time.Second)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	st, _ := startStore(t, testDatabase(t), Config{Now: clock})
+	seedPool(t, st, 1)
+	req := AcquireRequest{ClientID: "crawler", TargetHost: "shop.example.com", TTL: time.Minute, SessionKey: "s"}
+	first := acquireSession(t, st, req)
+	report(t, st, ReportRequest{ClientID: "crawler", LeaseID: first.ID, Outcome: 3, Cooldown: 5 * time.Second})
+	if _, err := st.Acquire(context.Background(), req); !errors.As(err, new(*NoProxyError)) {
+		t.Fatalf("acquire while cooling down: %v, want no proxy", err)
+	}
+	mu.Lock()
+	now = now.Add(6 * time.Second)
+	mu.Unlock()
+	st.Invalidate()
+	g := acquireSession(t, st, req)
+	if g.Session != SessionNew || g.Moved != nil || g.ProxyUID != first.ProxyUID {
+		t.Fatalf("acquire after the cooldown: %+v (moved %+v), want a new lease on the same proxy", g, g.Moved)
+	}
+	checkCounts(t, st)
 }
 
 // Many acquires of one session at once, over two replicas: every one gets

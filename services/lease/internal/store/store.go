@@ -281,11 +281,16 @@ func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (Grant, error) 
 		return Grant{}, fmt.Errorf("acquiring a lease: %w", err)
 	}
 	g := Grant{Lease: o.lease, Moved: o.moved}
+	if o.moved != nil && o.moved.ProxyUID == o.lease.ProxyUID {
+		// Back on the proxy it left in an earlier round (which can serve
+		// again): not a move.
+		g.Moved = nil
+	}
 	switch {
 	case req.SessionKey == "":
 	case o.kept:
 		g.Session = SessionExisting
-	case o.moved != nil:
+	case g.Moved != nil:
 		g.Session = SessionMoved
 	default:
 		g.Session = SessionNew
