@@ -42,10 +42,16 @@ type gateway struct {
 
 func (s *suite) startGateway(extra ...string) *gateway {
 	s.t.Helper()
+	return s.startGatewayEnv(nil, extra...)
+}
+
+// startGatewayEnv is startGateway with environment variables added.
+func (s *suite) startGatewayEnv(env []string, extra ...string) *gateway {
+	s.t.Helper()
 	tokenFile := s.write("gateway-token-"+fmt.Sprint(time.Now().UnixNano()), gatewayToken+"\n")
 	args := append(append(s.serving(), "--log-level=debug", "--lease-addr="+s.lease.GRPC, "--lease-token-file="+tokenFile,
 		"--proxy-listen=127.0.0.1:0", "--socks-listen=127.0.0.1:0"), extra...)
-	p, a := servicetest.Start(s.t, "../../services/gateway", args)
+	p, a := servicetest.Start(s.t, "../../services/gateway", args, env...)
 	line := p.WaitLog(s.t, 5*time.Second, proctest.Msg("proxy listeners"))
 	g := &gateway{proc: p, api: a, proxy: strOf(line["http"]), socks: strOf(line["socks5"])}
 	if g.proxy == "" || g.socks == "" {
@@ -217,7 +223,7 @@ func basic(user, pass string) string {
 // three ways in (HTTP, CONNECT, SOCKS5) with curl, Go, Python requests
 // and Scrapy, refusals of bad credentials and options, a session shared
 // by both replicas, a ban rule cooling a proxy down for its target only,
-// the admin API, each limit, a gateway killed mid-tunnel, the Python
+// the admin API, spans, each limit, a gateway killed mid-tunnel, the Python
 // package's Scrapy middleware in gateway mode, a killed proxy retried
 // transparently with the session's move shown, and a session moving off
 // its deleted proxy.
@@ -498,6 +504,82 @@ p.start()
 		}
 		if !found {
 			t.Fatalf("no captcha cooldown for tunnel.example: %v", cds.GetCooldowns())
+		}
+	})
+
+	t.Run("one span per request and tunnel, its lease calls its children", func(t *testing.T) {
+		// The console exporter writes each span as JSON to stdout, within
+		// 100 ms.
+		gwT := s.startGatewayEnv([]string{"OTEL_TRACES_EXPORTER=console", "OTEL_BSP_SCHEDULE_DELAY=100"})
+		code, tunnelLease := rawConnect(t, gwT.proxy, strings.TrimPrefix(s.site.URL, "https://"), "session-traced", crawlerToken)
+		if code != 200 || tunnelLease == "" {
+			t.Fatalf("CONNECT: %d %q", code, tunnelLease)
+		}
+		resp, _ := getVia(t, s.through(gwT.proxy, "", crawlerToken), plain.URL+"/traced")
+		requestLease := resp.Header.Get("X-Egress-Lease")
+		type span struct {
+			Name        string
+			SpanContext struct{ TraceID, SpanID string }
+			Parent      struct{ TraceID, SpanID string }
+			Attributes  []struct {
+				Key   string
+				Value struct{ Value any }
+			}
+		}
+		attr := func(sp span, key string) string {
+			for _, a := range sp.Attributes {
+				if a.Key == key {
+					return fmt.Sprint(a.Value.Value)
+				}
+			}
+			return ""
+		}
+		var spans []span
+		waittest.For(t, 15*time.Second, "the gateway's spans of both leases", func() bool {
+			spans = spans[:0]
+			dec := json.NewDecoder(strings.NewReader(gwT.proc.Output()))
+			for {
+				var sp span
+				if err := dec.Decode(&sp); err != nil {
+					break
+				}
+				if sp.Name != "" && sp.SpanContext.SpanID != "" {
+					spans = append(spans, sp)
+				}
+			}
+			found := 0
+			for _, sp := range spans {
+				if (sp.Name == "gateway.connect" && attr(sp, "egress.lease_id") == tunnelLease) ||
+					(sp.Name == "gateway.forward" && attr(sp, "egress.lease_id") == requestLease) {
+					found++
+				}
+			}
+			return found == 2
+		})
+		for _, sp := range spans {
+			if !strings.HasPrefix(sp.Name, "gateway.") {
+				continue
+			}
+			var acquire bool
+			for _, child := range spans {
+				acquire = acquire || (child.Name == "egress.lease.v1.LeaseService/AcquireLease" &&
+					child.Parent.SpanID == sp.SpanContext.SpanID && child.SpanContext.TraceID == sp.SpanContext.TraceID)
+			}
+			if !acquire || attr(sp, "egress.client_id") != "crawler-a" || attr(sp, "egress.proxy") == "" {
+				t.Fatalf("span %s (%+v): want client crawler-a, its proxy, and its AcquireLease call as a child", sp.Name, sp)
+			}
+			if sp.Name == "gateway.connect" && attr(sp, "egress.session") != "traced" {
+				t.Fatalf("the tunnel's span lacks its session: %+v", sp)
+			}
+		}
+		if out := gwT.proc.Output(); strings.Contains(out, crawlerToken) || strings.Contains(out, gatewayToken) {
+			t.Fatal("a token reached the gateway's output")
+		}
+		// Give the session's proxy back: every proxy holds one lease.
+		req, _ := http.NewRequest("POST", "http://"+gwT.api.HTTP+"/v1/sessions/traced:end", strings.NewReader("{}"))
+		req.Header.Set("Authorization", "Bearer "+crawlerToken)
+		if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("ending session traced: %v %v", resp, err)
 		}
 	})
 

@@ -59,11 +59,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuseAccess(w, err)
 		return
 	}
+	kind, target := "forward", r.URL.Host
+	if r.Method == http.MethodConnect {
+		kind, target = "connect", connectTarget(r)
+	}
+	ctx, span := tunnel.StartSpan(r.Context(), caller, kind, target)
+	defer span.End()
+	r = r.WithContext(ctx)
 	if r.Method == http.MethodConnect {
 		h.connect(w, r, caller)
 		return
 	}
 	h.forward(w, r, caller)
+}
+
+// connectTarget is a CONNECT's host:port.
+func connectTarget(r *http.Request) string {
+	if r.Host != "" {
+		return r.Host
+	}
+	return r.URL.Host
 }
 
 func (h *Handler) refuseAccess(w http.ResponseWriter, err error) {
@@ -88,11 +103,7 @@ func (h *Handler) refuseAccess(w http.ResponseWriter, err error) {
 }
 
 func (h *Handler) connect(w http.ResponseWriter, r *http.Request, caller access.Caller) {
-	target := r.Host
-	if target == "" {
-		target = r.URL.Host
-	}
-	t, f := h.Core.Open(r.Context(), caller, "connect", target)
+	t, f := h.Core.Open(r.Context(), caller, "connect", connectTarget(r))
 	if f != nil {
 		h.Core.Metrics.Requests.WithLabelValues(caller.ClientID, caller.Options.Pool, caller.Options.Provider, "connect", f.Outcome).Inc()
 		http.Error(w, f.Message, f.Status)
@@ -145,6 +156,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, caller access.
 		last := attempt >= core.Retries
 		lease, f := core.Acquire(r.Context(), caller, host)
 		if f != nil {
+			tunnel.TraceFailure(r.Context(), f)
 			core.Metrics.Requests.WithLabelValues(labels(caller.Options.Pool, f.Outcome)...).Inc()
 			http.Error(w, f.Message, f.Status)
 			return
@@ -172,8 +184,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, caller access.
 				continue
 			}
 			core.Metrics.Requests.WithLabelValues(labels(lease.Pool, "upstream_error")...).Inc()
+			f := &tunnel.Failure{Status: http.StatusBadGateway, Message: "the request could not be sent through a proxy", Outcome: "upstream_error"}
+			tunnel.TraceFailure(r.Context(), f)
 			if r.Context().Err() == nil {
-				http.Error(w, "the request could not be sent through a proxy", http.StatusBadGateway)
+				http.Error(w, f.Message, f.Status)
 			}
 			return
 		}

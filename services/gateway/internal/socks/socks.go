@@ -102,6 +102,8 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		_ = conn.Close()
 		return
 	}
+	ctx, span := tunnel.StartSpan(ctx, caller, "socks5", target)
+	defer span.End()
 	t, f := s.Core.Open(ctx, caller, "socks5", target)
 	if f != nil {
 		s.count(caller, f.Outcome)

@@ -78,6 +78,7 @@ func (c *Core) Acquire(ctx context.Context, caller access.Caller, target string)
 		c.Log.WarnContext(ctx, "acquiring a lease failed", "error", err)
 		return nil, &Failure{Status: http.StatusBadGateway, Message: "the lease service cannot be reached", Outcome: "lease_error", Socks: SocksFailure}
 	}
+	traceLease(ctx, lease)
 	if lease.Moved() {
 		c.Metrics.SessionMoves.WithLabelValues(lease.MoveReason).Inc()
 		c.Log.InfoContext(ctx, "session moved", "client", caller.ClientID, "session", caller.Options.Session,
@@ -111,7 +112,12 @@ type Tunnel struct {
 
 // Open opens a tunnel of kind (connect, socks5) for caller to target
 // (host:port).
-func (c *Core) Open(ctx context.Context, caller access.Caller, kind, target string) (*Tunnel, *Failure) {
+func (c *Core) Open(ctx context.Context, caller access.Caller, kind, target string) (_ *Tunnel, f *Failure) {
+	defer func() {
+		if f != nil {
+			TraceFailure(ctx, f)
+		}
+	}()
 	host, _, err := net.SplitHostPort(target)
 	if err != nil || host == "" {
 		return nil, &Failure{Status: http.StatusBadRequest, Message: fmt.Sprintf("target %q: want host:port", target), Outcome: "bad_request", Socks: SocksAddrUnsupport}
