@@ -677,6 +677,9 @@ p.start()
 		if !closedWithin(slow, 10*time.Second) {
 			t.Fatal("a client stuck in its headers is still connected after 10s")
 		}
+		waittest.For(t, 5*time.Second, "the read-header timeout counted", func() bool {
+			return strings.HasSuffix(refusals("read_header_timeout"), " 1")
+		})
 	})
 
 	t.Run("a gateway killed mid-tunnel leaves no lease past its TTL", func(t *testing.T) {

@@ -204,7 +204,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service, authn *auth.Auth
 	s.Go(func(ctx context.Context) error {
 		serving.Store(true)
 		defer serving.Store(false)
-		return proxy.Serve(ctx, srv, proxyLis)
+		return proxy.Serve(ctx, srv, proxyLis, m.Refusals)
 	})
 	gatewayv1.RegisterGatewayServiceServer(s.GRPC, &admin.Server{Core: core, ProxyAddr: g.ProxyAddr, SocksAddr: g.SocksAddr, Ready: serving.Load})
 	s.MountREST(gatewayv1.RegisterGatewayServiceHandler)

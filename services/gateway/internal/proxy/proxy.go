@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/access"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/options"
@@ -110,7 +112,8 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, caller access.
 		return
 	}
 	rc := http.NewResponseController(w)
-	conn, brw, err := rc.Hijack()
+	hijacked, brw, err := rc.Hijack()
+	conn := unwrap(hijacked)
 	if err != nil {
 		h.Core.Abort(t)
 		http.Error(w, "cannot open a tunnel on this connection", http.StatusInternalServerError)
@@ -301,8 +304,12 @@ func (b *trackedBody) Close() error { return nil }
 
 var noDeadline time.Time
 
-// Serve serves the listener with the limits of srv applied.
-func Serve(ctx context.Context, srv *http.Server, lis net.Listener) error {
+// Serve serves the listener with the limits of srv applied, counting the
+// connections dropped for a timeout in refusals.
+func Serve(ctx context.Context, srv *http.Server, lis net.Listener, refusals *prometheus.CounterVec) error {
+	w := &timeouts{refusals: refusals}
+	lis = w.listen(lis)
+	srv.ConnState = w.connState
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
