@@ -17,8 +17,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // proxyStatus fetches the site through the proxy at host:port with user
@@ -109,6 +111,41 @@ func TestProxyCredentials(t *testing.T) {
 		t.Errorf("ListLeases (%d leases) carries the credentials, or misses the lease", len(list.GetLeases()))
 	}
 	if _, err := crawler.ReleaseLease(ctx(t, 10*time.Second), &leasev1.ReleaseLeaseRequest{LeaseId: first.GetLease().GetLeaseId()}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rotation, by replacement on this backend: the proxy comes back Ready
+	// (health probing with the new credentials), the old ones get 407, the
+	// new ones work, and a lease acquired after it carries them.
+	before := p.GetStatus().GetCredentialsTime().AsTime()
+	if _, err := s.proxies().RotateCredentials(ctx(t, 10*time.Second), &proxyv1.RotateCredentialsRequest{Name: p.GetName()}); err != nil {
+		t.Fatal(err)
+	}
+	p = s.waitAll("cred", 1, "Ready with new credentials", 120*time.Second, func(p *proxyv1.Proxy) bool {
+		return ready(p) && p.GetStatus().GetCredentialsTime().AsTime().After(before)
+	})[0]
+	host, port = p.GetStatus().GetIp(), p.GetStatus().GetPort()
+	var second *leasev1.AcquireLeaseResponse
+	waittest.For(t, 60*time.Second, "a lease with the new credentials", func() bool {
+		second = acquire()
+		if second.GetCredentials().GetPassword() != c.GetPassword() {
+			return true
+		}
+		_, _ = crawler.ReleaseLease(ctx(t, 10*time.Second), &leasev1.ReleaseLeaseRequest{LeaseId: second.GetLease().GetLeaseId()})
+		return false
+	})
+	c2 := second.GetCredentials()
+	if c2.GetUsername() == "" || c2.GetPassword() == "" {
+		t.Fatal("the lease after rotation carries no credentials")
+	}
+	secrets = append(secrets, c2.GetPassword())
+	if got := s.proxyStatus(t, host, port, url.UserPassword(c.GetUsername(), c.GetPassword())); got != http.StatusProxyAuthRequired {
+		t.Errorf("the old credentials after rotation: %d, want 407", got)
+	}
+	if got := s.proxyStatus(t, host, port, url.UserPassword(c2.GetUsername(), c2.GetPassword())); got != http.StatusOK {
+		t.Errorf("the new credentials: %d, want 200", got)
+	}
+	if _, err := crawler.ReleaseLease(ctx(t, 10*time.Second), &leasev1.ReleaseLeaseRequest{LeaseId: second.GetLease().GetLeaseId()}); err != nil {
 		t.Fatal(err)
 	}
 

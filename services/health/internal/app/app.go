@@ -290,7 +290,8 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 			}
 			out := make(map[string]fleet.Prior, len(vs))
 			for uid, v := range vs {
-				out[uid] = fleet.Prior{ProviderID: v.ProviderID, Verdict: engine.Verdict{Healthy: v.Healthy, LastTransition: v.LastTransition}}
+				out[uid] = fleet.Prior{ProviderID: v.ProviderID, CredentialsTime: v.CredentialsTime,
+					Verdict: engine.Verdict{Healthy: v.Healthy, LastTransition: v.LastTransition}}
 			}
 			return out
 		}}

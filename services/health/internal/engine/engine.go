@@ -158,11 +158,14 @@ type Transition struct {
 	UID        string
 	Name       string
 	ProviderID string
-	Healthy    bool
-	Reason     string
-	Message    string
-	Latency    time.Duration
-	Time       time.Time
+	// CredentialsTime is the instance's credentials' (zero: none): with
+	// the provider ID, which instance the verdict is for.
+	CredentialsTime time.Time
+	Healthy         bool
+	Reason          string
+	Message         string
+	Latency         time.Duration
+	Time            time.Time
 }
 
 // State is the engine's view of one proxy.
@@ -516,7 +519,7 @@ func evaluate(st *State, s Spec, r probe.Result, now time.Time) (Transition, boo
 	}
 	st.VerdictKnown, st.Healthy, st.LastTransition = true, flipTo, now
 	return Transition{
-		UID: s.UID, Name: s.Name, ProviderID: s.ProviderID, Healthy: flipTo,
+		UID: s.UID, Name: s.Name, ProviderID: s.ProviderID, CredentialsTime: s.CredentialsTime, Healthy: flipTo,
 		Reason: reason, Message: msg, Latency: r.Latency, Time: now,
 	}, true
 }
@@ -609,7 +612,9 @@ func (s *schedule) Pop() any {
 // credentialsTime is when p's credentials were made; zero without any.
 func credentialsTime(p *proxyv1.Proxy) time.Time {
 	if t := p.GetStatus().GetCredentialsTime(); t != nil {
-		return t.AsTime()
+		// At PostgreSQL's precision, so that it compares equal to what the
+		// store gives back.
+		return t.AsTime().UTC().Truncate(time.Microsecond)
 	}
 	return time.Time{}
 }

@@ -17,6 +17,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -41,8 +42,9 @@ type PriorFunc func(uids []string) map[string]Prior
 
 // Prior is an earlier verdict and the instance it was for.
 type Prior struct {
-	ProviderID string
-	Verdict    engine.Verdict
+	ProviderID      string
+	CredentialsTime time.Time
+	Verdict         engine.Verdict
 }
 
 // Fleet is the set of known proxies.
@@ -248,7 +250,7 @@ func (f *Fleet) syncAll(ks map[string]*known, specs bool) {
 	for _, uid := range taking {
 		k := ks[uid]
 		var v *engine.Verdict
-		if p, ok := prior[uid]; ok && p.ProviderID == k.spec.ProviderID {
+		if p, ok := prior[uid]; ok && p.ProviderID == k.spec.ProviderID && p.CredentialsTime.Equal(k.spec.CredentialsTime) {
 			v = &p.Verdict
 		}
 		f.Engine.Adopt(k.spec, v)

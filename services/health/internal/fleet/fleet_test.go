@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
@@ -177,6 +178,9 @@ func TestFleet_ownershipAndRebalance(t *testing.T) {
 	}
 }
 
+// credsAt is a credentials time at PostgreSQL's precision.
+var credsAt = time.Date(2026, 12, 5, 12, 0, 0, 123456000, time.UTC)
+
 func TestFleet_priorVerdicts(t *testing.T) {
 	t.Parallel()
 	eng := &fakeEngine{}
@@ -187,17 +191,28 @@ func TestFleet_priorVerdicts(t *testing.T) {
 			return map[string]fleet.Prior{
 				"a": {ProviderID: "vm-a", Verdict: engine.Verdict{Healthy: true}},
 				"b": {ProviderID: "vm-old", Verdict: engine.Verdict{Healthy: true}}, // another instance
+				// The same provider ID with other credentials: an instance
+				// replaced under the same ID.
+				"d": {ProviderID: "vm-d", CredentialsTime: credsAt.Add(-time.Hour), Verdict: engine.Verdict{Healthy: true}},
+				"e": {ProviderID: "vm-e", CredentialsTime: credsAt, Verdict: engine.Verdict{Healthy: true}},
 			}
 		}}
+	withCreds := func(p *proxyv1.Proxy) *proxyv1.Proxy {
+		// Nanoseconds in the event: compared at the store's microseconds.
+		p.Status.CredentialsTime = timestamppb.New(credsAt.Add(789 * time.Nanosecond))
+		return p
+	}
 	f.Apply(event(1, created, proxy("a", ready, "10.0.0.1")))
 	f.Apply(event(2, created, proxy("b", ready, "10.0.0.2")))
 	f.Apply(event(3, created, proxy("c", running, "10.0.0.3")))
 	f.Apply(event(4, updated, proxy("a", ready, "10.0.0.1"))) // already held: no prior asked
-	want := []string{"adopt a healthy=true", "adopt b", "adopt c", "adopt a"}
+	f.Apply(event(5, updated, withCreds(proxy("d", running, "10.0.0.4"))))
+	f.Apply(event(6, updated, withCreds(proxy("e", running, "10.0.0.5"))))
+	want := []string{"adopt a healthy=true", "adopt b", "adopt c", "adopt a", "adopt d", "adopt e healthy=true"}
 	if got := eng.opsLog(); !slices.Equal(got, want) {
 		t.Errorf("engine calls = %v, want %v", got, want)
 	}
-	if len(asked) != 3 {
+	if len(asked) != 5 {
 		t.Errorf("prior asked %d times (%v), want once per proxy taken", len(asked), asked)
 	}
 }

@@ -71,18 +71,21 @@ func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *
 			return err
 		}
 		var lastProvider string
+		var lastCredentials *time.Time
 		var lastHealthy bool
-		err := tx.QueryRow(ctx, `SELECT provider_id, healthy FROM health.transitions
-			WHERE proxy_uid = $1 ORDER BY sequence DESC LIMIT 1`, tr.UID).Scan(&lastProvider, &lastHealthy)
-		repeat := err == nil && lastProvider == tr.ProviderID && lastHealthy == tr.Healthy
+		err := tx.QueryRow(ctx, `SELECT provider_id, credentials_time, healthy FROM health.transitions
+			WHERE proxy_uid = $1 ORDER BY sequence DESC LIMIT 1`, tr.UID).Scan(&lastProvider, &lastCredentials, &lastHealthy)
+		repeat := err == nil && lastProvider == tr.ProviderID && sameTime(lastCredentials, tr.CredentialsTime) &&
+			lastHealthy == tr.Healthy
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
 		if !repeat {
 			if err := tx.QueryRow(ctx, `INSERT INTO health.transitions
-				(proxy_uid, proxy_name, provider_id, healthy, reason, message, latency_us, transition_time, prober)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING sequence`,
-				tr.UID, tr.Name, tr.ProviderID, tr.Healthy, tr.Reason, tr.Message, tr.Latency.Microseconds(), tr.Time, prober,
+				(proxy_uid, proxy_name, provider_id, credentials_time, healthy, reason, message, latency_us, transition_time, prober)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING sequence`,
+				tr.UID, tr.Name, tr.ProviderID, nullTime(tr.CredentialsTime), tr.Healthy, tr.Reason, tr.Message,
+				tr.Latency.Microseconds(), tr.Time, prober,
 			).Scan(&seq); err != nil {
 				return err
 			}
@@ -106,23 +109,26 @@ func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *
 
 const upsertStateSQL = `INSERT INTO health.proxy_health
 	(proxy_uid, proxy_name, provider_id, address, verdict_known, healthy, reason, message, latency_us,
-	 consecutive_successes, consecutive_failures, last_probe_time, last_transition_time, prober, revision, updated_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now())
+	 consecutive_successes, consecutive_failures, last_probe_time, last_transition_time, prober, revision,
+	 credentials_time, updated_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, now())
 	ON CONFLICT (proxy_uid) DO UPDATE SET
 	 proxy_name = EXCLUDED.proxy_name, provider_id = EXCLUDED.provider_id, address = EXCLUDED.address,
+	 credentials_time = EXCLUDED.credentials_time,
 	 verdict_known = EXCLUDED.verdict_known, healthy = EXCLUDED.healthy, reason = EXCLUDED.reason,
 	 message = EXCLUDED.message, latency_us = EXCLUDED.latency_us,
 	 consecutive_successes = EXCLUDED.consecutive_successes, consecutive_failures = EXCLUDED.consecutive_failures,
 	 last_probe_time = EXCLUDED.last_probe_time, last_transition_time = EXCLUDED.last_transition_time,
 	 prober = EXCLUDED.prober, revision = EXCLUDED.revision, updated_at = now()
 	WHERE health.proxy_health.provider_id <> EXCLUDED.provider_id
+	   OR health.proxy_health.credentials_time IS DISTINCT FROM EXCLUDED.credentials_time
 	   OR health.proxy_health.last_probe_time IS NULL
 	   OR EXCLUDED.last_probe_time >= health.proxy_health.last_probe_time`
 
 func stateArgs(st engine.State, prober string) []any {
 	return []any{st.Spec.UID, st.Spec.Name, st.Spec.ProviderID, st.Spec.Address, st.VerdictKnown, st.Healthy,
 		st.Reason, st.Message, st.Latency.Microseconds(), st.ConsecutiveSuccesses, st.ConsecutiveFailures,
-		nullTime(st.LastProbe), nullTime(st.LastTransition), prober, st.Spec.Revision}
+		nullTime(st.LastProbe), nullTime(st.LastTransition), prober, st.Spec.Revision, nullTime(st.Spec.CredentialsTime)}
 }
 
 func upsertState(ctx context.Context, tx pgx.Tx, st engine.State, prober string) error {
@@ -166,7 +172,7 @@ func (s *Store) SaveStates(ctx context.Context, states []engine.State, prober st
 // instance each is stored for: uid -> provider ID and verdict. Proxies
 // without a verdict are left out.
 func (s *Store) Verdicts(ctx context.Context, uids []string) (map[string]StoredVerdict, error) {
-	rows, err := s.pool.Query(ctx, `SELECT proxy_uid, provider_id, healthy, last_transition_time
+	rows, err := s.pool.Query(ctx, `SELECT proxy_uid, provider_id, credentials_time, healthy, last_transition_time
 		FROM health.proxy_health WHERE verdict_known AND proxy_uid = ANY($1)`, uids)
 	if err != nil {
 		return nil, err
@@ -176,9 +182,12 @@ func (s *Store) Verdicts(ctx context.Context, uids []string) (map[string]StoredV
 	for rows.Next() {
 		var uid string
 		var v StoredVerdict
-		var at *time.Time
-		if err := rows.Scan(&uid, &v.ProviderID, &v.Healthy, &at); err != nil {
+		var at, creds *time.Time
+		if err := rows.Scan(&uid, &v.ProviderID, &creds, &v.Healthy, &at); err != nil {
 			return nil, err
+		}
+		if creds != nil {
+			v.CredentialsTime = creds.UTC()
 		}
 		if at != nil {
 			v.LastTransition = *at
@@ -190,9 +199,19 @@ func (s *Store) Verdicts(ctx context.Context, uids []string) (map[string]StoredV
 
 // StoredVerdict is a proxy's stored verdict and the instance it is for.
 type StoredVerdict struct {
-	ProviderID     string
-	Healthy        bool
-	LastTransition time.Time
+	ProviderID      string
+	CredentialsTime time.Time
+	Healthy         bool
+	LastTransition  time.Time
+}
+
+// sameTime reports whether a stored instance time (nil: none) is t (zero:
+// none).
+func sameTime(stored *time.Time, t time.Time) bool {
+	if stored == nil {
+		return t.IsZero()
+	}
+	return stored.Equal(t)
 }
 
 // DeleteProxy forgets a proxy's current health as written for its

@@ -90,34 +90,41 @@ func TestRecordTransition_repeatIsNotAFlip(t *testing.T) {
 	t.Parallel()
 	_, st := storetest.New(t)
 	ctx := context.Background()
-	record := func(provider string, healthy bool) *healthv1.HealthTransition {
+	record := func(provider string, creds time.Time, healthy bool) *healthv1.HealthTransition {
 		t.Helper()
-		tr, err := st.RecordTransition(ctx, engine.Transition{UID: "u1", Name: "p1", ProviderID: provider, Healthy: healthy, Time: time.Now()}, nil, "r")
+		tr, err := st.RecordTransition(ctx, engine.Transition{UID: "u1", Name: "p1", ProviderID: provider, CredentialsTime: creds,
+			Healthy: healthy, Time: time.Now()}, nil, "r")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tr
 	}
+	c1 := time.Date(2026, 12, 5, 12, 0, 0, 123456000, time.UTC)
+	c2 := c1.Add(time.Hour)
 	steps := []struct {
 		provider string
+		creds    time.Time
 		healthy  bool
 		stored   bool
 	}{
-		{"vm-1", true, true},
-		{"vm-1", true, false}, // another replica's first verdict, the same
-		{"vm-1", false, true},
-		{"vm-1", false, false},
-		{"vm-2", false, true}, // a new instance's first verdict is news
-		{"vm-2", true, true},
+		{"vm-1", time.Time{}, true, true},
+		{"vm-1", time.Time{}, true, false}, // another replica's first verdict, the same
+		{"vm-1", time.Time{}, false, true},
+		{"vm-1", time.Time{}, false, false},
+		{"vm-2", time.Time{}, false, true}, // a new instance's first verdict is news
+		{"vm-2", time.Time{}, true, true},
+		{"vm-2", c1, true, true}, // the same provider ID, new credentials: a new instance
+		{"vm-2", c1, true, false},
+		{"vm-2", c2, true, true},
 	}
 	for i, s := range steps {
-		if got := record(s.provider, s.healthy); (got != nil) != s.stored {
-			t.Errorf("step %d (%s healthy=%v): stored=%v, want %v", i, s.provider, s.healthy, got != nil, s.stored)
+		if got := record(s.provider, s.creds, s.healthy); (got != nil) != s.stored {
+			t.Errorf("step %d (%s %v healthy=%v): stored=%v, want %v", i, s.provider, s.creds, s.healthy, got != nil, s.stored)
 		}
 	}
 	ts, err := st.TransitionsAfter(ctx, 0, 100)
-	if err != nil || len(ts) != 4 {
-		t.Fatalf("%d transitions stored (%v), want 4", len(ts), err)
+	if err != nil || len(ts) != 6 {
+		t.Fatalf("%d transitions stored (%v), want 6", len(ts), err)
 	}
 }
 

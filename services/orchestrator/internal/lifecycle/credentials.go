@@ -72,6 +72,10 @@ func renewCredentials(p *Proxy, now time.Time) {
 	p.CredentialsStale = false
 }
 
+// rotatingMessage is a proxy's status message while its instance is
+// replaced for rotated credentials.
+const rotatingMessage = "the credentials were rotated; replacing the instance so that the old ones stop working"
+
 // Errors of RotateCredentials, each a refusal the caller reports as a
 // failed precondition.
 var (
@@ -96,6 +100,13 @@ func RotateCredentials(p *Proxy, traceParent string, now time.Time) error {
 	}
 	p.Credentials = GenerateCredentials(now)
 	p.CredentialsStale = p.ProviderID != "" || p.CommandStep == StepCreate
+	if p.CredentialsStale {
+		// Not Ready from this write on: the instance demands the old
+		// credentials until it is replaced, so the new ones must not be
+		// handed out with leases (or probed with) before then.
+		p.setPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
+		p.Reason, p.Message = ReasonRotatingCredentials, rotatingMessage
+	}
 	p.TraceParent = traceParent
 	if p.CommandID == "" {
 		p.NextAttemptTime = &now

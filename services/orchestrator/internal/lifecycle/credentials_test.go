@@ -194,6 +194,18 @@ func TestRotateCredentials(t *testing.T) {
 			t.Errorf("op %v step %v reason %q, want a replacing delete for RotatingCredentials", dec.Command.GetOperation(), p.CommandStep, p.Reason)
 		}
 	})
+	t.Run("a Ready proxy is not Ready from the rotation's own write", func(t *testing.T) {
+		t.Parallel()
+		p := proxy(withInstance, healthy, withCredentials, func(p *Proxy) { p.Phase = ready })
+		old := p.Credentials
+		if err := RotateCredentials(p, "", t0); err != nil {
+			t.Fatal(err)
+		}
+		if p.Credentials == old || !p.CredentialsStale || p.Phase != provisioning || p.Reason != ReasonRotatingCredentials {
+			t.Errorf("after rotating: new credentials %v, stale %v, phase %v, reason %q; want new, stale, PROVISIONING, RotatingCredentials",
+				p.Credentials != old, p.CredentialsStale, p.Phase, p.Reason)
+		}
+	})
 	refusals := []struct {
 		name  string
 		proxy *Proxy

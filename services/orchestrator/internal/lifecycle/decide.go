@@ -68,7 +68,7 @@ func (m *Machine) Decide(p *Proxy, now time.Time) Decision {
 		return m.issue(p, StepReplaceDelete, now)
 	case p.CredentialsStale:
 		p.setPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
-		p.Reason, p.Message = ReasonRotatingCredentials, "the credentials were rotated; replacing the instance so that the old ones stop working"
+		p.Reason, p.Message = ReasonRotatingCredentials, rotatingMessage
 		return m.issue(p, StepReplaceDelete, now)
 	case m.stoppedTooLong(p, now):
 		// It cannot serve and nobody started it again (a Proxmox VM whose
