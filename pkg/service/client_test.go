@@ -102,3 +102,67 @@ func TestClientTLSAndTokenFile(t *testing.T) {
 		}
 	}
 }
+
+// The token file is read once and kept: calls within tokenRecheck use the
+// kept token without touching the file; after it, an unchanged file is not
+// re-read, a replaced or rewritten one is, and a missing one fails naming
+// the file.
+func TestFileTokenKeptAndReloadedOnChange(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "token")
+	write := func(name, content string) {
+		t.Helper()
+		tmp := filepath.Join(dir, name)
+		if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// As a Secret is rotated: a new file put in place.
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(f *fileToken, tok string) {
+		t.Helper()
+		got, err := f.token()
+		if err != nil || got != tok {
+			t.Fatalf("token() = %q, %v; want %q", got, err, tok)
+		}
+	}
+	write("a", "tok-1\n")
+	f := &fileToken{path: path}
+	want(f, "tok-1")
+
+	// Within the recheck interval the file is not looked at: gone, it
+	// still gives the kept token.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	want(f, "tok-1")
+	// After it, a missing file fails, naming the file and no token.
+	f.checked = time.Time{}
+	if _, err := f.token(); err == nil || !strings.Contains(err.Error(), "token file") || strings.Contains(err.Error(), "tok-") {
+		t.Fatalf("missing file: %v", err)
+	}
+
+	write("b", "tok-2\n")
+	want(f, "tok-2")
+	write("c", "tok-3\n")
+	want(f, "tok-2") // still within the interval
+	f.checked = time.Time{}
+	want(f, "tok-3")
+
+	// Rewritten in place (same file, new size and time).
+	if err := os.WriteFile(path, []byte("tok-four\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.checked = time.Time{}
+	want(f, "tok-four")
+
+	// A file holding two tokens is refused when it is re-read.
+	write("d", "tok-5 tok-6\n")
+	f.checked = time.Time{}
+	if _, err := f.token(); err == nil || strings.Contains(err.Error(), "tok-") {
+		t.Fatalf("two tokens: %v", err)
+	}
+}
