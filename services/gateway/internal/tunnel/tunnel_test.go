@@ -1,0 +1,119 @@
+package tunnel
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// tcpPair is two ends of one loopback TCP connection.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-accepted
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+	return a, b
+}
+
+// Bytes that arrive in bursts with pauses longer than the activity window
+// (so the copy's read deadline fires between and during them) all arrive,
+// in order, and are counted.
+func TestPipeCopiesAcrossActivityWindows(t *testing.T) {
+	t.Parallel()
+	sender, src := tcpPair(t)
+	dst, receiver := tcpPair(t)
+	payload := make([]byte, 6<<20)
+	if _, err := rand.Read(payload); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for off := 0; off < len(payload); off += 1 << 20 {
+			_, _ = sender.Write(payload[off : off+1<<20])
+			time.Sleep(30 * time.Millisecond) // a pause longer than the window
+		}
+		_ = sender.Close()
+	}()
+	type got struct {
+		sum [32]byte
+		n   int
+	}
+	received := make(chan got, 1)
+	go func() {
+		b, _ := io.ReadAll(receiver)
+		received <- got{sha256.Sum256(b), len(b)}
+	}()
+	var last atomic.Int64
+	n, err := Pipe(dst, src, 5*time.Millisecond, &last)
+	if err != nil {
+		t.Fatalf("Pipe: %v", err)
+	}
+	closeWrite(dst)
+	if n != int64(len(payload)) {
+		t.Fatalf("Pipe counted %d bytes, want %d", n, len(payload))
+	}
+	g := <-received
+	if g.n != len(payload) || !bytes.Equal(g.sum[:], func() []byte { s := sha256.Sum256(payload); return s[:] }()) {
+		t.Fatalf("received %d bytes that differ from the %d sent", g.n, len(payload))
+	}
+	if last.Load() == 0 {
+		t.Fatal("no activity recorded")
+	}
+}
+
+// A silent source leaves the activity time alone however many windows
+// pass; a byte moves it within a window.
+func TestPipeRecordsActivityOnlyWhenBytesMove(t *testing.T) {
+	t.Parallel()
+	sender, src := tcpPair(t)
+	dst, receiver := tcpPair(t)
+	var last atomic.Int64
+	done := make(chan int64, 1)
+	go func() {
+		n, _ := Pipe(dst, src, 10*time.Millisecond, &last)
+		done <- n
+	}()
+	time.Sleep(100 * time.Millisecond) // ten windows without a byte
+	if v := last.Load(); v != 0 {
+		t.Fatalf("activity recorded at %v with no byte sent", time.Unix(0, v))
+	}
+	before := time.Now()
+	if _, err := sender.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1)
+	if _, err := io.ReadFull(receiver, buf); err != nil || buf[0] != 'x' {
+		t.Fatalf("the byte did not arrive: %q %v", buf, err)
+	}
+	deadline := time.Now().Add(time.Second)
+	for last.Load() < before.UnixNano() {
+		if time.Now().After(deadline) {
+			t.Fatal("the byte was not recorded as activity")
+		}
+		time.Sleep(time.Millisecond) // polling the recorded time
+	}
+	_ = sender.Close()
+	if n := <-done; n != 1 {
+		t.Fatalf("Pipe counted %d bytes, want 1", n)
+	}
+}
