@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
@@ -46,6 +47,10 @@ type Lease struct {
 	Result     leasev1.SessionResult
 	MovedFrom  string
 	MoveReason string
+	// Joined is set when the acquire was made for this request and others
+	// of its session together: one of them (the one without Joined)
+	// counts a move.
+	Joined bool
 }
 
 // Session reports whether the lease is a session's.
@@ -76,6 +81,8 @@ type Leaser struct {
 	// CallTimeout bounds each call to the lease service.
 	CallTimeout time.Duration
 	Log         *slog.Logger
+
+	sessions batcher
 }
 
 // NoProxyError is the lease service's refusal: no proxy can serve.
@@ -107,6 +114,26 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 		}
 		req.Ttl = durationpb.New(life)
 	}
+	if req.SessionKey != "" {
+		// A session's concurrent requests share one acquire: the lease
+		// service answers a session's acquires one after another with the
+		// same lease, so one call per request only queues.
+		key, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+		if err != nil {
+			return nil, err
+		}
+		return l.sessions.do(ctx, string(key), func() (*Lease, error) {
+			// The call answers every request of its batch: one that goes
+			// away does not end it (CallTimeout bounds it).
+			return l.acquireSession(context.WithoutCancel(ctx), req)
+		})
+	}
+	return l.acquire(ctx, req)
+}
+
+// acquireSession acquires a session's lease, starting the session anew
+// when its lease has lived SessionMaxAge.
+func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
 	lease, err := l.acquire(ctx, req)
 	if err != nil {
 		return nil, err
