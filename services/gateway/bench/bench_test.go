@@ -20,6 +20,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -77,8 +78,8 @@ func TestGatewayBench(t *testing.T) {
 	warmup := envDuration(t, "BENCH_WARMUP", time.Second)
 	concurrency := envInts(t, "BENCH_CONCURRENCY", []int{1, 16, 64})
 	farmSize := 4
-	sessions := 1000
-	if n := envInts(t, "BENCH_SESSIONS", []int{1000}); len(n) == 1 {
+	sessions := 10000
+	if n := envInts(t, "BENCH_SESSIONS", []int{sessions}); len(n) == 1 {
 		sessions = n[0]
 	}
 	profileDir := os.Getenv("BENCH_PROFILE_DIR")
@@ -98,7 +99,7 @@ func TestGatewayBench(t *testing.T) {
 	nats := natstest.New(t)
 	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "gwbench_empty", Fingerprint: "none",
 		Migrate: func(context.Context, string) error { return nil }})
-	_, lease := servicetest.Start(t, "../../lease", []string{"--database-url=" + dsn, "--nats-url=" + nats.URL(),
+	leaseProc, lease := servicetest.Start(t, "../../lease", []string{"--database-url=" + dsn, "--nats-url=" + nats.URL(),
 		"--auth-token-file=" + tokens, "--rate-limit-lease=0", "--log-level=info"}, "GOGC=400")
 
 	farm := startFarm(t, farmSize)
@@ -161,7 +162,7 @@ func TestGatewayBench(t *testing.T) {
 		if gwRun {
 			p = pid
 		}
-		r := runLoad(c, warmup, dur, p, progress, newOp)
+		r := runLoad(c, warmup, dur, p, leaseProc.PID(), progress, newOp)
 		if progress != nil && r.bytes > 0 {
 			// A bulk run's tunnel lasts the run: its bytes count, not
 			// its op.
@@ -175,14 +176,18 @@ func TestGatewayBench(t *testing.T) {
 	}
 	same := func(o op) func() op { return func() op { return o } }
 
-	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | gw RSS MB | load avg |"
-	sep := "|---|---|---|---|---|---|---|---|---|---|---|"
+	// per1000 is CPU seconds per 1,000 of a run's ops.
+	per1000 := func(d time.Duration, r result) float64 { return d.Seconds() / float64(r.ops) * 1000 }
+	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → gw | all CPU-s / 1,000 direct → gw | gw RSS MB | load avg |"
+	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	row := func(load, mode string, c int, d, g result) {
-		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (+%.2f) | %.2f → %.2f (+%.2f) | %.3f | %.1f | %s |\n",
+		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %.3f | %.3f → %.3f | %.3f → %.3f | %.1f | %s |\n",
 			load, mode, c, d.rate(), g.rate(), g.rate()/d.rate(),
 			ms(d.pct(0.5)), ms(g.pct(0.5)), ms(g.pct(0.5)-d.pct(0.5)),
 			ms(d.pct(0.99)), ms(g.pct(0.99)), ms(g.pct(0.99)-d.pct(0.99)),
-			g.cpu.Seconds()/float64(g.ops)*1000, float64(g.rss)/(1<<20), g.load)
+			per1000(g.cpu, g), per1000(g.lease, g), per1000(d.self, d), per1000(g.self, g),
+			per1000(d.self+d.lease, d), per1000(g.self+g.cpu+g.lease, g),
+			float64(g.rss)/(1<<20), g.load)
 	}
 
 	profile := func(name string) func() {
@@ -293,8 +298,8 @@ func TestGatewayBench(t *testing.T) {
 
 	// One long tunnel's throughput.
 	fmt.Printf("\n### One long tunnel, bulk download\n\n")
-	fmt.Println("| tunnel | mode | direct MB/s | gateway MB/s | ratio | gw CPU-s / GB | load avg |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println("| tunnel | mode | direct MB/s | gateway MB/s | ratio | gw CPU-s / GB | bench CPU-s / GB direct → gw | load avg |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, useTLS := range []bool{true, false} {
 		name := "TLS"
 		if !useTLS {
@@ -306,31 +311,48 @@ func TestGatewayBench(t *testing.T) {
 			stop := profile("bulk-" + name + "-" + m.name)
 			g := runWith("bulk "+name+" "+m.name, 1, true, &gp, same(bulkOp(m.v, tg, useTLS, &gp)))
 			stop()
-			fmt.Printf("| %s | %s | %.0f | %.0f | **%.2f×** | %.3f | %s |\n", name, m.name,
-				mbps(d), mbps(g), mbps(g)/mbps(d), g.cpu.Seconds()/(float64(g.bytes)/1e9), g.load)
+			perGB := func(c time.Duration, r result) float64 { return c.Seconds() / (float64(r.bytes) / 1e9) }
+			fmt.Printf("| %s | %s | %.0f | %.0f | **%.2f×** | %.3f | %.3f → %.3f | %s |\n", name, m.name,
+				mbps(d), mbps(g), mbps(g)/mbps(d), perGB(g.cpu, g), perGB(d.self, d), perGB(g.self, g), g.load)
 		}
 	}
 
-	// Resident memory per 1,000 live sessions: one request each, its
-	// connection closed after it, so what stays is the sessions' own.
+	// Resident memory per 1,000 live sessions: one request each (16 at
+	// a time), its connection closed after it, so what stays is the
+	// sessions' own. Many sessions, so that they stand out of the
+	// garbage collector's swings.
 	time.Sleep(time.Second)
 	rss0, _ := procRSS(pid)
-	for i := range sessions {
-		v := gatewayVia(proxyAddr, socksAddr, fmt.Sprintf("session-s%05d", i), crawlerToken)
-		client := httpClient(v)
-		resp, err := client.Get("http://" + tg.plainAddr + "/")
-		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			if err == nil && resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("answer %d", resp.StatusCode)
+	var next atomic.Int64
+	var sessErrs atomic.Int64
+	var sessErr atomic.Value
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(sessions); i = next.Add(1) - 1 {
+				v := gatewayVia(proxyAddr, socksAddr, fmt.Sprintf("session-s%06d", i), crawlerToken)
+				client := httpClient(v)
+				resp, err := client.Get("http://" + tg.plainAddr + "/")
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("answer %d", resp.StatusCode)
+					}
+				}
+				client.CloseIdleConnections()
+				if err != nil {
+					sessErrs.Add(1)
+					sessErr.CompareAndSwap(nil, err.Error())
+				}
 			}
-		}
-		client.CloseIdleConnections()
-		if err != nil {
-			failed = append(failed, fmt.Sprintf("session %d: %v", i, err))
-			break
-		}
+		}()
+	}
+	wg.Wait()
+	if n := sessErrs.Load(); n > 0 {
+		failed = append(failed, fmt.Sprintf("sessions: %d failed (first: %v)", n, sessErr.Load()))
 	}
 	time.Sleep(time.Second)
 	rss1, hwm := procRSS(pid)

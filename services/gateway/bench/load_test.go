@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -277,6 +278,9 @@ type result struct {
 	cpu      time.Duration
 	rss, hwm int64
 	load     string
+	// self is this process's CPU time over the window (the clients, the
+	// farm and the targets); lease the lease service's.
+	self, lease time.Duration
 }
 
 func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -295,7 +299,7 @@ func (r result) pct(p float64) time.Duration {
 // each client's op (a client's own keep-alive pool, say).
 // progress, when set, counts bytes as they move: the run's bytes are
 // what it counted within the window.
-func runLoad(c int, warmup, dur time.Duration, gwPID int, progress *atomic.Int64, newOp func() op) result {
+func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, progress *atomic.Int64, newOp func() op) result {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var (
@@ -346,7 +350,7 @@ func runLoad(c int, warmup, dur time.Duration, gwPID int, progress *atomic.Int64
 		}()
 	}
 	time.Sleep(warmup)
-	cpu0 := procCPU(gwPID)
+	cpu0, self0, lease0 := procCPU(gwPID), selfCPU(), procCPU(leasePID)
 	var b0, b1 int64
 	if progress != nil {
 		b0 = progress.Load()
@@ -358,7 +362,8 @@ func runLoad(c int, warmup, dur time.Duration, gwPID int, progress *atomic.Int64
 	if progress != nil {
 		b1 = progress.Load()
 	}
-	cpu1 := procCPU(gwPID)
+	cpu1, self1, lease1 := procCPU(gwPID), selfCPU(), procCPU(leasePID)
+	res.self, res.lease = self1-self0, lease1-lease0
 	res.rss, res.hwm = procRSS(gwPID)
 	res.load = loadAvg()
 	cancel()
@@ -386,6 +391,15 @@ func procCPU(pid int) time.Duration {
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// selfCPU is this process's user+system CPU time (getrusage).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // procRSS is the resident set and its peak (bytes) of process pid.
