@@ -220,8 +220,13 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 	}
 	var lastActive atomic.Int64
 	lastActive.Store(time.Now().UnixNano())
-	window := c.watchTick()
-	go c.watch(ctx, t, &lastActive, start, window, closeBoth)
+	tick := c.watchTick()
+	go c.watch(ctx, t, &lastActive, start, tick, closeBoth)
+	// Activity is looked for only when an idle timeout uses it.
+	var window time.Duration
+	if c.IdleTimeout > 0 {
+		window = tick
+	}
 
 	var wg sync.WaitGroup
 	var up, down int64
