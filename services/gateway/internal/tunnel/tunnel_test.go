@@ -5,10 +5,17 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"io"
+	"log/slog"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/metrics"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/upstream"
 )
 
 // tcpPair is two ends of one loopback TCP connection.
@@ -115,5 +122,62 @@ func TestPipeRecordsActivityOnlyWhenBytesMove(t *testing.T) {
 	_ = sender.Close()
 	if n := <-done; n != 1 {
 		t.Fatalf("Pipe counted %d bytes, want 1", n)
+	}
+}
+
+// relayed starts Relay over a tunnel whose both ends are loopback TCP
+// connections (a session's lease, so nothing is released to the lease
+// service) and returns the crawler's end, the target's end and a channel
+// closed when Relay returns.
+func relayed(t *testing.T, c *Core) (crawler, target net.Conn, done chan struct{}) {
+	t.Helper()
+	crawler, clientSide := tcpPair(t)
+	upSide, target := tcpPair(t)
+	tun := &Tunnel{Up: upSide, Kind: "connect", Target: "example.test:443",
+		Lease:   &upstream.Lease{ID: "l1", SessionKey: "gw/c/s", TTL: time.Hour},
+		release: func() {}}
+	done = make(chan struct{})
+	go func() {
+		c.Relay(tun, clientSide, nil)
+		close(done)
+	}()
+	return crawler, target, done
+}
+
+// A tunnel that trickles a byte more often than the idle timeout stays
+// open however long it lives; one that goes quiet is closed after the idle
+// timeout, counted as the idle limit, and its bytes counted both ways.
+func TestRelayIdleTimeoutSeesSplicedActivity(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := &Core{Metrics: metrics.New(reg), IdleTimeout: 200 * time.Millisecond, Log: slog.New(slog.DiscardHandler)}
+	crawler, target, done := relayed(t, c)
+	go func() { _, _ = io.Copy(io.Discard, target) }()
+	buf := []byte("x")
+	for range 12 { // 600ms, three idle timeouts
+		if _, err := crawler.Write(buf); err != nil {
+			t.Fatalf("the trickling tunnel was closed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // the trickle's pace
+		select {
+		case <-done:
+			t.Fatal("the trickling tunnel was closed as idle")
+		default:
+		}
+	}
+	quiet := time.Now()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the quiet tunnel was not closed")
+	}
+	if waited := time.Since(quiet); waited < c.IdleTimeout {
+		t.Fatalf("closed %v after the last byte, before the idle timeout", waited)
+	}
+	if got := testutil.ToFloat64(c.Metrics.Refusals.WithLabelValues("idle")); got != 1 {
+		t.Fatalf("idle refusals = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(c.Metrics.Bytes.WithLabelValues("up", "", "", "")); got != 12 {
+		t.Fatalf("bytes up = %v, want 12", got)
 	}
 }
