@@ -178,16 +178,16 @@ func TestGatewayBench(t *testing.T) {
 
 	// per1000 is CPU seconds per 1,000 of a run's ops.
 	per1000 := func(d time.Duration, r result) float64 { return d.Seconds() / float64(r.ops) * 1000 }
-	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → gw | all CPU-s / 1,000 direct → gw | gw RSS MB | load avg |"
+	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → gw | all CPU-s / 1,000 direct → gw | gw RSS (anon) MB | load avg |"
 	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	row := func(load, mode string, c int, d, g result) {
-		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %.3f | %.3f → %.3f | %.3f → %.3f | %.1f | %s |\n",
+		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %.3f | %.3f → %.3f | %.3f → %.3f | %.1f (%.1f) | %s |\n",
 			load, mode, c, d.rate(), g.rate(), g.rate()/d.rate(),
 			ms(d.pct(0.5)), ms(g.pct(0.5)), ms(g.pct(0.5)-d.pct(0.5)),
 			ms(d.pct(0.99)), ms(g.pct(0.99)), ms(g.pct(0.99)-d.pct(0.99)),
 			per1000(g.cpu, g), per1000(g.lease, g), per1000(d.self, d), per1000(g.self, g),
 			per1000(d.self+d.lease, d), per1000(g.self+g.cpu+g.lease, g),
-			float64(g.rss)/(1<<20), g.load)
+			float64(g.rss)/(1<<20), float64(g.anon)/(1<<20), g.load)
 	}
 
 	profile := func(name string) func() {
@@ -322,7 +322,7 @@ func TestGatewayBench(t *testing.T) {
 	// sessions' own. Many sessions, so that they stand out of the
 	// garbage collector's swings.
 	time.Sleep(time.Second)
-	rss0, _ := procRSS(pid)
+	rss0, anon0, _ := procRSS(pid)
 	var next atomic.Int64
 	var sessErrs atomic.Int64
 	var sessErr atomic.Value
@@ -355,9 +355,10 @@ func TestGatewayBench(t *testing.T) {
 		failed = append(failed, fmt.Sprintf("sessions: %d failed (first: %v)", n, sessErr.Load()))
 	}
 	time.Sleep(time.Second)
-	rss1, hwm := procRSS(pid)
-	fmt.Printf("\n### Memory\n\ngateway RSS before %d new sessions %.1f MB, after %.1f MB: %+.1f MB per 1,000 live sessions; peak RSS of the whole run (VmHWM) %.1f MB\n",
-		sessions, float64(rss0)/(1<<20), float64(rss1)/(1<<20), float64(rss1-rss0)/(1<<20)*1000/float64(sessions), float64(hwm)/(1<<20))
+	rss1, anon1, hwm := procRSS(pid)
+	fmt.Printf("\n### Memory\n\ngateway RSS (anonymous part) before %d new sessions %.1f (%.1f) MB, after %.1f (%.1f) MB: %+.2f (%+.2f) MB per 1,000 live sessions; peak RSS of the whole run (VmHWM) %.1f MB\n",
+		sessions, mb(rss0), mb(anon0), mb(rss1), mb(anon1),
+		mb(rss1-rss0)*1000/float64(sessions), mb(anon1-anon0)*1000/float64(sessions), mb(hwm))
 
 	var spread []string
 	for _, p := range farm {
@@ -368,6 +369,8 @@ func TestGatewayBench(t *testing.T) {
 		t.Error(f)
 	}
 }
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 

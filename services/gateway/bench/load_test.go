@@ -275,9 +275,11 @@ type result struct {
 	// cpu is the gateway process's user+system CPU time over the
 	// measured window (0 for runs that do not touch it); rss its resident
 	// set at the end.
-	cpu      time.Duration
-	rss, hwm int64
-	load     string
+	cpu time.Duration
+	// rss and anon are the resident set and its anonymous part (the
+	// rest is the binary's pages, shared and reclaimable), hwm its peak.
+	rss, anon, hwm int64
+	load           string
 	// self is this process's CPU time over the window (the clients, the
 	// farm and the targets); lease the lease service's.
 	self, lease time.Duration
@@ -364,7 +366,7 @@ func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, progress *at
 	}
 	cpu1, self1, lease1 := procCPU(gwPID), selfCPU(), procCPU(leasePID)
 	res.self, res.lease = self1-self0, lease1-lease0
-	res.rss, res.hwm = procRSS(gwPID)
+	res.rss, res.anon, res.hwm = procRSS(gwPID)
 	res.load = loadAvg()
 	cancel()
 	wg.Wait()
@@ -402,14 +404,15 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// procRSS is the resident set and its peak (bytes) of process pid.
-func procRSS(pid int) (rss, hwm int64) {
+// procRSS is the resident set, its anonymous part and its peak (bytes)
+// of process pid.
+func procRSS(pid int) (rss, anon, hwm int64) {
 	if pid == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
@@ -420,11 +423,13 @@ func procRSS(pid int) (rss, hwm int64) {
 		switch f[0] {
 		case "VmRSS:":
 			rss = kb << 10
+		case "RssAnon:":
+			anon = kb << 10
 		case "VmHWM:":
 			hwm = kb << 10
 		}
 	}
-	return rss, hwm
+	return rss, anon, hwm
 }
 
 func loadAvg() string {
