@@ -124,6 +124,9 @@ func TestGatewayBench(t *testing.T) {
 	proxyAddr, _ := line["http"].(string)
 	socksAddr, _ := line["socks5"].(string)
 	pid := gw.PID()
+	serving := gw.WaitLog(t, time.Minute, proctest.Msg("serving"))
+	adminHTTP, _ := serving["http"].(string)
+	metricsURL := "http://" + adminHTTP + "/metrics"
 
 	direct := via{addr: farm[0].addr}
 	session := gatewayVia(proxyAddr, socksAddr, "session-x", crawlerToken)
@@ -158,11 +161,11 @@ func TestGatewayBench(t *testing.T) {
 		}
 	}
 	runWith := func(name string, c int, gwRun bool, progress *atomic.Int64, newOp func() op) result {
-		p := 0
+		p, mu := 0, ""
 		if gwRun {
-			p = pid
+			p, mu = pid, metricsURL
 		}
-		r := runLoad(c, warmup, dur, p, leaseProc.PID(), progress, newOp)
+		r := runLoad(c, warmup, dur, p, leaseProc.PID(), mu, progress, newOp)
 		if progress != nil && r.bytes > 0 {
 			// A bulk run's tunnel lasts the run: its bytes count, not
 			// its op.
@@ -178,15 +181,16 @@ func TestGatewayBench(t *testing.T) {
 
 	// per1000 is CPU seconds per 1,000 of a run's ops.
 	per1000 := func(d time.Duration, r result) float64 { return d.Seconds() / float64(r.ops) * 1000 }
-	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → gw | all CPU-s / 1,000 direct → gw | gw RSS (anon) MB | load avg |"
-	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → gw | all CPU-s / 1,000 direct → gw | acquire in gw: ms mean (per op) | gw RSS (anon) MB | load avg |"
+	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	row := func(load, mode string, c int, d, g result) {
-		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %.3f | %.3f → %.3f | %.3f → %.3f | %.1f (%.1f) | %s |\n",
+		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %.3f | %.3f → %.3f | %.3f → %.3f | %.2f (%.2f) | %.1f (%.1f) | %s |\n",
 			load, mode, c, d.rate(), g.rate(), g.rate()/d.rate(),
 			ms(d.pct(0.5)), ms(g.pct(0.5)), ms(g.pct(0.5)-d.pct(0.5)),
 			ms(d.pct(0.99)), ms(g.pct(0.99)), ms(g.pct(0.99)-d.pct(0.99)),
 			per1000(g.cpu, g), per1000(g.lease, g), per1000(d.self, d), per1000(g.self, g),
 			per1000(d.self+d.lease, d), per1000(g.self+g.cpu+g.lease, g),
+			g.acquireMs(), g.acquires/float64(g.ops),
 			float64(g.rss)/(1<<20), float64(g.anon)/(1<<20), g.load)
 	}
 

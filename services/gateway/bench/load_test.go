@@ -283,6 +283,18 @@ type result struct {
 	// self is this process's CPU time over the window (the clients, the
 	// farm and the targets); lease the lease service's.
 	self, lease time.Duration
+	// acquires and acquireTime are the lease acquires the gateway made
+	// over the window and the time they took (from its metrics).
+	acquires    float64
+	acquireTime time.Duration
+}
+
+// acquireMs is the mean acquire's duration in ms.
+func (r result) acquireMs() float64 {
+	if r.acquires == 0 {
+		return 0
+	}
+	return ms(r.acquireTime) / r.acquires
 }
 
 func (r result) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -301,7 +313,7 @@ func (r result) pct(p float64) time.Duration {
 // each client's op (a client's own keep-alive pool, say).
 // progress, when set, counts bytes as they move: the run's bytes are
 // what it counted within the window.
-func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, progress *atomic.Int64, newOp func() op) result {
+func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, metricsURL string, progress *atomic.Int64, newOp func() op) result {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var (
@@ -352,6 +364,7 @@ func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, progress *at
 		}()
 	}
 	time.Sleep(warmup)
+	n0, s0 := acquireStats(metricsURL)
 	cpu0, self0, lease0 := procCPU(gwPID), selfCPU(), procCPU(leasePID)
 	var b0, b1 int64
 	if progress != nil {
@@ -366,6 +379,8 @@ func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, progress *at
 	}
 	cpu1, self1, lease1 := procCPU(gwPID), selfCPU(), procCPU(leasePID)
 	res.self, res.lease = self1-self0, lease1-lease0
+	n1, s1 := acquireStats(metricsURL)
+	res.acquires, res.acquireTime = n1-n0, time.Duration((s1-s0)*float64(time.Second))
 	res.rss, res.anon, res.hwm = procRSS(gwPID)
 	res.load = loadAvg()
 	cancel()
@@ -393,6 +408,35 @@ func procCPU(pid int) time.Duration {
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// acquireStats reads the gateway's lease acquire count and total seconds
+// from its /metrics (egress_gateway_lease_call_seconds).
+func acquireStats(metricsURL string) (count, sum float64) {
+	if metricsURL == "" {
+		return 0, 0
+	}
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		switch name {
+		case `egress_gateway_lease_call_seconds_count{call="acquire"}`:
+			count, _ = strconv.ParseFloat(value, 64)
+		case `egress_gateway_lease_call_seconds_sum{call="acquire"}`:
+			sum, _ = strconv.ParseFloat(value, 64)
+		}
+	}
+	return count, sum
 }
 
 // selfCPU is this process's user+system CPU time (getrusage).

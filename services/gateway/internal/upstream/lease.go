@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -81,8 +82,18 @@ type Leaser struct {
 	// CallTimeout bounds each call to the lease service.
 	CallTimeout time.Duration
 	Log         *slog.Logger
+	// Calls, when set, observes each call's duration in seconds by call
+	// (acquire, renew, release, report).
+	Calls prometheus.ObserverVec
 
 	sessions batcher
+}
+
+// observe records a call's duration since start.
+func (l *Leaser) observe(call string, start time.Time) {
+	if l.Calls != nil {
+		l.Calls.WithLabelValues(call).Observe(time.Since(start).Seconds())
+	}
 }
 
 // NoProxyError is the lease service's refusal: no proxy can serve.
@@ -150,6 +161,7 @@ func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRe
 func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.CallTimeout)
 	defer cancel()
+	defer l.observe("acquire", time.Now())
 	resp, err := l.Client.AcquireLease(cctx, req)
 	if err != nil {
 		switch status.Code(err) {
@@ -188,6 +200,7 @@ func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) 
 func (l *Leaser) Renew(ctx context.Context, lease *Lease) error {
 	cctx, cancel := context.WithTimeout(ctx, l.CallTimeout)
 	defer cancel()
+	defer l.observe("renew", time.Now())
 	_, err := l.Client.RenewLease(cctx, &leasev1.RenewLeaseRequest{LeaseId: lease.ID, Ttl: durationpb.New(lease.TTL)})
 	return err
 }
@@ -203,6 +216,7 @@ func (l *Leaser) Release(lease *Lease) {
 func (l *Leaser) ReleaseID(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.CallTimeout)
 	defer cancel()
+	defer l.observe("release", time.Now())
 	if _, err := l.Client.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id}); err != nil {
 		l.Log.Warn("releasing a lease failed; it ends at its expiry", "lease_id", id, "error", status.Convert(err).Message())
 	}
@@ -227,7 +241,9 @@ func (l *Leaser) Report(ctx context.Context, leaseID string, outcome leasev1.Out
 	if scope == GlobalScope {
 		req.Scope = leasev1.CooldownScope_COOLDOWN_SCOPE_GLOBAL
 	}
+	start := time.Now()
 	_, err := l.Client.ReportOutcome(cctx, req)
+	l.observe("report", start)
 	if err != nil {
 		l.Log.Warn("reporting an outcome failed", "lease_id", leaseID, "outcome", outcome.String(), "error", status.Convert(err).Message())
 	}
