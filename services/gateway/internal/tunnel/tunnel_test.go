@@ -150,12 +150,12 @@ func relayed(t *testing.T, c *Core) (crawler, target net.Conn, done chan struct{
 func TestRelayIdleTimeoutSeesSplicedActivity(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	c := &Core{Metrics: metrics.New(reg), IdleTimeout: 200 * time.Millisecond, Log: slog.New(slog.DiscardHandler)}
+	c := &Core{Metrics: metrics.New(reg), IdleTimeout: 500 * time.Millisecond, Log: slog.New(slog.DiscardHandler)}
 	crawler, target, done := relayed(t, c)
 	go func() { _, _ = io.Copy(io.Discard, target) }()
 	buf := []byte("x")
 	var lastWrite time.Time
-	for range 12 { // 600ms, three idle timeouts
+	for range 20 { // a second, two idle timeouts; a late wake-up has 450ms to spare
 		lastWrite = time.Now()
 		if _, err := crawler.Write(buf); err != nil {
 			t.Fatalf("the trickling tunnel was closed: %v", err)
@@ -178,7 +178,7 @@ func TestRelayIdleTimeoutSeesSplicedActivity(t *testing.T) {
 	if got := testutil.ToFloat64(c.Metrics.Refusals.WithLabelValues("idle")); got != 1 {
 		t.Fatalf("idle refusals = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(c.Metrics.Bytes.WithLabelValues("up", "", "", "")); got != 12 {
-		t.Fatalf("bytes up = %v, want 12", got)
+	if got := testutil.ToFloat64(c.Metrics.Bytes.WithLabelValues("up", "", "", "")); got != 20 {
+		t.Fatalf("bytes up = %v, want 20", got)
 	}
 }
