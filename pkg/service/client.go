@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -123,37 +122,28 @@ func (c *Client) Dial(extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 }
 
 // fileToken sends the bearer token held in a file, so a rotated Secret
-// takes effect without a restart. The token is kept in memory and the file
-// looked at again at most once per tokenRecheck: it is re-read when its
-// identity (a Secret's symlink swap gives a new file), size or modification
-// time changed. Callers that send a call per crawler request (the gateway)
-// pay no file read per call. The token never appears in errors or logs.
+// takes effect at the next call without a restart. The token is kept in
+// memory; each call only looks at the file (a stat) and re-reads it when
+// its identity (a Secret's symlink swap gives a new file), size or
+// modification time changed, so callers that call per crawler request
+// (the gateway) read no file per call. The token never appears in errors
+// or logs.
 type fileToken struct {
 	path string
 
-	mu      sync.Mutex
-	tok     string
-	stat    os.FileInfo
-	checked time.Time
+	mu   sync.Mutex
+	tok  string
+	stat os.FileInfo
 }
 
-// tokenRecheck is how long a token read from its file is used before the
-// file is looked at again.
-const tokenRecheck = time.Second
-
 func (f *fileToken) token() (string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	now := time.Now()
-	if f.tok != "" && now.Sub(f.checked) < tokenRecheck {
-		return f.tok, nil
-	}
 	st, err := os.Stat(f.path)
 	if err != nil {
 		return "", fmt.Errorf("token file: %w", err)
 	}
-	if f.tok != "" && f.stat != nil && os.SameFile(st, f.stat) && st.Size() == f.stat.Size() && st.ModTime().Equal(f.stat.ModTime()) {
-		f.checked = now
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.tok != "" && os.SameFile(st, f.stat) && st.Size() == f.stat.Size() && st.ModTime().Equal(f.stat.ModTime()) {
 		return f.tok, nil
 	}
 	b, err := os.ReadFile(f.path)
@@ -164,7 +154,7 @@ func (f *fileToken) token() (string, error) {
 	if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
 		return "", fmt.Errorf("token file %s: want exactly one token", f.path)
 	}
-	f.tok, f.stat, f.checked = tok, st, now
+	f.tok, f.stat = tok, st
 	return tok, nil
 }
 

@@ -103,10 +103,9 @@ func TestClientTLSAndTokenFile(t *testing.T) {
 	}
 }
 
-// The token file is read once and kept: calls within tokenRecheck use the
-// kept token without touching the file; after it, an unchanged file is not
-// re-read, a replaced or rewritten one is, and a missing one fails naming
-// the file.
+// The token file is read once and kept: an unchanged file is not re-read
+// (a token written into the kept one shows it), a replaced or rewritten
+// one is at the next call, and a missing one fails naming the file.
 func TestFileTokenKeptAndReloadedOnChange(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -132,36 +131,30 @@ func TestFileTokenKeptAndReloadedOnChange(t *testing.T) {
 	write("a", "tok-1\n")
 	f := &fileToken{path: path}
 	want(f, "tok-1")
+	// Unchanged, the file is not read again: the kept token is sent.
+	f.mu.Lock()
+	f.tok = "tok-kept"
+	f.mu.Unlock()
+	want(f, "tok-kept")
 
-	// Within the recheck interval the file is not looked at: gone, it
-	// still gives the kept token.
+	// Replaced: the next call reads it.
+	write("b", "tok-2\n")
+	want(f, "tok-2")
+	// Rewritten in place (same file, another size).
+	if err := os.WriteFile(path, []byte("tok-three\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want(f, "tok-three")
+
+	// Missing, or holding two tokens: refused, naming the file and no
+	// token.
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	want(f, "tok-1")
-	// After it, a missing file fails, naming the file and no token.
-	f.checked = time.Time{}
 	if _, err := f.token(); err == nil || !strings.Contains(err.Error(), "token file") || strings.Contains(err.Error(), "tok-") {
 		t.Fatalf("missing file: %v", err)
 	}
-
-	write("b", "tok-2\n")
-	want(f, "tok-2")
-	write("c", "tok-3\n")
-	want(f, "tok-2") // still within the interval
-	f.checked = time.Time{}
-	want(f, "tok-3")
-
-	// Rewritten in place (same file, new size and time).
-	if err := os.WriteFile(path, []byte("tok-four\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f.checked = time.Time{}
-	want(f, "tok-four")
-
-	// A file holding two tokens is refused when it is re-read.
 	write("d", "tok-5 tok-6\n")
-	f.checked = time.Time{}
 	if _, err := f.token(); err == nil || strings.Contains(err.Error(), "tok-") {
 		t.Fatalf("two tokens: %v", err)
 	}
