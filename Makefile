@@ -31,7 +31,7 @@ CHART := deploy/helm/egress-proxies
 # The values files the chart's tests install with.
 CHART_VALUES := $(wildcard tests/chart/testdata/*.yaml)
 
-.PHONY: console-screenshots all tools third-party generate check-generated lint breaking api-baseline build test test-e2e test-cluster images test-images k8s-tools run helm-lint clean
+.PHONY: bench-gateway console-screenshots all tools third-party generate check-generated lint breaking api-baseline build test test-e2e test-cluster images test-images k8s-tools run helm-lint clean
 
 all: lint build test
 
@@ -104,6 +104,10 @@ test:
 ## test-e2e: every service as a real process over real PostgreSQL and NATS (needs squid or uses the built-in proxy)
 test-e2e:
 	go test -tags e2e -count=1 -timeout 20m ./tests/e2e/
+
+## bench-gateway: the gateway against the same load sent straight to one upstream, alternating, over a local farm of forward proxies and the real lease service (needs PostgreSQL at 127.0.0.1:5432 or EGRESS_TEST_DATABASE_URL; NATS runs in-process) (docs/benchmarks/gateway.md); BENCH_DURATION (5s), BENCH_WARMUP (1s), BENCH_CONCURRENCY ("1 16 64"), BENCH_SESSIONS (1000), BENCH_PROFILE_DIR (CPU profiles of the gateway)
+bench-gateway:
+	set -o pipefail; cd services/gateway && go test -tags bench -count=1 -timeout 60m -v -run '^TestGatewayBench$$' ./bench/ | grep -v '^{'
 
 ## console-screenshots: run the console's browser test against the real suite, writing each page's screenshot to docs/console/ (and printing the Proxies page benchmark)
 console-screenshots:

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -120,13 +121,31 @@ func (c *Client) Dial(extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	return grpc.NewClient(c.Addr, append(opts, extra...)...)
 }
 
-// fileToken sends the bearer token held in a file, read on every call
-// (service-to-service calls are rare: resyncs, backend checks), so a
-// rotated Secret takes effect at once. The token never appears in errors
+// fileToken sends the bearer token held in a file, so a rotated Secret
+// takes effect at the next call without a restart. The token is kept in
+// memory; each call only looks at the file (a stat) and re-reads it when
+// its identity (a Secret's symlink swap gives a new file), size or
+// modification time changed, so callers that call per crawler request
+// (the gateway) read no file per call. The token never appears in errors
 // or logs.
-type fileToken struct{ path string }
+type fileToken struct {
+	path string
+
+	mu   sync.Mutex
+	tok  string
+	stat os.FileInfo
+}
 
 func (f *fileToken) token() (string, error) {
+	st, err := os.Stat(f.path)
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.tok != "" && os.SameFile(st, f.stat) && st.Size() == f.stat.Size() && st.ModTime().Equal(f.stat.ModTime()) {
+		return f.tok, nil
+	}
 	b, err := os.ReadFile(f.path)
 	if err != nil {
 		return "", fmt.Errorf("token file: %w", err)
@@ -135,6 +154,7 @@ func (f *fileToken) token() (string, error) {
 	if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
 		return "", fmt.Errorf("token file %s: want exactly one token", f.path)
 	}
+	f.tok, f.stat = tok, st
 	return tok, nil
 }
 

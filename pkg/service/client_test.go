@@ -102,3 +102,60 @@ func TestClientTLSAndTokenFile(t *testing.T) {
 		}
 	}
 }
+
+// The token file is read once and kept: an unchanged file is not re-read
+// (a token written into the kept one shows it), a replaced or rewritten
+// one is at the next call, and a missing one fails naming the file.
+func TestFileTokenKeptAndReloadedOnChange(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "token")
+	write := func(name, content string) {
+		t.Helper()
+		tmp := filepath.Join(dir, name)
+		if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// As a Secret is rotated: a new file put in place.
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(f *fileToken, tok string) {
+		t.Helper()
+		got, err := f.token()
+		if err != nil || got != tok {
+			t.Fatalf("token() = %q, %v; want %q", got, err, tok)
+		}
+	}
+	write("a", "tok-1\n")
+	f := &fileToken{path: path}
+	want(f, "tok-1")
+	// Unchanged, the file is not read again: the kept token is sent.
+	f.mu.Lock()
+	f.tok = "tok-kept"
+	f.mu.Unlock()
+	want(f, "tok-kept")
+
+	// Replaced: the next call reads it.
+	write("b", "tok-2\n")
+	want(f, "tok-2")
+	// Rewritten in place (same file, another size).
+	if err := os.WriteFile(path, []byte("tok-three\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want(f, "tok-three")
+
+	// Missing, or holding two tokens: refused, naming the file and no
+	// token.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.token(); err == nil || !strings.Contains(err.Error(), "token file") || strings.Contains(err.Error(), "tok-") {
+		t.Fatalf("missing file: %v", err)
+	}
+	write("d", "tok-5 tok-6\n")
+	if _, err := f.token(); err == nil || strings.Contains(err.Error(), "tok-") {
+		t.Fatalf("two tokens: %v", err)
+	}
+}

@@ -169,7 +169,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service, authn *auth.Auth
 	core := &tunnel.Core{
 		Leaser: &upstream.Leaser{
 			Client: leasev1.NewLeaseServiceClient(conn), TTL: c.LeaseTTL, SessionLifetime: c.SessionLifetime,
-			SessionMaxAge: c.SessionMaxAge, CallTimeout: c.LeaseCallTimeout, Log: s.Log,
+			SessionMaxAge: c.SessionMaxAge, CallTimeout: c.LeaseCallTimeout, Log: s.Log, Calls: m.LeaseCalls,
 		},
 		Dialer: dialer, Sessions: session.NewRegistry(), Metrics: m,
 		Limits:  access.NewLimits(c.MaxTunnels, c.MaxClientTunnels),

@@ -34,6 +34,10 @@ type Metrics struct {
 	SessionMoves *prometheus.CounterVec
 	// Rules counts ban-rule matches by rule and outcome.
 	Rules *prometheus.CounterVec
+	// LeaseCalls observes the duration of each call to the lease service,
+	// by call (acquire, renew, release, report): an acquire is on the
+	// critical path of every request and tunnel.
+	LeaseCalls *prometheus.HistogramVec
 }
 
 // New creates the metrics and registers them on reg.
@@ -76,8 +80,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "egress_gateway_rule_matches_total",
 			Help: "Responses classified by a ban rule, by rule and outcome.",
 		}, []string{"rule", "outcome"}),
+		LeaseCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "egress_gateway_lease_call_seconds",
+			Help:    "Duration of calls to the lease service, by call (acquire, renew, release, report).",
+			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2.5, 5},
+		}, []string{"call"}),
 	}
-	reg.MustRegister(m.Requests, m.Bytes, m.TunnelDuration, m.ActiveTunnels, m.AuthFailures, m.Refusals, m.Retries, m.SessionMoves, m.Rules)
+	reg.MustRegister(m.Requests, m.Bytes, m.TunnelDuration, m.ActiveTunnels, m.AuthFailures, m.Refusals, m.Retries, m.SessionMoves, m.Rules, m.LeaseCalls)
 	for _, k := range []string{"connect", "socks5"} {
 		m.ActiveTunnels.WithLabelValues(k)
 	}

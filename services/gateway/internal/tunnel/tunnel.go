@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +65,8 @@ const (
 )
 
 // Acquire leases a proxy for caller's request to target (a host), as a
-// Failure when none can be had. A session's move is counted.
+// Failure when none can be had. A session's move is counted once, by the
+// request whose acquire made it (requests that shared it are Joined).
 func (c *Core) Acquire(ctx context.Context, caller access.Caller, target string) (*upstream.Lease, *Failure) {
 	lease, err := c.Leaser.Acquire(ctx, upstream.Want{ClientID: caller.ClientID, Options: caller.Options, Target: target})
 	var np *upstream.NoProxyError
@@ -79,7 +81,7 @@ func (c *Core) Acquire(ctx context.Context, caller access.Caller, target string)
 		return nil, &Failure{Status: http.StatusBadGateway, Message: "the lease service cannot be reached", Outcome: "lease_error", Socks: SocksFailure}
 	}
 	traceLease(ctx, lease)
-	if lease.Moved() {
+	if lease.Moved() && !lease.Joined {
 		c.Metrics.SessionMoves.WithLabelValues(lease.MoveReason).Inc()
 		c.Log.InfoContext(ctx, "session moved", "client", caller.ClientID, "session", caller.Options.Session,
 			"from", lease.MovedFrom, "to", lease.ProxyName, "reason", lease.MoveReason)
@@ -224,7 +226,13 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 	}
 	var lastActive atomic.Int64
 	lastActive.Store(time.Now().UnixNano())
-	go c.watch(ctx, t, &lastActive, start, closeBoth)
+	tick := c.watchTick()
+	go c.watch(ctx, t, &lastActive, start, tick, closeBoth)
+	// Activity is looked for only when an idle timeout uses it.
+	var window time.Duration
+	if c.IdleTimeout > 0 {
+		window = tick
+	}
 
 	var wg sync.WaitGroup
 	var up, down int64
@@ -239,14 +247,13 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 				return
 			}
 		}
-		n, _ := io.Copy(&activityWriter{w: t.Up, last: &lastActive}, client)
+		n, _ := Pipe(t.Up, client, window, &lastActive)
 		up += n
 		closeWrite(t.Up)
 	}()
 	go func() {
 		defer wg.Done()
-		n, _ := io.Copy(&activityWriter{w: client, last: &lastActive}, t.Up)
-		down = n
+		down, _ = Pipe(client, t.Up, window, &lastActive)
 		closeWrite(client)
 	}()
 	wg.Wait()
@@ -261,12 +268,8 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 
 // watch renews the tunnel's lease at a third of its TTL and ends the
 // tunnel when it idles or lives too long.
-func (c *Core) watch(ctx context.Context, t *Tunnel, lastActive *atomic.Int64, start time.Time, closeBoth func(string)) {
+func (c *Core) watch(ctx context.Context, t *Tunnel, lastActive *atomic.Int64, start time.Time, tick time.Duration, closeBoth func(string)) {
 	renewEvery := t.Lease.TTL / 3
-	tick := time.Second
-	if c.IdleTimeout > 0 && c.IdleTimeout/4 < tick {
-		tick = max(c.IdleTimeout/4, 10*time.Millisecond)
-	}
 	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	lastRenew := time.Now()
@@ -293,14 +296,40 @@ func (c *Core) watch(ctx context.Context, t *Tunnel, lastActive *atomic.Int64, s
 	}
 }
 
-type activityWriter struct {
-	w    io.Writer
-	last *atomic.Int64
+// watchTick is how often a tunnel's watcher looks at it: a second, or a
+// quarter of the idle timeout when that is shorter.
+func (c *Core) watchTick() time.Duration {
+	tick := time.Second
+	if c.IdleTimeout > 0 && c.IdleTimeout/4 < tick {
+		tick = max(c.IdleTimeout/4, 10*time.Millisecond)
+	}
+	return tick
 }
 
-func (a *activityWriter) Write(p []byte) (int, error) {
-	a.last.Store(time.Now().UnixNano())
-	return a.w.Write(p)
+// Pipe copies src to dst until src ends or either fails, and returns the
+// bytes copied. It hands the two connections to io.Copy as they are, so
+// that two TCP connections are relayed by the kernel (splice) without the
+// bytes passing through user space; a wrapper that counted or timed each
+// write would hide that path. Activity is seen without one: when window
+// is set, src's read deadline ends each copy after window, and a copy that
+// moved bytes stores the time in last, so last lags the real last byte by
+// at most window.
+func Pipe(dst, src net.Conn, window time.Duration, last *atomic.Int64) (int64, error) {
+	var total int64
+	for {
+		if window > 0 {
+			_ = src.SetReadDeadline(time.Now().Add(window))
+		}
+		n, err := io.Copy(dst, src)
+		total += n
+		if n > 0 {
+			last.Store(time.Now().UnixNano())
+		}
+		if window > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			continue
+		}
+		return total, err
+	}
 }
 
 func closeWrite(c net.Conn) {

@@ -15,8 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
@@ -46,6 +48,10 @@ type Lease struct {
 	Result     leasev1.SessionResult
 	MovedFrom  string
 	MoveReason string
+	// Joined is set when the acquire was made for this request and others
+	// of its session together: one of them (the one without Joined)
+	// counts a move.
+	Joined bool
 }
 
 // Session reports whether the lease is a session's.
@@ -76,6 +82,18 @@ type Leaser struct {
 	// CallTimeout bounds each call to the lease service.
 	CallTimeout time.Duration
 	Log         *slog.Logger
+	// Calls, when set, observes each call's duration in seconds by call
+	// (acquire, renew, release, report).
+	Calls prometheus.ObserverVec
+
+	sessions batcher
+}
+
+// observe records a call's duration since start.
+func (l *Leaser) observe(call string, start time.Time) {
+	if l.Calls != nil {
+		l.Calls.WithLabelValues(call).Observe(time.Since(start).Seconds())
+	}
 }
 
 // NoProxyError is the lease service's refusal: no proxy can serve.
@@ -107,6 +125,26 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 		}
 		req.Ttl = durationpb.New(life)
 	}
+	if req.SessionKey != "" {
+		// A session's concurrent requests share one acquire: the lease
+		// service answers a session's acquires one after another with the
+		// same lease, so one call per request only queues.
+		key, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+		if err != nil {
+			return nil, err
+		}
+		return l.sessions.do(ctx, string(key), func() (*Lease, error) {
+			// The call answers every request of its batch: one that goes
+			// away does not end it (CallTimeout bounds it).
+			return l.acquireSession(context.WithoutCancel(ctx), req)
+		})
+	}
+	return l.acquire(ctx, req)
+}
+
+// acquireSession acquires a session's lease, starting the session anew
+// when its lease has lived SessionMaxAge.
+func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
 	lease, err := l.acquire(ctx, req)
 	if err != nil {
 		return nil, err
@@ -123,6 +161,7 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.CallTimeout)
 	defer cancel()
+	defer l.observe("acquire", time.Now())
 	resp, err := l.Client.AcquireLease(cctx, req)
 	if err != nil {
 		switch status.Code(err) {
@@ -161,6 +200,7 @@ func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) 
 func (l *Leaser) Renew(ctx context.Context, lease *Lease) error {
 	cctx, cancel := context.WithTimeout(ctx, l.CallTimeout)
 	defer cancel()
+	defer l.observe("renew", time.Now())
 	_, err := l.Client.RenewLease(cctx, &leasev1.RenewLeaseRequest{LeaseId: lease.ID, Ttl: durationpb.New(lease.TTL)})
 	return err
 }
@@ -176,6 +216,7 @@ func (l *Leaser) Release(lease *Lease) {
 func (l *Leaser) ReleaseID(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.CallTimeout)
 	defer cancel()
+	defer l.observe("release", time.Now())
 	if _, err := l.Client.ReleaseLease(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: id}); err != nil {
 		l.Log.Warn("releasing a lease failed; it ends at its expiry", "lease_id", id, "error", status.Convert(err).Message())
 	}
@@ -200,7 +241,9 @@ func (l *Leaser) Report(ctx context.Context, leaseID string, outcome leasev1.Out
 	if scope == GlobalScope {
 		req.Scope = leasev1.CooldownScope_COOLDOWN_SCOPE_GLOBAL
 	}
+	start := time.Now()
 	_, err := l.Client.ReportOutcome(cctx, req)
+	l.observe("report", start)
 	if err != nil {
 		l.Log.Warn("reporting an outcome failed", "lease_id", leaseID, "outcome", outcome.String(), "error", status.Convert(err).Message())
 	}

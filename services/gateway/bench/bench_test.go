@@ -1,0 +1,427 @@
+//go:build bench
+
+// Package bench measures the gateway against its baseline, the same load
+// sent straight to one upstream proxy, in one run with the two alternating:
+// a farm of upstream forward proxies on loopback addresses, a TLS and a
+// plain-HTTP target, the real lease service over PostgreSQL and NATS, and
+// the gateway as a process of its own (its CPU time and RSS read from
+// /proc). Run it with `make bench-gateway`; docs/benchmarks/gateway.md
+// records the figures. It is not part of `make test`: it measures, and
+// asserts only that every tunnel and request got its answer.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
+	leasev1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/lease/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
+	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/service"
+	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+)
+
+const (
+	crawlerToken = "tok-bench-crawler-0123456789"
+	gatewayToken = "tok-bench-gateway-0123456789"
+)
+
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return d
+}
+
+func envInts(t *testing.T, name string, def []int) []int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	var out []int
+	for _, f := range strings.Fields(strings.ReplaceAll(v, ",", " ")) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			t.Fatalf("%s: %q is no positive number", name, f)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func TestGatewayBench(t *testing.T) {
+	dur := envDuration(t, "BENCH_DURATION", 5*time.Second)
+	warmup := envDuration(t, "BENCH_WARMUP", time.Second)
+	concurrency := envInts(t, "BENCH_CONCURRENCY", []int{1, 16, 64})
+	farmSize := 4
+	sessions := 10000
+	if n := envInts(t, "BENCH_SESSIONS", []int{sessions}); len(n) == 1 {
+		sessions = n[0]
+	}
+	profileDir := os.Getenv("BENCH_PROFILE_DIR")
+
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tokens := write("tokens", "gateway "+gatewayToken+" crawler\nbench "+crawlerToken+" crawler\n")
+	gwTokenFile := write("gateway-token", gatewayToken+"\n")
+
+	// The lease service, over a database and a NATS server of its own.
+	nats := natstest.New(t)
+	dsn := pgtest.NewDatabase(t, pgtest.Template{Name: "gwbench_empty", Fingerprint: "none",
+		Migrate: func(context.Context, string) error { return nil }})
+	leaseProc, lease := servicetest.Start(t, "../../lease", []string{"--database-url=" + dsn, "--nats-url=" + nats.URL(),
+		"--auth-token-file=" + tokens, "--rate-limit-lease=0", "--log-level=info"}, "GOGC=400")
+
+	farm := startFarm(t, farmSize)
+	tg := startTargets(t)
+	publishFarm(t, nats, farm)
+
+	// The gateway, built with the pprof endpoint when profiles are asked
+	// for.
+	var tags []string
+	var pprofAddr string
+	env := []string{}
+	if profileDir != "" {
+		tags = append(tags, "pprof")
+		pprofAddr = "127.0.0.1:18189"
+		env = append(env, "EGRESS_GATEWAY_PPROF="+pprofAddr)
+	}
+	bin := proctest.Build(t, "..", tags...)
+	gw := proctest.Start(t, bin, []string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
+		"--auth-token-file=" + tokens, "--lease-addr=" + lease.GRPC, "--lease-token-file=" + gwTokenFile,
+		"--proxy-listen=127.0.0.1:0", "--socks-listen=127.0.0.1:0", "--log-level=info"}, env...)
+	line := gw.WaitLog(t, time.Minute, proctest.Msg("proxy listeners"))
+	proxyAddr, _ := line["http"].(string)
+	socksAddr, _ := line["socks5"].(string)
+	pid := gw.PID()
+	serving := gw.WaitLog(t, time.Minute, proctest.Msg("serving"))
+	adminHTTP, _ := serving["http"].(string)
+	metricsURL := "http://" + adminHTTP + "/metrics"
+
+	direct := via{addr: farm[0].addr}
+	session := gatewayVia(proxyAddr, socksAddr, "session-x", crawlerToken)
+	rotation := gatewayVia(proxyAddr, socksAddr, "", crawlerToken)
+	modes := []struct {
+		name string
+		v    via
+	}{{"session", session}, {"rotation", rotation}}
+
+	// Ready when a request through the gateway reaches the target: the
+	// lease service has the farm.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := httpForwardOp(rotation, tg)()(context.Background())
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no request through the gateway: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond) // polling until the lease service has the farm
+	}
+
+	fmt.Printf("== machine: %d cores, %s; load average %s\n", runtime.NumCPU(), cpuModel(), loadAvg())
+	fmt.Printf("== %s per run after %s warm-up; farm of %d proxies; gateway pid %d (CPU from /proc/%d/stat)\n",
+		dur, warmup, farmSize, pid, pid)
+
+	var failed []string
+	check := func(name string, r result) {
+		if r.errs > 0 || r.ops == 0 {
+			failed = append(failed, fmt.Sprintf("%s: %d ok, %d errors (first: %v)", name, r.ops, r.errs, r.firstErr))
+		}
+	}
+	runWith := func(name string, c int, gwRun bool, progress *atomic.Int64, newOp func() op) result {
+		p, mu := 0, ""
+		if gwRun {
+			p, mu = pid, metricsURL
+		}
+		r := runLoad(c, warmup, dur, p, leaseProc.PID(), mu, progress, newOp)
+		if progress != nil && r.bytes > 0 {
+			// A bulk run's tunnel lasts the run: its bytes count, not
+			// its op.
+			r.ops = max(r.ops, 1)
+		}
+		check(fmt.Sprintf("%s C=%d", name, c), r)
+		return r
+	}
+	run := func(name string, c int, gwRun bool, newOp func() op) result {
+		return runWith(name, c, gwRun, nil, newOp)
+	}
+	same := func(o op) func() op { return func() op { return o } }
+
+	// per1000 is CPU seconds per 1,000 of a run's ops.
+	per1000 := func(d time.Duration, r result) float64 { return d.Seconds() / float64(r.ops) * 1000 }
+	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → gw | all CPU-s / 1,000 direct → gw | acquire in gw: ms mean (per op) | gw RSS (anon) MB | load avg |"
+	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	row := func(load, mode string, c int, d, g result) {
+		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %.3f | %.3f → %.3f | %.3f → %.3f | %.2f (%.2f) | %.1f (%.1f) | %s |\n",
+			load, mode, c, d.rate(), g.rate(), g.rate()/d.rate(),
+			ms(d.pct(0.5)), ms(g.pct(0.5)), ms(g.pct(0.5)-d.pct(0.5)),
+			ms(d.pct(0.99)), ms(g.pct(0.99)), ms(g.pct(0.99)-d.pct(0.99)),
+			per1000(g.cpu, g), per1000(g.lease, g), per1000(d.self, d), per1000(g.self, g),
+			per1000(d.self+d.lease, d), per1000(g.self+g.cpu+g.lease, g),
+			g.acquireMs(), g.acquires/float64(g.ops),
+			float64(g.rss)/(1<<20), float64(g.anon)/(1<<20), g.load)
+	}
+
+	profile := func(name string) func() {
+		if profileDir == "" {
+			return func() {}
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			secs := int((warmup + dur).Seconds())
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", pprofAddr, secs))
+			if err != nil {
+				t.Logf("profile %s: %v", name, err)
+				return
+			}
+			defer resp.Body.Close()
+			f, err := os.Create(filepath.Join(profileDir, name+".pprof"))
+			if err != nil {
+				t.Logf("profile %s: %v", name, err)
+				return
+			}
+			defer f.Close()
+			_, _ = io.Copy(f, resp.Body)
+		}()
+		return func() { <-done }
+	}
+
+	// What rotation puts on each tunnel's critical path: an acquire round
+	// trip to the lease service (its release goes in the background, as
+	// the gateway's does), measured from here with the gateway's token.
+	leaseConn, err := (&service.Client{Addr: lease.GRPC, Token: gatewayToken}).Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leaseConn.Close()
+	leases := leasev1.NewLeaseServiceClient(leaseConn)
+	fmt.Printf("\n### Lease round trip (AcquireLease, release in the background)\n\n")
+	fmt.Println("| C | acquires/s | p50 ms | p99 ms | load avg |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, c := range concurrency {
+		r := run("acquire", c, false, same(func(ctx context.Context) (int64, error) {
+			resp, err := leases.AcquireLease(ctx, &leasev1.AcquireLeaseRequest{TargetHost: "127.0.0.1", Ttl: durationpb.New(time.Minute)})
+			if err != nil {
+				return 0, err
+			}
+			go func() {
+				_, _ = leases.ReleaseLease(context.Background(), &leasev1.ReleaseLeaseRequest{LeaseId: resp.GetLease().GetLeaseId()})
+			}()
+			return 0, nil
+		}))
+		fmt.Printf("| %d | %.0f | %.2f | %.2f | %s |\n", c, r.rate(), ms(r.pct(0.5)), ms(r.pct(0.99)), r.load)
+	}
+
+	// Tunnels: a new tunnel per iteration (CONNECT, TLS handshake, one GET,
+	// close), and the same without TLS; each gateway run follows a direct
+	// run of its own.
+	for _, k := range []struct {
+		name string
+		mk   func(v via) op
+	}{
+		{"TLS tunnel", func(v via) op { return tlsTunnelOp(v, tg, false) }},
+		{"CONNECT, no TLS", func(v via) op { return plainTunnelOp(v, tg) }},
+	} {
+		fmt.Printf("\n### %s\n\n%s\n%s\n", k.name, header, sep)
+		for _, c := range concurrency {
+			for _, m := range modes {
+				d := run(k.name+" direct", c, false, same(k.mk(direct)))
+				stop := func() {}
+				if c == concurrency[len(concurrency)-1] {
+					stop = profile(strings.ReplaceAll(k.name, " ", "")[:4] + "-" + m.name)
+				}
+				g := run(k.name+" "+m.name, c, true, same(k.mk(m.v)))
+				stop()
+				row(k.name, m.name, c, d, g)
+			}
+		}
+	}
+
+	// HTTP forwarding: each client keeps its connection alive.
+	fmt.Printf("\n### HTTP forwarding, keep-alive\n\n%s\n%s\n", header, sep)
+	for _, c := range concurrency {
+		for _, m := range modes {
+			d := run("HTTP direct", c, false, httpForwardOp(direct, tg))
+			stop := func() {}
+			if c == concurrency[len(concurrency)-1] {
+				stop = profile("http-" + m.name)
+			}
+			g := run("HTTP "+m.name, c, true, httpForwardOp(m.v, tg))
+			stop()
+			row("HTTP", m.name, c, d, g)
+		}
+	}
+
+	// SOCKS5 against CONNECT through the gateway, alternating.
+	fmt.Printf("\n### SOCKS5 against CONNECT (TLS tunnels, both through the gateway)\n\n")
+	fmt.Println("| mode | C | CONNECT /s | SOCKS5 /s | SOCKS5 ÷ CONNECT | p50 CONNECT → SOCKS5 (ms) | p99 CONNECT → SOCKS5 (ms) | SOCKS5 CPU-s / 1,000 | load avg |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	for _, c := range concurrency {
+		for _, m := range modes {
+			cn := run("CONNECT "+m.name, c, true, same(tlsTunnelOp(m.v, tg, false)))
+			sk := run("SOCKS5 "+m.name, c, true, same(tlsTunnelOp(m.v, tg, true)))
+			fmt.Printf("| %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f | %.2f → %.2f | %.3f | %s |\n",
+				m.name, c, cn.rate(), sk.rate(), sk.rate()/cn.rate(),
+				ms(cn.pct(0.5)), ms(sk.pct(0.5)), ms(cn.pct(0.99)), ms(sk.pct(0.99)),
+				sk.cpu.Seconds()/float64(sk.ops)*1000, sk.load)
+		}
+	}
+
+	// One long tunnel's throughput.
+	fmt.Printf("\n### One long tunnel, bulk download\n\n")
+	fmt.Println("| tunnel | mode | direct MB/s | gateway MB/s | ratio | gw CPU-s / GB | bench CPU-s / GB direct → gw | load avg |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for _, useTLS := range []bool{true, false} {
+		name := "TLS"
+		if !useTLS {
+			name = "plain"
+		}
+		for _, m := range modes {
+			var dp, gp atomic.Int64
+			d := runWith("bulk "+name+" direct", 1, false, &dp, same(bulkOp(direct, tg, useTLS, &dp)))
+			stop := profile("bulk-" + name + "-" + m.name)
+			g := runWith("bulk "+name+" "+m.name, 1, true, &gp, same(bulkOp(m.v, tg, useTLS, &gp)))
+			stop()
+			perGB := func(c time.Duration, r result) float64 { return c.Seconds() / (float64(r.bytes) / 1e9) }
+			fmt.Printf("| %s | %s | %.0f | %.0f | **%.2f×** | %.3f | %.3f → %.3f | %s |\n", name, m.name,
+				mbps(d), mbps(g), mbps(g)/mbps(d), perGB(g.cpu, g), perGB(d.self, d), perGB(g.self, g), g.load)
+		}
+	}
+
+	// Resident memory per 1,000 live sessions: one request each (16 at
+	// a time), its connection closed after it, so what stays is the
+	// sessions' own. Many sessions, so that they stand out of the
+	// garbage collector's swings.
+	time.Sleep(time.Second)
+	rss0, anon0, _ := procRSS(pid)
+	var next atomic.Int64
+	var sessErrs atomic.Int64
+	var sessErr atomic.Value
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(sessions); i = next.Add(1) - 1 {
+				v := gatewayVia(proxyAddr, socksAddr, fmt.Sprintf("session-s%06d", i), crawlerToken)
+				client := httpClient(v)
+				resp, err := client.Get("http://" + tg.plainAddr + "/")
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("answer %d", resp.StatusCode)
+					}
+				}
+				client.CloseIdleConnections()
+				if err != nil {
+					sessErrs.Add(1)
+					sessErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := sessErrs.Load(); n > 0 {
+		failed = append(failed, fmt.Sprintf("sessions: %d failed (first: %v)", n, sessErr.Load()))
+	}
+	time.Sleep(time.Second)
+	rss1, anon1, hwm := procRSS(pid)
+	fmt.Printf("\n### Memory\n\ngateway RSS (anonymous part) before %d new sessions %.1f (%.1f) MB, after %.1f (%.1f) MB: %+.2f (%+.2f) MB per 1,000 live sessions; peak RSS of the whole run (VmHWM) %.1f MB\n",
+		sessions, mb(rss0), mb(anon0), mb(rss1), mb(anon1),
+		mb(rss1-rss0)*1000/float64(sessions), mb(anon1-anon0)*1000/float64(sessions), mb(hwm))
+
+	var spread []string
+	for _, p := range farm {
+		spread = append(spread, fmt.Sprintf("%s: %d tunnels, %d forwarded", p.addr, p.tunnels.Load(), p.forwarded.Load()))
+	}
+	fmt.Printf("\nfarm: %s\nload average at the end: %s\n", strings.Join(spread, "; "), loadAvg())
+	for _, f := range failed {
+		t.Error(f)
+	}
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func mbps(r result) float64 { return float64(r.bytes) / 1e6 / r.elapsed.Seconds() }
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+// publishFarm publishes the farm as Ready, healthy proxies (as the
+// orchestrator would), each with room for every load's leases.
+func publishFarm(t *testing.T, nats *natstest.Server, farm []*farmProxy) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js := nats.JetStream(t)
+	names := bus.Names{}
+	if err := bus.EnsureStreams(ctx, js, names); err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now().UnixNano()
+	healthTime := timestamppb.New(time.Now().Add(-time.Minute))
+	for i, p := range farm {
+		host, portStr, _ := strings.Cut(p.addr, ":")
+		port, _ := strconv.Atoi(portStr)
+		uid := fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+		pr := &proxyv1.Proxy{
+			Uid: uid, Name: fmt.Sprintf("farm-%d", i), Labels: map[string]string{"pool": "bench"},
+			Spec: &proxyv1.ProxySpec{
+				Mode: proxyv1.ProxyMode_PROXY_MODE_MANAGED, Provider: "bench",
+				Placement: &proxyv1.Placement{Region: "r1", Zone: "z1"},
+				Lease:     &proxyv1.LeaseSpec{MaxLeases: proto.Uint32(100000)},
+			},
+			Status: &proxyv1.ProxyStatus{
+				Phase: proxyv1.ProxyPhase_PROXY_PHASE_READY, Healthy: true, HealthTransitionTime: healthTime,
+				ProviderId: "bench/" + uid, Ip: host, Port: uint32(port),
+			},
+		}
+		ev := &busv1.ProxyEvent{Revision: base + int64(i), Type: proxyv1.ChangeType_CHANGE_TYPE_CREATED, Proxy: pr, ChangeTime: timestamppb.Now()}
+		if _, err := bus.Publish(ctx, js, names.ProxyEventSubject(uid), ev); err != nil {
+			t.Fatalf("publishing the farm: %v", err)
+		}
+	}
+}
