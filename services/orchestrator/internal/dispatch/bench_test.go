@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,8 +27,25 @@ import (
 //	go test -run '^$' -bench BenchmarkConverge -benchtime 1x ./services/orchestrator/internal/dispatch/
 //
 // It reports proxies/s (converged) and the create phase's own rate.
+// BENCH_CONVERGE_SIZES overrides the sizes ("10000 100000", as make
+// bench-scale runs it); BENCH_STEADY_SECONDS=S adds, once every proxy
+// runs, S seconds with nothing changing and reports the process's CPU in
+// them as a share of one core (steady-cpu-%: the orchestrator's replica
+// and API, with the in-process NATS server and the answering provisioner,
+// which are idle then).
 func BenchmarkConverge(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
+	sizes := []int{1000, 10000}
+	if env := os.Getenv("BENCH_CONVERGE_SIZES"); env != "" {
+		sizes = sizes[:0]
+		for _, f := range strings.Fields(env) {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				b.Fatalf("BENCH_CONVERGE_SIZES: %q is not a positive count", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			for range b.N {
 				converge(b, n)
@@ -88,6 +107,19 @@ func converge(b *testing.B, n int) {
 	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")
 	b.ReportMetric(float64(n)/created.Seconds(), "creates/s")
 	b.ReportMetric(total.Seconds(), "s-to-converge")
+	if secs, _ := strconv.Atoi(os.Getenv("BENCH_STEADY_SECONDS")); secs > 0 {
+		c0, w0 := cpuTime(), time.Now()
+		t := time.NewTimer(time.Duration(secs) * time.Second)
+		<-t.C
+		b.ReportMetric(100*float64(cpuTime()-c0)/float64(time.Since(w0)), "steady-cpu-%")
+	}
+}
+
+// cpuTime is the process's CPU (user and system) so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func must[T any](v T, err error) T {

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# make bench-scale: the figures of docs/benchmarks/scale.md, in one run, each
+# beside its baseline measured in the same run (the machine is shared and
+# noisy). Benchmarks only: nothing here runs in `make test`.
+#
+#   scripts/bench-scale.sh                       # everything
+#   PARTS="lease health" scripts/bench-scale.sh  # some parts
+#   CONVERGE_SIZES="10000 100000" LEASE_DURATION=15s STEADY_SECONDS=20
+set -euo pipefail
+
+PARTS=${PARTS:-orchestrator lease health}
+CONVERGE_SIZES=${CONVERGE_SIZES:-10000 100000}
+STEADY_SECONDS=${STEADY_SECONDS:-20}
+LEASE_DURATION=${LEASE_DURATION:-15s}
+LEASE_LOOPS=${LEASE_LOOPS:-20000}
+HEALTH_SECONDS=${HEALTH_SECONDS:-10}
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+echo "== bench-scale $(date -u +%FT%TZ) at $(git rev-parse --short HEAD)"
+echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB, $(go version | cut -d' ' -f3), load average $(load)"
+
+for part in $PARTS; do
+	case $part in
+	orchestrator)
+		echo "== orchestrator: converge 0 -> N Running (BenchmarkConverge, N = $CONVERGE_SIZES), then ${STEADY_SECONDS}s steady; load average $(load)"
+		(cd services/orchestrator && BENCH_CONVERGE_SIZES="$CONVERGE_SIZES" BENCH_STEADY_SECONDS="$STEADY_SECONDS" \
+			go test -run '^$' -bench BenchmarkConverge -benchtime 1x -timeout 60m ./internal/dispatch/ | grep -E '^Benchmark|^ok|FAIL')
+		;;
+	lease)
+		echo "== lease: selection at 1,000 vs 100,000 proxies (BenchmarkLoop, 200 callers on the store, ${LEASE_LOOPS} loops each); load average $(load)"
+		(cd services/lease && go test -run '^$' -bench 'BenchmarkLoop/callers=200/rounds=1$|BenchmarkLoop/callers=200/rounds=1/proxies=' \
+			-benchtime "${LEASE_LOOPS}x" -timeout 30m ./internal/store/ | grep -E '^Benchmark|^ok|FAIL')
+		for n in 1000 100000; do
+			echo "== lease: closed loop through the service at $n proxies, then pgbench on the same server; load average $(load)"
+			PROXIES=$n RATES=" " DURATION="$LEASE_DURATION" services/lease/bench/run.sh 2>&1 | grep -vE '^== machine'
+		done
+		;;
+	health)
+		echo "== health: CPU per probe at 1 Hz, 1,000 proxies, one core (BenchmarkProbeAt1Hz, ${HEALTH_SECONDS} s); load average $(load)"
+		(cd services/health && go test -run '^$' -bench 'BenchmarkProbeAt1Hz/proxies=1000' -benchtime "${HEALTH_SECONDS}x" -cpu 1 -timeout 20m ./internal/bench/ | grep -E '^Benchmark|^ok|FAIL')
+		;;
+	*)
+		echo "unknown part $part (orchestrator, lease, health)" >&2
+		exit 2
+		;;
+	esac
+done
+echo "== done $(date -u +%FT%TZ), load average $(load)"
