@@ -34,7 +34,8 @@ for part in $PARTS; do
 			-benchtime "${LEASE_LOOPS}x" -timeout 30m ./internal/store/ | grep -E '^Benchmark|^ok|FAIL')
 		for n in 1000 100000; do
 			echo "== lease: closed loop through the service at $n proxies, then pgbench on the same server; load average $(load)"
-			PROXIES=$n RATES=" " DURATION="$LEASE_DURATION" services/lease/bench/run.sh 2>&1 | grep -vE '^== machine'
+			PROXIES=$n RATES=" " DURATION="$LEASE_DURATION" READY_TIMEOUT=20m services/lease/bench/run.sh 2>&1 |
+				grep -v '^== machine' || echo "== lease at $n proxies failed"
 		done
 		;;
 	health)

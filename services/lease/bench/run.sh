@@ -67,7 +67,7 @@ load() {
 	start_service
 	"$work/lease-load" --grpc-addr 127.0.0.1:18110 --http-addr 127.0.0.1:18111 --conns "$GRPC_CONNS" \
 		--token-file "$work/tokens" --nats-url nats://127.0.0.1:14222 --database-url "$PGURL/$DB?sslmode=disable" \
-		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" "$@"
+		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" --ready-timeout "${READY_TIMEOUT:-60s}" "$@"
 }
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(psql "$PGURL/postgres" -Atc 'select version()' | cut -d, -f1)"

@@ -3,8 +3,10 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
@@ -59,7 +62,16 @@ func converge(b *testing.B, n int) {
 	if os.Getenv("BENCH_ASYNC_COMMIT") != "" {
 		_, _ = h.Store.Pool().Exec(context.Background(), "ALTER DATABASE "+strings.TrimPrefix(must(url.Parse(h.DSN)).Path, "/")+" SET synchronous_commit = off")
 	}
-	h.StartCloud("fake")
+	// The backend: the answering Cloud in this process, or with
+	// BENCH_CONVERGE_BACKEND=sim the fleet simulator's provisioner and farm
+	// as processes of their own (services/provisioner-sim), every proxy a
+	// real loopback proxy on the farm's shared port.
+	port := uint32(0)
+	if os.Getenv("BENCH_CONVERGE_BACKEND") == "sim" {
+		port = startSim(b, h)
+	} else {
+		h.StartCloud("fake")
+	}
 	h.StartReplica()
 
 	srv := grpc.NewServer()
@@ -76,7 +88,11 @@ func converge(b *testing.B, n int) {
 		go func() {
 			defer wg.Done()
 			for name := range names {
-				if _, err := client.CreateProxy(ctx, orchtest.Managed(name)); err != nil {
+				req := orchtest.Managed(name)
+				if port != 0 {
+					req.Spec.Port = port
+				}
+				if _, err := client.CreateProxy(ctx, req); err != nil {
 					b.Error(err)
 				}
 			}
@@ -113,6 +129,31 @@ func converge(b *testing.B, n int) {
 		<-t.C
 		b.ReportMetric(100*float64(cpuTime()-c0)/float64(time.Since(w0)), "steady-cpu-%")
 	}
+}
+
+// startSim runs a farm and one provisioner-sim replica (64 commands at
+// once) serving provider fake on h's NATS, and returns the farm's shared
+// port.
+func startSim(b *testing.B, h *orchtest.Harness) uint32 {
+	b.Helper()
+	l, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := uint32(l.Addr().(*net.TCPAddr).Port)
+	_ = l.Close()
+	bin := proctest.Build(b, "../../../provisioner-sim")
+	farm := proctest.Start(b, bin, []string{"farm", "--listen=127.0.0.1:0", fmt.Sprintf("--shared-port=%d", port)})
+	api, _ := farm.WaitLog(b, time.Minute, proctest.Msg("farm ready"))["api"].(string)
+	cfg := filepath.Join(b.TempDir(), "providers.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("providers:\n  - name: fake\n    type: sim\n    sim: {farm: %q}\n", api)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	p := proctest.Start(b, bin, []string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--auth-disabled",
+		"--providers-config=" + cfg, "--provider=fake", "--nats-url=" + h.NATS.URL(), "--nats-prefix=" + h.Names.Prefix,
+		"--max-concurrent=64"})
+	p.WaitLog(b, time.Minute, proctest.Msg("serving"))
+	return port
 }
 
 // cpuTime is the process's CPU (user and system) so far.
