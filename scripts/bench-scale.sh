@@ -5,13 +5,16 @@
 #
 #   scripts/bench-scale.sh                       # everything
 #   PARTS="lease health" scripts/bench-scale.sh  # some parts
-#   CONVERGE_SIZES="10000 100000" LEASE_DURATION=15s STEADY_SECONDS=20
+#   CONVERGE_SIZES="10000 100000" SIM_CONVERGE_SIZES=10000 LEASE_DURATION=15s STEADY_SECONDS=20
 set -euo pipefail
 
 PARTS=${PARTS:-orchestrator lease health}
 CONVERGE_SIZES=${CONVERGE_SIZES:-10000 100000}
+SIM_CONVERGE_SIZES=${SIM_CONVERGE_SIZES:-10000}
 STEADY_SECONDS=${STEADY_SECONDS:-20}
 LEASE_DURATION=${LEASE_DURATION:-15s}
+LEASE_SIZES=${LEASE_SIZES:-1000 100000}
+LEASE_STORE=${LEASE_STORE:-yes}
 LEASE_LOOPS=${LEASE_LOOPS:-20000}
 HEALTH_SECONDS=${HEALTH_SECONDS:-10}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,12 +30,19 @@ for part in $PARTS; do
 		echo "== orchestrator: converge 0 -> N Running (BenchmarkConverge, N = $CONVERGE_SIZES), then ${STEADY_SECONDS}s steady; load average $(load)"
 		(cd services/orchestrator && BENCH_CONVERGE_SIZES="$CONVERGE_SIZES" BENCH_STEADY_SECONDS="$STEADY_SECONDS" \
 			go test -run '^$' -bench BenchmarkConverge -benchtime 1x -timeout 60m ./internal/dispatch/ | grep -E '^Benchmark|^ok|FAIL')
+		if [ -n "${SIM_CONVERGE_SIZES// /}" ]; then
+			echo "== orchestrator: converge 0 -> N Running on the fleet simulator (provisioner-sim and its farm as processes, N = $SIM_CONVERGE_SIZES); load average $(load)"
+			(cd services/orchestrator && BENCH_CONVERGE_BACKEND=sim BENCH_CONVERGE_SIZES="$SIM_CONVERGE_SIZES" \
+				go test -run '^$' -bench BenchmarkConverge -benchtime 1x -timeout 60m ./internal/dispatch/ | grep -E '^Benchmark|^ok|FAIL')
+		fi
 		;;
 	lease)
-		echo "== lease: selection at 1,000 vs 100,000 proxies (BenchmarkLoop, 200 callers on the store, ${LEASE_LOOPS} loops each); load average $(load)"
-		(cd services/lease && go test -run '^$' -bench 'BenchmarkLoop/callers=200/rounds=1$|BenchmarkLoop/callers=200/rounds=1/proxies=' \
-			-benchtime "${LEASE_LOOPS}x" -timeout 30m ./internal/store/ | grep -E '^Benchmark|^ok|FAIL')
-		for n in 1000 100000; do
+		if [ "$LEASE_STORE" = yes ]; then
+			echo "== lease: selection at 1,000 vs 100,000 proxies (BenchmarkLoop, 200 callers on the store, ${LEASE_LOOPS} loops each); load average $(load)"
+			(cd services/lease && go test -run '^$' -bench 'BenchmarkLoop/callers=200/rounds=1$|BenchmarkLoop/callers=200/rounds=1/proxies=' \
+				-benchtime "${LEASE_LOOPS}x" -timeout 30m ./internal/store/ | grep -E '^Benchmark|^ok|FAIL')
+		fi
+		for n in $LEASE_SIZES; do
 			echo "== lease: closed loop through the service at $n proxies, then pgbench on the same server; load average $(load)"
 			PROXIES=$n RATES=" " DURATION="$LEASE_DURATION" READY_TIMEOUT=20m services/lease/bench/run.sh 2>&1 |
 				grep -v '^== machine' || echo "== lease at $n proxies failed"

@@ -465,7 +465,10 @@ func (g *grpcClient) release(ctx context.Context, id string) error {
 }
 
 func (g *grpcClient) list(ctx context.Context) (int, error) {
-	r, err := g.conn().ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}})
+	// ListProxies answers the whole pool in one message: past the
+	// default 4 MiB limit from some 20,000 proxies on.
+	r, err := g.conn().ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}},
+		grpc.MaxCallRecvMsgSize(1<<30))
 	return len(r.GetProxies()), err
 }
 
