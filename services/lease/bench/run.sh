@@ -19,6 +19,7 @@ CLIENTS=${CLIENTS:-200}
 GRPC_CONNS=${GRPC_CONNS:-4}  # the fleet's gRPC connections to the service
 RATES=${RATES:-1000 2000 2500 3000}
 REPEAT=${REPEAT:-3}          # runs per rate
+TRANSPORTS=${TRANSPORTS:-grpc rest} # the closed-loop runs
 # The service runs with the garbage collector setting the Helm chart
 # recommends for it (components.lease.env).
 export GOGC=${GOGC:-400}
@@ -80,7 +81,7 @@ for rate in $RATES; do
 		load --transport grpc --rate "$rate"
 	done
 done
-for transport in grpc rest; do
+for transport in $TRANSPORTS; do
 	echo "== lease-load --transport $transport --proxies $PROXIES --clients $CLIENTS --duration $DURATION (closed loop, GOGC=$GOGC)"
 	load --transport "$transport"
 done
