@@ -20,8 +20,12 @@ import (
 //	GET    /v1/instances/{id}       one (404 when there is none)
 //	PATCH  /v1/instances/{id}       rewrite its mark (proxyUid, installation, marked)
 //	DELETE /v1/instances/{id}       delete (204; 404 when there was none)
+//	GET    /v1/stats                {"instances": n}
 func (f *Farm) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, Stats{Instances: f.Len()})
+	})
 	mux.HandleFunc("POST /v1/instances", func(w http.ResponseWriter, r *http.Request) {
 		network, err := netip.ParsePrefix(r.URL.Query().Get("network"))
 		if err != nil {
@@ -81,6 +85,11 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Stats is the farm's answer to GET /v1/stats.
+type Stats struct {
+	Instances int `json:"instances"`
 }
 
 // Client calls a farm's API.
@@ -170,5 +179,13 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 func (c *Client) List(ctx context.Context) ([]Instance, error) {
 	var out []Instance
 	err := c.do(ctx, http.MethodGet, "/v1/instances", nil, &out, http.StatusOK)
+	return out, err
+}
+
+// Stats returns how many instances the farm holds (every one, marked or
+// not), without listing them.
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var out Stats
+	err := c.do(ctx, http.MethodGet, "/v1/stats", nil, &out, http.StatusOK)
 	return out, err
 }

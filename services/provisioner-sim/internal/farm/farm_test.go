@@ -123,6 +123,9 @@ func lifecycle(t *testing.T, shared, port uint32) {
 	if all, err := c.List(ctx); err != nil || len(all) != 2 || all[0].ID != "a" || all[1].ID != "b" {
 		t.Fatalf("List = %+v, %v; want a and b", all, err)
 	}
+	if st, err := c.Stats(ctx); err != nil || st.Instances != 2 {
+		t.Fatalf("Stats = %+v, %v; want 2 instances", st, err)
+	}
 	if m, err := c.Mark(ctx, "b", "uid-b", "inst", true); err != nil || m.Installation != "inst" {
 		t.Fatalf("Mark b = %+v, %v", m, err)
 	}
