@@ -31,7 +31,7 @@ CHART := deploy/helm/egress-proxies
 # The values files the chart's tests install with.
 CHART_VALUES := $(wildcard tests/chart/testdata/*.yaml)
 
-.PHONY: bench-gateway console-screenshots all tools third-party generate check-generated lint breaking api-baseline build test test-e2e test-cluster images test-images k8s-tools run helm-lint clean
+.PHONY: bench-gateway bench-scale console-screenshots all tools third-party generate check-generated lint breaking api-baseline build test test-e2e test-cluster images test-images k8s-tools run helm-lint clean
 
 all: lint build test
 
@@ -75,7 +75,7 @@ lint: tools third-party
 	go vet -tags proxmox_integration ./services/provisioner-proxmox/...
 	go vet -tags cluster ./tests/chart/...
 	go vet -tags cluster ./services/provisioner-kubernetes/...
-	go vet -tags crashpoints ./pkg/provisioner/... ./services/provisioner-local/... ./services/provisioner-proxmox/... ./services/provisioner-kvm/... ./services/provisioner-gcp/... ./services/provisioner-kubernetes/...
+	go vet -tags crashpoints ./pkg/provisioner/... ./services/provisioner-local/... ./services/provisioner-sim/... ./services/provisioner-proxmox/... ./services/provisioner-kvm/... ./services/provisioner-gcp/... ./services/provisioner-kubernetes/...
 	go vet -tags e2e,cluster ./tests/e2e/
 	go vet -tags images ./tests/e2e/images/
 	$(BUF) lint
@@ -100,6 +100,10 @@ build:
 test:
 	@[ -n "$$EGRESS_TEST_DATABASE_URL" ] || scripts/ensure-deps.sh
 	go test $(GO_TEST_FLAGS) $(MODULE)/...
+
+## bench-scale: the scale figures (orchestrator converge and steady CPU, lease selection and closed loop against pgbench, health CPU per probe), printed; see docs/benchmarks/scale.md. Never part of `make test`
+bench-scale:
+	scripts/bench-scale.sh
 
 ## test-e2e: every service as a real process over real PostgreSQL and NATS (needs squid or uses the built-in proxy)
 test-e2e:

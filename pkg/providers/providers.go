@@ -3,7 +3,7 @@
 //
 //	providers:
 //	  - name: pve-home          # what Proxy.spec.provider refers to
-//	    type: proxmox           # proxmox, kvm, gcp, kubernetes or local
+//	    type: proxmox           # proxmox, kvm, gcp, kubernetes, local or sim
 //	    proxmox: { ... }        # the backend block, keyed by the type
 //
 // The orchestrator and health need only names and types; each provisioner
@@ -25,7 +25,7 @@ import (
 )
 
 // Types are the backend types the suite knows.
-var Types = []string{"proxmox", "kvm", "gcp", "kubernetes", "local"}
+var Types = []string{"proxmox", "kvm", "gcp", "kubernetes", "local", "sim"}
 
 // Config is the parsed providers file.
 type Config struct {

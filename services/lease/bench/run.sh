@@ -19,6 +19,7 @@ CLIENTS=${CLIENTS:-200}
 GRPC_CONNS=${GRPC_CONNS:-4}  # the fleet's gRPC connections to the service
 RATES=${RATES:-1000 2000 2500 3000}
 REPEAT=${REPEAT:-3}          # runs per rate
+TRANSPORTS=${TRANSPORTS:-grpc rest} # the closed-loop runs
 # The service runs with the garbage collector setting the Helm chart
 # recommends for it (components.lease.env).
 export GOGC=${GOGC:-400}
@@ -67,7 +68,7 @@ load() {
 	start_service
 	"$work/lease-load" --grpc-addr 127.0.0.1:18110 --http-addr 127.0.0.1:18111 --conns "$GRPC_CONNS" \
 		--token-file "$work/tokens" --nats-url nats://127.0.0.1:14222 --database-url "$PGURL/$DB?sslmode=disable" \
-		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" "$@"
+		--proxies "$PROXIES" --clients "$CLIENTS" --duration "$DURATION" --ready-timeout "${READY_TIMEOUT:-60s}" "$@"
 }
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(psql "$PGURL/postgres" -Atc 'select version()' | cut -d, -f1)"
@@ -80,7 +81,7 @@ for rate in $RATES; do
 		load --transport grpc --rate "$rate"
 	done
 done
-for transport in grpc rest; do
+for transport in $TRANSPORTS; do
 	echo "== lease-load --transport $transport --proxies $PROXIES --clients $CLIENTS --duration $DURATION (closed loop, GOGC=$GOGC)"
 	load --transport "$transport"
 done

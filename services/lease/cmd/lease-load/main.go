@@ -58,6 +58,10 @@ type config struct {
 	rate                          float64
 	duration, warmup              time.Duration
 	seed                          bool
+	readyTimeout                  time.Duration
+	// readyIn is how long the service took to list every proxy after
+	// the pool was published.
+	readyIn time.Duration
 }
 
 func main() {
@@ -78,6 +82,7 @@ func main() {
 	fs.Float64Var(&c.rate, "rate", 0,
 		"loops per second for all clients together, evenly paced; 0: every client starts its next loop at once (closed loop, the most the service sustains)")
 	fs.DurationVar(&c.duration, "duration", 30*time.Second, "measured run time")
+	fs.DurationVar(&c.readyTimeout, "ready-timeout", time.Minute, "how long the service may take to list every proxy published")
 	fs.DurationVar(&c.warmup, "warmup", 3*time.Second, "unmeasured run time before it")
 	fs.BoolVar(&c.seed, "seed", true, "publish the pool before the run")
 	_ = fs.Parse(os.Args[1:])
@@ -143,22 +148,30 @@ func run(c config) error {
 	for i := range uids {
 		uids[i] = fmt.Sprintf("10ad0000-0000-4000-8000-%012d", i)
 	}
+	published := time.Now()
 	if c.seed {
 		if err := seed(ctx, c, uids); err != nil {
 			return err
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(c.readyTimeout)
+	// Each poll lists the whole pool: a large one is polled less often,
+	// so that the polling does not load what it waits for.
+	poll := 200 * time.Millisecond
+	if c.proxies > 10000 {
+		poll = 2 * time.Second
+	}
 	for {
 		n, err := cl.list(ctx)
 		if err == nil && n >= c.proxies {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the service lists %d proxies after 60s, want %d (last error: %v)", n, c.proxies, err)
+			return fmt.Errorf("the service lists %d proxies after %s, want %d (last error: %v)", n, c.readyTimeout, c.proxies, err)
 		}
-		time.Sleep(200 * time.Millisecond) // polling interval
+		time.Sleep(poll) // polling interval
 	}
+	c.readyIn = time.Since(published)
 
 	targets := make([]string, c.targets)
 	for i := range targets {
@@ -315,6 +328,7 @@ func run(c config) error {
 		"acquire_ms":              pct(latAcquire),
 		"report_ms":               pct(latReport),
 		"release_ms":              pct(latRelease),
+		"pool_listed_s":           c.readyIn.Seconds(),
 		"loop_ms":                 pct(latLoop),
 	}
 	if machine != nil {
@@ -451,7 +465,10 @@ func (g *grpcClient) release(ctx context.Context, id string) error {
 }
 
 func (g *grpcClient) list(ctx context.Context) (int, error) {
-	r, err := g.conn().ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}})
+	// ListProxies answers the whole pool in one message: past the
+	// default 4 MiB limit from some 20,000 proxies on.
+	r, err := g.conn().ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}},
+		grpc.MaxCallRecvMsgSize(1<<30))
 	return len(r.GetProxies()), err
 }
 

@@ -19,14 +19,22 @@ import (
 // commits against this PostgreSQL server. One iteration is one loop. With
 // cooldowns, that many cooldowns are in force on targets the callers do
 // not fetch (a ban wave elsewhere), which must not slow their acquires.
+// With proxies, the pool holds that many instead of 1,000: the selection's
+// cost must not grow with the pool (callers=200/rounds=1 at 1,000 against
+// proxies=100000 is that comparison).
 func BenchmarkLoop(b *testing.B) {
-	for _, bc := range []struct{ callers, rounds, cooldowns int }{
-		{1, 1, 0}, {200, 1, 0}, {200, 2, 0}, {200, 3, 0}, {200, 1, 5000},
+	for _, bc := range []struct{ callers, rounds, cooldowns, proxies int }{
+		{1, 1, 0, 0}, {200, 1, 0, 0}, {200, 2, 0, 0}, {200, 3, 0, 0}, {200, 1, 5000, 0}, {200, 1, 0, 100000},
 	} {
 		callers := bc.callers
 		name := fmt.Sprintf("callers=%d/rounds=%d", bc.callers, bc.rounds)
 		if bc.cooldowns > 0 {
 			name += fmt.Sprintf("/cooldowns=%d", bc.cooldowns)
+		}
+		size := 1000
+		if bc.proxies > 0 {
+			size = bc.proxies
+			name += fmt.Sprintf("/proxies=%d", bc.proxies)
 		}
 		b.Run(name, func(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -41,11 +49,11 @@ func BenchmarkLoop(b *testing.B) {
 				rounds.Add(1)
 				ops.Add(int64(n))
 			}})
-			pool := make([]store.ProxyState, 1000)
+			pool := make([]store.ProxyState, size)
 			for i := range pool {
 				uid := fmt.Sprintf("10ad0000-0000-4000-8000-%012d", i)
-				pool[i] = store.ProxyState{UID: uid, Name: fmt.Sprintf("p-%04d", i), Provider: "bench",
-					Host: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1), Port: 3128, ProviderID: "bench/" + uid, Ready: true, Healthy: true}
+				pool[i] = store.ProxyState{UID: uid, Name: fmt.Sprintf("p-%06d", i), Provider: "bench",
+					Host: fmt.Sprintf("10.%d.%d.%d", i/62500, i/250%250, i%250+1), Port: 3128, ProviderID: "bench/" + uid, Ready: true, Healthy: true}
 			}
 			if _, _, err := st.ApplySnapshot(ctx, pool, 1); err != nil {
 				b.Fatal(err)
@@ -55,7 +63,7 @@ func BenchmarkLoop(b *testing.B) {
 				FROM lease.proxies, generate_series(1, $1::int / 1000) g`, bc.cooldowns); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := db.Exec(ctx, `ANALYZE lease.cooldowns`); err != nil { // as autovacuum soon would
+			if _, err := db.Exec(ctx, `ANALYZE lease.cooldowns, lease.proxies`); err != nil { // as autovacuum soon would
 				b.Fatal(err)
 			}
 			done := make(chan struct{})

@@ -3,10 +3,14 @@ package dispatch_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
@@ -25,8 +30,25 @@ import (
 //	go test -run '^$' -bench BenchmarkConverge -benchtime 1x ./services/orchestrator/internal/dispatch/
 //
 // It reports proxies/s (converged) and the create phase's own rate.
+// BENCH_CONVERGE_SIZES overrides the sizes ("10000 100000", as make
+// bench-scale runs it); BENCH_STEADY_SECONDS=S adds, once every proxy
+// runs, S seconds with nothing changing and reports the process's CPU in
+// them as a share of one core (steady-cpu-%: the orchestrator's replica
+// and API, with the in-process NATS server and the answering provisioner,
+// which are idle then).
 func BenchmarkConverge(b *testing.B) {
-	for _, n := range []int{1000, 10000} {
+	sizes := []int{1000, 10000}
+	if env := os.Getenv("BENCH_CONVERGE_SIZES"); env != "" {
+		sizes = sizes[:0]
+		for _, f := range strings.Fields(env) {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				b.Fatalf("BENCH_CONVERGE_SIZES: %q is not a positive count", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			for range b.N {
 				converge(b, n)
@@ -40,7 +62,16 @@ func converge(b *testing.B, n int) {
 	if os.Getenv("BENCH_ASYNC_COMMIT") != "" {
 		_, _ = h.Store.Pool().Exec(context.Background(), "ALTER DATABASE "+strings.TrimPrefix(must(url.Parse(h.DSN)).Path, "/")+" SET synchronous_commit = off")
 	}
-	h.StartCloud("fake")
+	// The backend: the answering Cloud in this process, or with
+	// BENCH_CONVERGE_BACKEND=sim the fleet simulator's provisioner and farm
+	// as processes of their own (services/provisioner-sim), every proxy a
+	// real loopback proxy on the farm's shared port.
+	port := uint32(0)
+	if os.Getenv("BENCH_CONVERGE_BACKEND") == "sim" {
+		port = startSim(b, h)
+	} else {
+		h.StartCloud("fake")
+	}
 	h.StartReplica()
 
 	srv := grpc.NewServer()
@@ -57,7 +88,11 @@ func converge(b *testing.B, n int) {
 		go func() {
 			defer wg.Done()
 			for name := range names {
-				if _, err := client.CreateProxy(ctx, orchtest.Managed(name)); err != nil {
+				req := orchtest.Managed(name)
+				if port != 0 {
+					req.Spec.Port = port
+				}
+				if _, err := client.CreateProxy(ctx, req); err != nil {
 					b.Error(err)
 				}
 			}
@@ -88,6 +123,44 @@ func converge(b *testing.B, n int) {
 	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")
 	b.ReportMetric(float64(n)/created.Seconds(), "creates/s")
 	b.ReportMetric(total.Seconds(), "s-to-converge")
+	if secs, _ := strconv.Atoi(os.Getenv("BENCH_STEADY_SECONDS")); secs > 0 {
+		c0, w0 := cpuTime(), time.Now()
+		t := time.NewTimer(time.Duration(secs) * time.Second)
+		<-t.C
+		b.ReportMetric(100*float64(cpuTime()-c0)/float64(time.Since(w0)), "steady-cpu-%")
+	}
+}
+
+// startSim runs a farm and one provisioner-sim replica (64 commands at
+// once) serving provider fake on h's NATS, and returns the farm's shared
+// port.
+func startSim(b *testing.B, h *orchtest.Harness) uint32 {
+	b.Helper()
+	l, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := uint32(l.Addr().(*net.TCPAddr).Port)
+	_ = l.Close()
+	bin := proctest.Build(b, "../../../provisioner-sim")
+	farm := proctest.Start(b, bin, []string{"farm", "--listen=127.0.0.1:0", fmt.Sprintf("--shared-port=%d", port)})
+	api, _ := farm.WaitLog(b, time.Minute, proctest.Msg("farm ready"))["api"].(string)
+	cfg := filepath.Join(b.TempDir(), "providers.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("providers:\n  - name: fake\n    type: sim\n    sim: {farm: %q}\n", api)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	p := proctest.Start(b, bin, []string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", "--auth-disabled",
+		"--providers-config=" + cfg, "--provider=fake", "--nats-url=" + h.NATS.URL(), "--nats-prefix=" + h.Names.Prefix,
+		"--max-concurrent=64"})
+	p.WaitLog(b, time.Minute, proctest.Msg("serving"))
+	return port
+}
+
+// cpuTime is the process's CPU (user and system) so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func must[T any](v T, err error) T {
