@@ -36,7 +36,7 @@ func TestKubernetesBackend(t *testing.T) {
 	bg := context.Background()
 	token := cp.ServiceAccountToken(t, ns, "provisioner")
 	if _, err := cp.Client.RbacV1().Roles(ns).Create(bg, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "provisioner"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list", "patch"}}}}, metav1.CreateOptions{}); err != nil {
+		Rules: kubetest.ProvisionerRules}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cp.Client.RbacV1().RoleBindings(ns).Create(bg, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "provisioner"},
