@@ -88,7 +88,7 @@ func (be *Backend) buildInsertRequest(req *provisionerv1.CreateInstanceRequest, 
 			},
 		}},
 		NetworkInterfaces: []*computepb.NetworkInterface{nic},
-		Metadata: &computepb.Metadata{Items: metadataItems(req)},
+		Metadata:          &computepb.Metadata{Items: metadataItems(req)},
 	}
 	if len(c.NetworkTags) > 0 {
 		inst.Tags = &computepb.Tags{Items: append([]string(nil), c.NetworkTags...)}
