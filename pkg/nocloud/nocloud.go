@@ -22,6 +22,7 @@ import (
 	"strings"
 
 	"github.com/kdomanski/iso9660"
+	"go.yaml.in/yaml/v3"
 )
 
 // Label is the volume label cloud-init's NoCloud datasource looks for.
@@ -237,4 +238,22 @@ func ReadSeedISO(image []byte) (label string, files map[string][]byte, err error
 		files[c.Name()] = b.Bytes()
 	}
 	return label, files, nil
+}
+
+// SeedCredentials reads the proxy's credentials back from a seed image:
+// the values of MetaKeyProxyUser and MetaKeyProxyPassword in its
+// meta-data, as cloud-init's YAML reading sees them ("" when absent).
+// Tests use it to check what a VM would receive.
+func SeedCredentials(image []byte) (user, password string, err error) {
+	_, files, err := ReadSeedISO(image)
+	if err != nil {
+		return "", "", err
+	}
+	var md map[string]any
+	if err := yaml.Unmarshal(files["meta-data"], &md); err != nil {
+		return "", "", fmt.Errorf("nocloud: meta-data is not YAML: %w", err)
+	}
+	user, _ = md[MetaKeyProxyUser].(string)
+	password, _ = md[MetaKeyProxyPassword].(string)
+	return user, password, nil
 }
