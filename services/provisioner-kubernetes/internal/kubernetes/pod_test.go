@@ -2,6 +2,9 @@ package kubernetes
 
 import (
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -223,5 +226,35 @@ func TestSquidConfAuth(t *testing.T) {
 	}
 	if _, err := (Config{Namespace: "p", AuthHelper: "basic_ncsa_auth"}).WithDefaults().compile(); err == nil || !strings.Contains(err.Error(), "authHelper") {
 		t.Errorf("a relative authHelper: %v", err)
+	}
+}
+
+// The generated squid.conf, with and without credentials, is one Debian's
+// squid (the package DefaultImage is built from) parses without an error.
+func TestSquidParsesTheConf(t *testing.T) {
+	t.Parallel()
+	bin, err := exec.LookPath("squid")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/squid"); serr != nil {
+			t.Skip("squid is not installed (apt-get install squid; scripts/ensure-deps.sh installs it)")
+		}
+		bin = "/usr/sbin/squid"
+	}
+	allowed := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	for name, helper := range map[string]string{"open": "", "auth": DefaultAuthHelper} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			conf := filepath.Join(t.TempDir(), "squid.conf")
+			if err := os.WriteFile(conf, []byte(squidConf(3128, 4096, allowed, "proxy-x", helper)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(bin, "-k", "parse", "-f", conf).CombinedOutput()
+			if err != nil || strings.Contains(string(out), "ERROR") || strings.Contains(string(out), "FATAL") {
+				t.Errorf("squid -k parse: %v\n%s", err, out)
+			}
+			if helper != "" && !strings.Contains(string(out), "Processing: http_access allow clients authenticated") {
+				t.Errorf("squid did not read the auth rule:\n%s", out)
+			}
+		})
 	}
 }
