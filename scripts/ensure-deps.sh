@@ -8,7 +8,8 @@
 # with python3-scrapy and python3-pytest for the crawler clients' tests
 # (clients/python, run by make test-e2e), and Chromium, Node.js and npm for
 # the web console's browser test (tests/e2e/console, run by make test-e2e;
-# make run needs neither). Idempotent.
+# make run needs neither), and python3-jinja2 with python3-yaml for the
+# test that renders the documented cloud-init templates. Idempotent.
 set -euo pipefail
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -61,6 +62,12 @@ if ! command -v squid >/dev/null && [ ! -x /usr/sbin/squid ]; then
 	# Debian's package may start the system daemon where an init system
 	# runs; the tests never use it.
 	if command -v service >/dev/null; then service squid stop >/dev/null 2>&1 || true; fi
+fi
+# pkg/nocloud renders the docs' cloud-init templates as cloud-init does,
+# with Debian's jinja2 and PyYAML.
+if ! /usr/bin/python3 -c 'import jinja2, yaml' >/dev/null 2>&1; then
+	echo "ensure-deps: installing python3-jinja2 and python3-yaml (the documented cloud-init templates' test)"
+	apt_install python3 python3-jinja2 python3-yaml
 fi
 if ! /usr/bin/python3 -c 'import scrapy, pytest' >/dev/null 2>&1; then
 	echo "ensure-deps: installing python3-scrapy and python3-pytest (the Python client's tests)"

@@ -416,8 +416,11 @@ func (cp *ControlPlane) ServiceAccountToken(t testing.TB, namespace, name string
 }
 
 // ProvisionerRules are what the chart's Role grants provisioner-kubernetes
-// in its namespace.
-var ProvisionerRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list", "patch"}}}
+// in its namespace: its proxies' pods, and their credentials Secrets.
+var ProvisionerRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list", "patch"}},
+	{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create", "get", "update", "delete"}},
+}
 
 // Account makes the ServiceAccount namespace/name, bound to a Role of the
 // same name holding rules (nil: no Role, no rights), and returns a

@@ -4,7 +4,8 @@
 // CD-ROM; cloud-init's NoCloud datasource finds it by its label.
 //
 // user-data is the proxy's cloud-init byte for byte: it is never parsed or
-// re-rendered. vendor-data carries the guest-agent install script (a shell
+// re-rendered. meta-data carries the instance id, the hostname and, when
+// the proxy has credentials, MetaKeyProxyUser and MetaKeyProxyPassword. vendor-data carries the guest-agent install script (a shell
 // script, so a proxy's own packages: cannot shadow it) and, when both are
 // set, the operator's extra vendor-data joined with it as a MIME multipart.
 //
@@ -21,6 +22,7 @@ import (
 	"strings"
 
 	"github.com/kdomanski/iso9660"
+	"go.yaml.in/yaml/v3"
 )
 
 // Label is the volume label cloud-init's NoCloud datasource looks for.
@@ -40,7 +42,22 @@ type Seed struct {
 	// VendorData is extra vendor-data (any cloud-init format). With
 	// InstallGuestAgent it becomes the second part of a MIME multipart.
 	VendorData []byte
+	// ProxyUser and ProxyPassword are the proxy's credentials, which its
+	// Squid must demand; empty: it has none. They become meta-data's
+	// MetaKeyProxyUser and MetaKeyProxyPassword. Secret: never logged.
+	ProxyUser, ProxyPassword string
 }
+
+// The meta-data keys of a proxy's credentials, which the proxy's
+// cloud-init reads: in a `## template: jinja` user-data as
+// {{ ds.meta_data.egress_proxy_user }} and
+// {{ ds.meta_data.egress_proxy_password }}. The GCE backend uses the same
+// names for its instance metadata keys. Absent when the proxy has no
+// credentials.
+const (
+	MetaKeyProxyUser     = "egress_proxy_user"
+	MetaKeyProxyPassword = "egress_proxy_password"
+)
 
 // GuestAgentScript installs and starts qemu-guest-agent with whatever
 // package manager and init system the guest has. It is idempotent: a guest
@@ -74,9 +91,38 @@ elif command -v rc-service >/dev/null 2>&1; then
 fi
 `
 
-// MetaData renders the meta-data document.
-func MetaData(instanceID, hostname string) []byte {
-	return fmt.Appendf(nil, "instance-id: %s\nlocal-hostname: %s\n", instanceID, hostname)
+// MetaData renders the meta-data document of s: instance-id,
+// local-hostname and, when s has credentials, MetaKeyProxyUser and
+// MetaKeyProxyPassword as YAML double-quoted strings (every character
+// other than a printable ASCII one, '"' and '\\' escaped), so that any
+// value reads back as itself.
+func MetaData(s Seed) []byte {
+	out := fmt.Appendf(nil, "instance-id: %s\nlocal-hostname: %s\n", s.InstanceID, s.Hostname)
+	if s.ProxyUser != "" || s.ProxyPassword != "" {
+		out = fmt.Appendf(out, "%s: %s\n%s: %s\n", MetaKeyProxyUser, yamlQuote(s.ProxyUser), MetaKeyProxyPassword, yamlQuote(s.ProxyPassword))
+	}
+	return out
+}
+
+// yamlQuote is v as a YAML double-quoted scalar.
+func yamlQuote(v string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range v {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r >= 0x20 && r < 0x7f:
+			b.WriteRune(r)
+		case r <= 0xffff:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		default:
+			fmt.Fprintf(&b, "\\U%08x", r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // VendorData renders the vendor-data document, or nil when there is none:
@@ -141,7 +187,7 @@ func BuildSeedISO(s Seed) ([]byte, error) {
 		data []byte
 	}{
 		{"user-data", s.UserData},
-		{"meta-data", MetaData(s.InstanceID, s.Hostname)},
+		{"meta-data", MetaData(s)},
 	}
 	if vendor != nil {
 		files = append(files, struct {
@@ -192,4 +238,22 @@ func ReadSeedISO(image []byte) (label string, files map[string][]byte, err error
 		files[c.Name()] = b.Bytes()
 	}
 	return label, files, nil
+}
+
+// SeedCredentials reads the proxy's credentials back from a seed image:
+// the values of MetaKeyProxyUser and MetaKeyProxyPassword in its
+// meta-data, as cloud-init's YAML reading sees them ("" when absent).
+// Tests use it to check what a VM would receive.
+func SeedCredentials(image []byte) (user, password string, err error) {
+	_, files, err := ReadSeedISO(image)
+	if err != nil {
+		return "", "", err
+	}
+	var md map[string]any
+	if err := yaml.Unmarshal(files["meta-data"], &md); err != nil {
+		return "", "", fmt.Errorf("nocloud: meta-data is not YAML: %w", err)
+	}
+	user, _ = md[MetaKeyProxyUser].(string)
+	password, _ = md[MetaKeyProxyPassword].(string)
+	return user, password, nil
 }

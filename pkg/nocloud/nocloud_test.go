@@ -7,6 +7,8 @@ import (
 	"net/mail"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 func TestBuildSeedISOReadsBack(t *testing.T) {
@@ -120,4 +122,35 @@ func readMultipart(t *testing.T, v []byte) []part {
 		out = append(out, part{ct, b.String()})
 	}
 	return out
+}
+
+// A proxy's credentials are meta-data keys that read back as themselves,
+// whatever characters the password has; without credentials the keys are
+// absent.
+func TestMetaDataCredentials(t *testing.T) {
+	t.Parallel()
+	for _, pass := range []string{"Zq9-xY_0aBcDeFgHiJkLmNoPqRsTuVwX", `a"b\c#{{ x }}'%-: ~!`, "-leading", "null", "123"} {
+		img, err := BuildSeedISO(Seed{InstanceID: "proxy-abc", Hostname: "proxy-abc", ProxyUser: "egress-0a1b2c3d4e5f", ProxyPassword: pass})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, files, err := ReadSeedISO(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var md map[string]any
+		if err := yaml.Unmarshal(files["meta-data"], &md); err != nil {
+			t.Fatalf("meta-data %q is not YAML: %v", files["meta-data"], err)
+		}
+		if md["instance-id"] != "proxy-abc" || md[MetaKeyProxyUser] != "egress-0a1b2c3d4e5f" || md[MetaKeyProxyPassword] != pass {
+			t.Errorf("meta-data %q reads back as %v", files["meta-data"], md)
+		}
+	}
+	if got := string(MetaData(Seed{InstanceID: "i", Hostname: "h"})); got != "instance-id: i\nlocal-hostname: h\n" {
+		t.Errorf("meta-data without credentials = %q", got)
+	}
+	want := "instance-id: i\nlocal-hostname: h\negress_proxy_user: \"u\"\negress_proxy_password: \"p\\\"q\"\n"
+	if got := string(MetaData(Seed{InstanceID: "i", Hostname: "h", ProxyUser: "u", ProxyPassword: `p"q`})); got != want {
+		t.Errorf("meta-data = %q, want %q", got, want)
+	}
 }

@@ -42,3 +42,43 @@ func TestRemoveStaleSegments(t *testing.T) {
 		t.Errorf("another name's segment went: %v", err)
 	}
 }
+
+func TestHTPasswd(t *testing.T) {
+	t.Parallel()
+	const pass = "s3cret-Pass_word"
+	file, err := HTPasswd("egress-0a1b2c3d4e5f", pass)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(file), pass) || !strings.HasPrefix(string(file), "egress-0a1b2c3d4e5f:$2a$") || !strings.HasSuffix(string(file), "\n") {
+		t.Errorf("htpasswd %q: want one line user:bcrypt-hash, never the password", file)
+	}
+	if !HTPasswdAdmits(file, "egress-0a1b2c3d4e5f", pass) {
+		t.Error("the file does not admit its own credentials")
+	}
+	for _, c := range [][2]string{{"egress-0a1b2c3d4e5f", pass + "x"}, {"other", pass}, {"egress-0a1b2c3d4e5f", ""}} {
+		if HTPasswdAdmits(file, c[0], c[1]) {
+			t.Errorf("the file admits %q", c)
+		}
+	}
+	if _, err := HTPasswd("a:b", pass); err == nil {
+		t.Error("a user name with ':' was accepted")
+	}
+	long := strings.Repeat("p", 73)
+	if _, err := HTPasswd("u", long); err == nil || strings.Contains(err.Error(), long) {
+		t.Errorf("a 73-byte password: %v", err)
+	}
+}
+
+func TestBasicAuth(t *testing.T) {
+	t.Parallel()
+	got := BasicAuth("/usr/lib/squid/basic_ncsa_auth", "/etc/egress-proxy-auth/htpasswd")
+	want := "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/egress-proxy-auth/htpasswd\n" +
+		"auth_param basic realm egress-proxies\n" +
+		"auth_param basic children 2 startup=1 idle=1\n" +
+		"auth_param basic credentialsttl 1 minute\n" +
+		"acl authenticated proxy_auth REQUIRED\n"
+	if got != want {
+		t.Errorf("BasicAuth =\n%s\nwant\n%s", got, want)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/provisionertest"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-gcp/internal/gcpfake"
 )
@@ -57,6 +59,20 @@ func TestConformance(t *testing.T) {
 		Type:      "gcp",
 		Backend:   func(*testing.T) string { return gcpBlock(srv.URL) },
 		Placement: placement(zone),
+		Credentials: func(_ *testing.T, uid string, c *proxyv1.ProxyCredentials) error {
+			in := fake.Instance(zone, "proxy-"+uid)
+			if in == nil {
+				return errors.New("no instance")
+			}
+			md := map[string]string{}
+			for _, it := range in.GetMetadata().GetItems() {
+				md[it.GetKey()] = it.GetValue()
+			}
+			if md[nocloud.MetaKeyProxyUser] != c.GetUsername() || md[nocloud.MetaKeyProxyPassword] != c.GetPassword() {
+				return fmt.Errorf("the instance metadata carries user %q and a password of %d characters, not the proxy's", md[nocloud.MetaKeyProxyUser], len(md[nocloud.MetaKeyProxyPassword]))
+			}
+			return nil
+		},
 		Observe: func(_ *testing.T, uid string) provisionertest.Observed {
 			var o provisionertest.Observed
 			for _, z := range []string{zone, zoneQuota} {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -16,8 +17,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kubetest"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/provisionertest"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-kubernetes/internal/kubernetes"
 )
@@ -59,6 +62,24 @@ func TestConformance(t *testing.T) {
 		Binary:  binary,
 		Type:    "kubernetes",
 		Backend: func(*testing.T) string { return kubeBlock(kubeconfig, ns) },
+		// The pod's Secret admits them, and its squid.conf demands them.
+		Credentials: func(t *testing.T, uid string, c *proxyv1.ProxyCredentials) error {
+			sec, err := cp.Client.CoreV1().Secrets(ns).Get(ctx, "proxy-"+uid, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !squid.HTPasswdAdmits(sec.Data[kubernetes.SecretKeyHTPasswd], c.GetUsername(), c.GetPassword()) {
+				return errors.New("the pod's Secret does not admit them")
+			}
+			pod, err := pods.Get(ctx, "proxy-"+uid, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(pod.Annotations[kubernetes.AnnotationSquidConf], "\nhttp_access allow clients "+squid.AuthACL+"\n") {
+				return errors.New("the pod's squid.conf does not demand credentials")
+			}
+			return nil
+		},
 		Observe: func(t *testing.T, uid string) provisionertest.Observed {
 			var o provisionertest.Observed
 			switch _, err := pods.Get(ctx, "proxy-"+uid, metav1.GetOptions{}); {

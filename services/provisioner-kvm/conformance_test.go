@@ -12,6 +12,7 @@ import (
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/libvirttest"
+	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/provisionertest"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
@@ -62,6 +63,21 @@ func TestConformance(t *testing.T) {
 		Type:      "kvm",
 		Backend:   func(*testing.T) string { return kvmBlock(env, env.SSHAddress) },
 		Placement: &proxyv1.Placement{MachineType: "small", Image: "tiny"},
+		Credentials: func(t *testing.T, uid string, c *proxyv1.ProxyCredentials) error {
+			path := strings.TrimSpace(virsh(t, "vol-path", "--pool", env.Pool, "proxy-"+uid+"-seed.iso"))
+			image, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			user, password, err := nocloud.SeedCredentials(image)
+			if err != nil {
+				return err
+			}
+			if user != c.GetUsername() || password != c.GetPassword() {
+				return fmt.Errorf("the seed's meta-data carries user %q and a password of %d characters, not the proxy's", user, len(password))
+			}
+			return nil
+		},
 		Observe: func(t *testing.T, uid string) provisionertest.Observed {
 			var o provisionertest.Observed
 			name := "proxy-" + uid

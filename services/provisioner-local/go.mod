@@ -7,7 +7,6 @@ require (
 	github.com/egress-proxies/egress-proxies/pkg/api v0.0.0
 	github.com/elazarl/goproxy v1.9.3
 	github.com/google/uuid v1.6.0
-	golang.org/x/crypto v0.59.0
 	google.golang.org/protobuf v1.36.12
 )
 
@@ -76,6 +75,7 @@ require (
 	go.uber.org/goleak v1.3.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/crypto v0.59.0 // indirect
 	golang.org/x/exp v0.0.0-20261113113407-e3970619a1a4 // indirect
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect

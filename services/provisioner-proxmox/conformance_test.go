@@ -9,6 +9,7 @@ import (
 	"time"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/provisionertest"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
 )
@@ -77,6 +78,9 @@ func TestConformance(t *testing.T) {
 		Type:      "proxmox",
 		Backend:   func(*testing.T) string { return p.block(p.URL) },
 		Placement: &proxyv1.Placement{MachineType: "small", Image: "debian-13"},
+		Credentials: func(_ *testing.T, uid string, c *proxyv1.ProxyCredentials) error {
+			return seedHolds(p.File(node, isoStorage, "iso/proxy-"+uid+"-seed.iso"), c)
+		},
 		Observe: func(_ *testing.T, uid string) provisionertest.Observed {
 			var o provisionertest.Observed
 			for _, vm := range p.VMs() {
@@ -133,4 +137,16 @@ func TestConformance(t *testing.T) {
 		},
 		Stalled: func(t *testing.T) string { return p.block("https://" + provisionertest.StalledAddress(t)) },
 	})
+}
+
+// seedHolds reports whether the seed image carries c in its meta-data.
+func seedHolds(image []byte, c *proxyv1.ProxyCredentials) error {
+	user, password, err := nocloud.SeedCredentials(image)
+	if err != nil {
+		return err
+	}
+	if user != c.GetUsername() || password != c.GetPassword() {
+		return fmt.Errorf("the seed's meta-data carries user %q and a password of %d characters, not the proxy's", user, len(password))
+	}
+	return nil
 }

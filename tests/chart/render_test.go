@@ -460,14 +460,15 @@ func TestSecretsMountedOnlyWhereNeeded(t *testing.T) {
 		want map[string][]string
 	}{
 		{"all-kinds.yaml", map[string][]string{
-			"Deployment/eg-orchestrator":        {"egress-auth", "egress-service-credentials", db},
-			"Deployment/eg-lease":               {"egress-auth", "egress-service-credentials", db},
-			"Deployment/eg-health":              {"egress-auth", "egress-service-credentials", db},
-			"Deployment/eg-provisioner-pve-a":   {"egress-auth", "pve-a-credentials"},
-			"Deployment/eg-provisioner-pve-b":   {"egress-auth", "pve-b-credentials"},
-			"Deployment/eg-provisioner-kvm-lab": {"egress-auth", "kvm-lab-ssh"},
-			"Deployment/eg-provisioner-gcp-eu":  {"egress-auth", "gcp-eu-service-account"},
-			"Deployment/eg-provisioner-local":   {"egress-auth"},
+			"Deployment/eg-orchestrator": {"egress-auth", "egress-service-credentials", db, "eg-cloud-init-keys"},
+			"Deployment/eg-lease":        {"egress-auth", "egress-service-credentials", db},
+			"Deployment/eg-health":       {"egress-auth", "egress-service-credentials", db},
+			// Provisioners fetch proxies' credentials with the service token.
+			"Deployment/eg-provisioner-pve-a":   {"egress-auth", "egress-service-credentials", "pve-a-credentials"},
+			"Deployment/eg-provisioner-pve-b":   {"egress-auth", "egress-service-credentials", "pve-b-credentials"},
+			"Deployment/eg-provisioner-kvm-lab": {"egress-auth", "egress-service-credentials", "kvm-lab-ssh"},
+			"Deployment/eg-provisioner-gcp-eu":  {"egress-auth", "egress-service-credentials", "gcp-eu-service-account"},
+			"Deployment/eg-provisioner-local":   {"egress-auth", "egress-service-credentials"},
 			"Job/eg-migrate-1":                  {db},
 			"Pod/eg-test-services":              {"egress-service-credentials/viewer-token"},
 			// The console calls with each user's token: only its session keys.
@@ -476,7 +477,7 @@ func TestSecretsMountedOnlyWhereNeeded(t *testing.T) {
 			"Deployment/eg-gateway": {"egress-auth", "egress-service-credentials"},
 		}},
 		{"auth-disabled.yaml", map[string][]string{
-			"Deployment/eg-orchestrator":      {db},
+			"Deployment/eg-orchestrator":      {db, "eg-cloud-init-keys"},
 			"Deployment/eg-lease":             {db},
 			"Deployment/eg-health":            {db},
 			"Deployment/eg-provisioner-local": nil,

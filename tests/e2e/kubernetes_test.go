@@ -18,6 +18,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/kubetest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
@@ -36,7 +37,7 @@ func TestKubernetesBackend(t *testing.T) {
 	bg := context.Background()
 	token := cp.ServiceAccountToken(t, ns, "provisioner")
 	if _, err := cp.Client.RbacV1().Roles(ns).Create(bg, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "provisioner"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "delete", "list", "patch"}}}}, metav1.CreateOptions{}); err != nil {
+		Rules: kubetest.ProvisionerRules}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cp.Client.RbacV1().RoleBindings(ns).Create(bg, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "provisioner"},
@@ -53,9 +54,12 @@ func TestKubernetesBackend(t *testing.T) {
       namespace: `+ns+`
       labels: {team: crawl}
 `)
-	servicetest.Start(t, "../../services/provisioner-kubernetes", append([]string{"--nats-url=" + s.nats.URL(),
-		"--providers-config=" + s.providers, "--provider=kube", "--replica-id=kube-1", "--log-level=debug"}, s.serving()...))
+	// The provisioner fetches each proxy's credentials from the
+	// orchestrator with the service token, as the chart runs it.
 	s.startOrchestrator()
+	prov, _ := servicetest.Start(t, "../../services/provisioner-kubernetes", append(append([]string{"--nats-url=" + s.nats.URL(),
+		"--providers-config=" + s.providers, "--provider=kube", "--replica-id=kube-1", "--log-level=debug",
+		"--orchestrator-addr=" + s.orchestrator.GRPC}, s.peer("orchestrator")...), s.serving()...))
 
 	// A pod of this installation that no proxy owns (an orphan, old
 	// enough), and a pod that is not ours.
@@ -97,6 +101,25 @@ func TestKubernetesBackend(t *testing.T) {
 		t.Errorf("the proxy's pod: labels %v annotations %v on %q", pod.Labels, pod.Annotations, pod.Spec.NodeName)
 	}
 
+	// The proxy's credentials, as the orchestrator holds them, are what
+	// the pod's Secret admits, and its squid.conf demands them.
+	creds, err := proxyv1.NewProxyServiceClient(s.conn(s.orchestrator.GRPC, serviceToken)).GetProxyCredentials(ctx(t, 10*time.Second),
+		&proxyv1.GetProxyCredentialsRequest{Uid: p.GetUid()})
+	if err != nil || creds.GetCredentials() == nil {
+		t.Fatalf("GetProxyCredentials: %v, %v", creds, err)
+	}
+	c0 := creds.GetCredentials()
+	sec, err := cp.Client.CoreV1().Secrets(ns).Get(bg, "proxy-"+p.GetUid(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the proxy's Secret: %v", err)
+	}
+	if !squid.HTPasswdAdmits(sec.Data["htpasswd"], c0.GetUsername(), c0.GetPassword()) || len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
+		t.Errorf("the proxy's Secret does not admit its credentials, or is not owned by its pod (%v)", sec.OwnerReferences)
+	}
+	if !strings.Contains(pod.Annotations["egress-proxies.dev/squid.conf"], "\nhttp_access allow clients authenticated\n") {
+		t.Errorf("the pod's squid.conf does not demand credentials:\n%s", pod.Annotations["egress-proxies.dev/squid.conf"])
+	}
+
 	waittest.For(t, time.Minute, "the orphan pod deleted by GC", func() bool {
 		_, err := cp.Client.CoreV1().Pods(ns).Get(bg, orphan, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
@@ -117,5 +140,11 @@ func TestKubernetesBackend(t *testing.T) {
 	})
 	if _, err := cp.Client.CoreV1().Pods(ns).Get(bg, "proxy-"+p.GetUid(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the proxy's pod after delete: %v", err)
+	}
+	if _, err := cp.Client.CoreV1().Secrets(ns).Get(bg, "proxy-"+p.GetUid(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the proxy's Secret after delete: %v", err)
+	}
+	if strings.Contains(prov.Output(), c0.GetPassword()) {
+		t.Error("the provisioner's debug log holds the proxy's password")
 	}
 }

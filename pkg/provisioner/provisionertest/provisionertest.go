@@ -90,6 +90,11 @@ type Tester struct {
 	Stalled func(t *testing.T) string
 	// Quota is a Create the backend refuses for want of quota.
 	Quota func(t *testing.T) Quota
+	// Credentials reports whether uid's instance received c by the
+	// backend's own means (a seed's meta-data, instance metadata, a
+	// Secret or htpasswd file that admits them): nil when it did, an
+	// error saying what the instance holds when it did not.
+	Credentials func(t *testing.T, uid string, c *proxyv1.ProxyCredentials) error
 }
 
 // Observed is what a backend holds for one proxy. Every entry names a
@@ -168,6 +173,8 @@ type Suite struct {
 	main *Provisioner
 	// secret is in every Create's cloud-init and must reach no log.
 	secret string
+	// password is the credentials row's, which must reach no log either.
+	password string
 
 	mu    sync.Mutex
 	procs []*Provisioner
@@ -196,6 +203,7 @@ var rows = []struct {
 	{"QuotaExceededIsReported", quota},
 	{"CheckAnswersAVerdict", checkVerdict},
 	{"CheckAnswersWithinAShortDeadline", checkShortDeadline},
+	{"CredentialsReachTheInstance", credentialsDelivered},
 }
 
 // TestAll runs the contract against tr's backend: the rows in parallel,
@@ -209,7 +217,7 @@ func TestAll(t *testing.T, tr Tester) {
 			t.Fatalf("provisionertest: the Tester lacks %s", need.what)
 		}
 	}
-	s := &Suite{tr: tr, secret: "conformance-secret-" + randomHex(8)}
+	s := &Suite{tr: tr, secret: "conformance-secret-" + randomHex(8), password: "conformance-password-" + randomHex(8)}
 	s.main = s.start(t, tr.Backend(t))
 	t.Run("rows", func(t *testing.T) {
 		for _, r := range rows {

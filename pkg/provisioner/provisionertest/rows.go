@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
@@ -411,8 +412,8 @@ func assertClass(t *testing.T, what string, err error, class errclass.Class) {
 	}
 }
 
-// noSecretInLogs: the cloud-init of every Create reached no provisioner's
-// log.
+// noSecretInLogs: the cloud-init of every Create, and the credentials
+// row's password, reached no provisioner's log.
 func noSecretInLogs(t *testing.T, s *Suite) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -420,5 +421,39 @@ func noSecretInLogs(t *testing.T, s *Suite) {
 		if strings.Contains(p.Output(), s.secret) {
 			t.Errorf("the cloud-init reached the log of provisioner %d", i)
 		}
+		if strings.Contains(p.Output(), s.password) {
+			t.Errorf("a proxy's password reached the log of provisioner %d", i)
+		}
+	}
+}
+
+// credentialsDelivered: a Create carrying the proxy's credentials (as the
+// runtime hands a backend those it fetched from the orchestrator) gives
+// them to the instance, and only them: the Tester finds those, and not
+// others of the same user.
+func credentialsDelivered(t *testing.T, s *Suite) {
+	if s.tr.Credentials == nil {
+		t.Skip("the Tester declares no Credentials")
+	}
+	uid := s.uid(t)
+	creds := &proxyv1.ProxyCredentials{Username: "egress-" + randomHex(6), Password: s.password}
+	ctx := ctxFor(t)
+	req := s.request(uid)
+	req.Credentials = creds
+	resp, err := s.main.Client.CreateInstance(ctx, req)
+	for err != nil && ctx.Err() == nil && errclass.Of(errclass.FromStatus(err)) == errclass.Transient {
+		time.Sleep(200 * time.Millisecond)
+		resp, err = s.main.Client.CreateInstance(ctx, req)
+	}
+	if err != nil {
+		t.Fatalf("Create %s with credentials: %v", uid, err)
+	}
+	assertLive(t, "Create", resp.GetInstance())
+	if err := s.tr.Credentials(t, uid, creds); err != nil {
+		t.Errorf("the instance did not receive the proxy's credentials: %v", err)
+	}
+	other := &proxyv1.ProxyCredentials{Username: creds.GetUsername(), Password: s.password + "-other"}
+	if err := s.tr.Credentials(t, uid, other); err == nil {
+		t.Errorf("the Tester finds other credentials on the instance too: its check proves nothing")
 	}
 }

@@ -193,9 +193,16 @@ func TestChartLifecycle(t *testing.T) {
 	up.Namespace = ns
 	up.Wait, up.WaitForJobs, up.Timeout = true, true, 5*time.Minute
 	mark := len(rec.snapshot())
+	keysBefore, err := cp.Client.CoreV1().Secrets(ns).Get(context.Background(), relName+"-cloud-init-keys", metav1.GetOptions{})
+	must(t, err)
 	rel, err = up.Run(relName, chrt, vals)
 	if err != nil {
 		t.Fatalf("helm upgrade: %v", err)
+	}
+	// The generated keyring survives the upgrade unchanged (lookup).
+	if keysAfter, err := cp.Client.CoreV1().Secrets(ns).Get(context.Background(), relName+"-cloud-init-keys", metav1.GetOptions{}); err != nil ||
+		string(keysAfter.Data["keys.yaml"]) != string(keysBefore.Data["keys.yaml"]) || len(keysBefore.Data["keys.yaml"]) == 0 {
+		t.Errorf("the generated keyring changed on upgrade (%v)", err)
 	}
 	t.Run("upgrade rolls the readers of the providers config", func(t *testing.T) {
 		checkDeploymentsAvailable(t, cp, minPods)
@@ -254,6 +261,11 @@ func TestChartLifecycle(t *testing.T) {
 			t.Fatalf("helm uninstall: %v", err)
 		}
 		checkNothingLeft(t, cp)
+		// Except the keyring: stored cloud-init and proxy credentials
+		// cannot be read without it.
+		if _, err := cp.Client.CoreV1().Secrets(ns).Get(context.Background(), relName+"-cloud-init-keys", metav1.GetOptions{}); err != nil {
+			t.Errorf("the generated keyring after uninstall: %v", err)
+		}
 	})
 }
 
@@ -294,9 +306,10 @@ func checkObjectsExist(t *testing.T, cp *controlPlane, manifest string) {
 	}
 	// all-kinds.yaml without the monitoring CRDs, which this cluster lacks
 	// (the test installs with them off: see allKindsValues).
-	// The Secret is the console's session key, which the chart makes.
+	// The Secrets are the console's session key and the cloud-init
+	// keyring, which the chart makes.
 	want := map[string]int{"ServiceAccount": 1, "ConfigMap": 2, "Service": 10, "Deployment": 10,
-		"HorizontalPodAutoscaler": 2, "PodDisruptionBudget": 9, "NetworkPolicy": 10, "Secret": 1}
+		"HorizontalPodAutoscaler": 2, "PodDisruptionBudget": 9, "NetworkPolicy": 10, "Secret": 2}
 	for k, n := range want {
 		if kinds[k] != n {
 			t.Errorf("%d %s objects in the cluster, want %d (all: %v)", kinds[k], k, n, kinds)
@@ -565,7 +578,14 @@ func TestKubernetesProvisionerInstall(t *testing.T) {
 		{"egress-proxies", "watch", "pods", false},
 		{"egress-proxies", "update", "pods", false},
 		{"egress-proxies", "create", "services", false},
-		{"egress-proxies", "get", "secrets", false},
+		// Each proxy's credentials Secret, read by name only.
+		{"egress-proxies", "create", "secrets", true},
+		{"egress-proxies", "get", "secrets", true},
+		{"egress-proxies", "update", "secrets", true},
+		{"egress-proxies", "delete", "secrets", true},
+		{"egress-proxies", "list", "secrets", false},
+		{"egress-proxies", "watch", "secrets", false},
+		{ns, "get", "secrets", false},
 		{ns, "create", "pods", false},
 		{ns, "list", "pods", false},
 		{"", "list", "pods", false},

@@ -20,15 +20,14 @@ gateway's ban rules).
 {{- $db := printf "%s\n- name: EGRESS_MIGRATE\n  value: \"false\"" (include "egress.databaseEnv" .) -}}
 {{- $out := list -}}
 {{- $orchEnv := printf "%s\n%s- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n" $db $authEnv -}}
-{{- if $v.cloudInit.keysSecret -}}
+{{- /* The keyring: cloudInit.keysSecret, or the one the chart generates (cloud-init-keys.yaml). */ -}}
 {{- $orchEnv = printf "%s- name: EGRESS_CLOUD_INIT_KEY_FILE\n  value: /etc/egress/cloud-init/keys.yaml\n" $orchEnv -}}
-{{- end -}}
 {{- /* The pool controller reads the providers' health from the health service. */ -}}
 {{- $orchEnv = printf "%s- name: EGRESS_HEALTH_ADDR\n  value: \"%s-health:%v\"\n" $orchEnv .Release.Name $v.health.grpcPort -}}
 {{- if not $v.auth.disabled -}}
 {{- $orchEnv = printf "%s- name: EGRESS_HEALTH_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $orchEnv -}}
 {{- end -}}
-{{- $out = append $out (dict "component" "orchestrator" "image" "orchestrator" "grpcPort" $v.orchestrator.grpcPort "httpPort" $v.orchestrator.httpPort "replicas" $v.orchestrator.replicas "autoscaling" dict "resources" $v.orchestrator.resources "env" $v.orchestrator.env "envBlock" $orchEnv "providers" true "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled) "cloudInitKeys" ($v.cloudInit.keysSecret | default "")) -}}
+{{- $out = append $out (dict "component" "orchestrator" "image" "orchestrator" "grpcPort" $v.orchestrator.grpcPort "httpPort" $v.orchestrator.httpPort "replicas" $v.orchestrator.replicas "autoscaling" dict "resources" $v.orchestrator.resources "env" $v.orchestrator.env "envBlock" $orchEnv "providers" true "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled) "cloudInitKeys" ($v.cloudInit.keysSecret | default (printf "%s-cloud-init-keys" .Release.Name))) -}}
 {{- $leaseEnv := printf "%s\n%s- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $db $authEnv .Release.Name $v.orchestrator.grpcPort -}}
 {{- if not $v.auth.disabled -}}
 {{- $leaseEnv = printf "%s- name: EGRESS_ORCHESTRATOR_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $leaseEnv -}}
@@ -66,10 +65,15 @@ gateway's ban rules).
 {{- end -}}
 {{- range $v.provisioners -}}
 {{- $env := printf "%s- name: EGRESS_PROVIDERS_CONFIG\n  value: /etc/egress/providers.yaml\n- name: EGRESS_PROVIDER\n  value: %s\n" $authEnv (.name | quote) -}}
+{{- /* Create fetches each proxy's credentials from the orchestrator with the service token. */ -}}
+{{- $env = printf "%s- name: EGRESS_ORCHESTRATOR_ADDR\n  value: \"%s-orchestrator:%v\"\n" $env $.Release.Name $v.orchestrator.grpcPort -}}
+{{- if not $v.auth.disabled -}}
+{{- $env = printf "%s- name: EGRESS_ORCHESTRATOR_TOKEN_FILE\n  value: /etc/egress/credentials/service-token\n" $env -}}
+{{- end -}}
 {{- if and (eq .type "gcp") .existingSecret -}}
 {{- $env = printf "%s- name: GOOGLE_APPLICATION_CREDENTIALS\n  value: /etc/egress/secrets/%s/credentials.json\n" $env .name -}}
 {{- end -}}
-{{- $out = append $out (dict "component" (include "egress.provisionerComponent" .) "provider" .name "type" .type "image" (printf "provisioner-%s" .type) "grpcPort" $v.provisionerPorts.grpc "httpPort" $v.provisionerPorts.http "replicas" (.replicas | default 1) "autoscaling" (.autoscaling | default dict) "resources" (.resources | default dict) "env" (.env | default dict) "envBlock" $env "providers" true "auth" (not $v.auth.disabled) "secret" (.existingSecret | default "")) -}}
+{{- $out = append $out (dict "component" (include "egress.provisionerComponent" .) "provider" .name "type" .type "image" (printf "provisioner-%s" .type) "grpcPort" $v.provisionerPorts.grpc "httpPort" $v.provisionerPorts.http "replicas" (.replicas | default 1) "autoscaling" (.autoscaling | default dict) "resources" (.resources | default dict) "env" (.env | default dict) "envBlock" $env "providers" true "auth" (not $v.auth.disabled) "credentials" (not $v.auth.disabled) "secret" (.existingSecret | default "")) -}}
 {{- end -}}
 {{- toJson (dict "items" $out) -}}
 {{- end -}}

@@ -16,6 +16,7 @@ import (
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
 )
 
@@ -87,10 +88,7 @@ func (be *Backend) buildInsertRequest(req *provisionerv1.CreateInstanceRequest, 
 			},
 		}},
 		NetworkInterfaces: []*computepb.NetworkInterface{nic},
-		Metadata: &computepb.Metadata{Items: []*computepb.Items{{
-			Key:   proto.String("user-data"),
-			Value: proto.String(req.GetCloudInit()),
-		}}},
+		Metadata:          &computepb.Metadata{Items: metadataItems(req)},
 	}
 	if len(c.NetworkTags) > 0 {
 		inst.Tags = &computepb.Tags{Items: append([]string(nil), c.NetworkTags...)}
@@ -313,4 +311,20 @@ func isAlreadyExists(err error) bool {
 		}
 	}
 	return len(gerr.Errors) == 0
+}
+
+// metadataItems are the instance's metadata: user-data (the proxy's
+// cloud-init, byte for byte) and, when the proxy has credentials, the
+// keys nocloud.MetaKeyProxyUser and nocloud.MetaKeyProxyPassword, the
+// names the NoCloud backends use in meta-data, which the proxy's
+// cloud-init reads from the metadata server. Secret: wire logs redact
+// every one of them.
+func metadataItems(req *provisionerv1.CreateInstanceRequest) []*computepb.Items {
+	items := []*computepb.Items{{Key: proto.String("user-data"), Value: proto.String(req.GetCloudInit())}}
+	if c := req.GetCredentials(); c != nil {
+		items = append(items,
+			&computepb.Items{Key: proto.String(nocloud.MetaKeyProxyUser), Value: proto.String(c.GetUsername())},
+			&computepb.Items{Key: proto.String(nocloud.MetaKeyProxyPassword), Value: proto.String(c.GetPassword())})
+	}
+	return items
 }

@@ -2,6 +2,7 @@ package gcp
 
 import (
 	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 )
 
@@ -328,5 +330,38 @@ func TestCreateRefusesBadPlacement(t *testing.T) {
 	}
 	if n := len(e.fake.Requests()); n != 0 {
 		t.Errorf("%d requests for refused creates, want none", n)
+	}
+}
+
+// A proxy's credentials are instance metadata keys named as the NoCloud
+// backends' meta-data keys, next to user-data; the wire log, even with
+// payloads, shows neither.
+func TestCreateDeliversCredentials(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil, func(o *Options) { o.WirePayloads = true })
+	const uid = "0b6f1c2e-7d4a-4f5e-9c3b-2a1d0e9f8c7c"
+	req := createReq(uid, zoneA)
+	req.Credentials = &proxyv1.ProxyCredentials{Username: "egress-0a1b2c3d4e5f", Password: "Zq9-xY_0aBcDeFgHiJkLmNoPqRsTuVwX"}
+	if _, err := e.be.Create(ctxT(t), req); err != nil {
+		t.Fatal(err)
+	}
+	in := e.fake.Instance(zoneA, "proxy-"+uid)
+	if in == nil {
+		t.Fatal("the fake holds no instance")
+	}
+	got := map[string]string{}
+	for _, it := range in.GetMetadata().GetItems() {
+		got[it.GetKey()] = it.GetValue()
+	}
+	want := map[string]string{"user-data": cloudInit, "egress_proxy_user": "egress-0a1b2c3d4e5f", "egress_proxy_password": "Zq9-xY_0aBcDeFgHiJkLmNoPqRsTuVwX"}
+	if !maps.Equal(got, want) {
+		t.Errorf("instance metadata %v, want %v", got, want)
+	}
+	if _, err := e.be.Get(ctxT(t), &provisionerv1.GetInstanceRequest{ProviderId: "zones/" + zoneA + "/instances/proxy-" + uid, ProxyUid: uid}); err != nil {
+		t.Fatal(err)
+	}
+	logs := e.logs.String()
+	if strings.Contains(logs, req.Credentials.Password) || strings.Contains(logs, req.Credentials.Username) || !strings.Contains(logs, `"requestBody"`) {
+		t.Errorf("the wire log shows the credentials, or no body (the check would prove nothing):\n%s", logs)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
 )
 
 // wire is the HTTP transport under the Compute client. It adds what the
@@ -94,12 +96,16 @@ func redactedBody(body []byte) string {
 	return string(out)
 }
 
-// redact replaces the value of every {"key":"user-data","value":…} item,
-// wherever it sits (an insert body, an instance, a list page).
+// secretMetadata are the metadata keys whose values are secret.
+var secretMetadata = map[string]bool{"user-data": true, nocloud.MetaKeyProxyUser: true, nocloud.MetaKeyProxyPassword: true}
+
+// redact replaces the value of every {"key":K,"value":…} item of a secret
+// metadata key K (user-data, the proxy's credentials), wherever it sits
+// (an insert body, an instance, a list page).
 func redact(v any) {
 	switch t := v.(type) {
 	case map[string]any:
-		if k, _ := t["key"].(string); k == "user-data" {
+		if k, _ := t["key"].(string); secretMetadata[k] {
 			if s, ok := t["value"].(string); ok {
 				t["value"] = fmt.Sprintf("[redacted %d bytes]", len(s))
 			}

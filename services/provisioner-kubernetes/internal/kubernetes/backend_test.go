@@ -24,6 +24,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/logtest"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 )
 
 var metav1Now = metav1.NewTime(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
@@ -421,4 +422,50 @@ func TestMissingKubeconfig(t *testing.T) {
 	if got[0].GetReason() != provisioner.ReasonConfigUnavailable {
 		t.Errorf("check = %v", got)
 	}
+}
+
+// A proxy with credentials gets a Secret of its pod's name holding only
+// the htpasswd line; Delete removes it; nothing logs the password.
+func TestCreateWithCredentials(t *testing.T) {
+	t.Parallel()
+	logs := &logtest.Buffer{}
+	cs := fake.NewClientset()
+	b, err := New("k8s", Config{Namespace: "proxies"}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Options{Client: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := createReq(uidA)
+	req.Credentials = &proxyv1.ProxyCredentials{Username: "egress-00aa11bb22cc", Password: "hunter2-Pass-word_xyz"}
+	in, err := b.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, err := cs.CoreV1().Secrets("proxies").Get(ctx, "proxy-"+uidA, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sec.Labels[LabelProxyUID] != uidA || sec.OwnerReferences[0].Name != "proxy-"+uidA || len(sec.Data) != 1 ||
+		!squidAdmits(sec.Data[SecretKeyHTPasswd], req.Credentials) {
+		t.Errorf("secret %+v", sec.ObjectMeta)
+	}
+	if deleted, err := b.Delete(ctx, &provisionerv1.DeleteInstanceRequest{ProviderId: in.GetProviderId(), ProxyUid: uidA}); err != nil || !deleted {
+		t.Fatalf("delete = %v, %v", deleted, err)
+	}
+	if _, err := cs.CoreV1().Secrets("proxies").Get(ctx, "proxy-"+uidA, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("secret after Delete: %v", err)
+	}
+	if strings.Contains(logs.String(), "hunter2") || strings.Contains(logs.String(), "$2a$") || !strings.Contains(logs.String(), "kubernetes secret deleted") {
+		t.Errorf("log:\n%s", logs.String())
+	}
+	// A password bcrypt cannot take is Permanent and not shown.
+	req.Credentials.Password = strings.Repeat("x", 80)
+	req.ProxyUid = "other"
+	if _, err := b.Create(ctx, req); !errclass.Is(err, errclass.Permanent) || strings.Contains(err.Error(), req.Credentials.Password) {
+		t.Errorf("an 80-byte password: %v", err)
+	}
+}
+
+func squidAdmits(file []byte, c *proxyv1.ProxyCredentials) bool {
+	return squid.HTPasswdAdmits(file, c.GetUsername(), c.GetPassword())
 }

@@ -46,6 +46,9 @@ type Config struct {
 	// MaxFileDescriptors caps Squid's descriptor table, and with it the
 	// memory Squid reserves at start (DefaultMaxFileDescriptors).
 	MaxFileDescriptors int `yaml:"maxFileDescriptors"`
+	// AuthHelper is Squid's basic_ncsa_auth in the image
+	// (DefaultAuthHelper): the proxies with credentials check them with it.
+	AuthHelper string `yaml:"authHelper"`
 	// AllowedClients are the source networks Squid serves (CIDRs;
 	// DefaultAllowedClients when empty). Everyone else is denied.
 	AllowedClients []string `yaml:"allowedClients"`
@@ -86,10 +89,13 @@ const (
 	// DefaultImage is Ubuntu's Squid image.
 	DefaultImage              = "ubuntu/squid:6.6-24.04_edge"
 	DefaultMaxFileDescriptors = 4096
-	DefaultListPageSize       = 500
-	DefaultRequestTimeout     = 30 * time.Second
-	DefaultRegionLabel        = corev1.LabelTopologyRegion
-	DefaultZoneLabel          = corev1.LabelTopologyZone
+	// DefaultAuthHelper is where Debian's and Ubuntu's squid packages
+	// (and so DefaultImage) install basic_ncsa_auth.
+	DefaultAuthHelper     = "/usr/lib/squid/basic_ncsa_auth"
+	DefaultListPageSize   = 500
+	DefaultRequestTimeout = 30 * time.Second
+	DefaultRegionLabel    = corev1.LabelTopologyRegion
+	DefaultZoneLabel      = corev1.LabelTopologyZone
 )
 
 // DefaultAllowedClients are the private and loopback ranges: a proxy on a
@@ -137,6 +143,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if len(c.AllowedClients) == 0 {
 		c.AllowedClients = DefaultAllowedClients
+	}
+	if c.AuthHelper == "" {
+		c.AuthHelper = DefaultAuthHelper
 	}
 	if c.RegionLabel == "" {
 		c.RegionLabel = DefaultRegionLabel
@@ -199,6 +208,9 @@ func (c Config) compile() (*settings, error) {
 	}
 	if c.MaxFileDescriptors < 64 || c.MaxFileDescriptors > 1<<20 {
 		add("maxFileDescriptors %d: want 64 to 1048576", c.MaxFileDescriptors)
+	}
+	if !strings.HasPrefix(c.AuthHelper, "/") || strings.ContainsAny(c.AuthHelper, " \t\n\r\"'#") {
+		add("authHelper %q: want the absolute path of basic_ncsa_auth in the image, without spaces or quotes", c.AuthHelper)
 	}
 	for i, a := range c.AllowedClients {
 		p, err := netip.ParsePrefix(a)

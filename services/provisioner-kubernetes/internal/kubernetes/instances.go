@@ -12,8 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/provisioner/crashpoint"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 )
 
 // Create creates the proxy's pod, or adopts the one an earlier attempt
@@ -41,14 +43,21 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 	if port == 0 {
 		port = DefaultPort
 	}
+	var htpasswd []byte
+	if c := req.GetCredentials(); c != nil {
+		if htpasswd, err = squid.HTPasswd(c.GetUsername(), c.GetPassword()); err != nil {
+			return nil, errclass.New(errclass.Permanent, "%s", err.Error())
+		}
+	}
 	cs, err := b.clientset()
 	if err != nil {
 		return nil, err
 	}
-	pod := b.s.buildPod(podInput{
+	in := podInput{
 		provider: b.name, installation: req.GetInstallation(), uid: req.GetProxyUid(), proxyName: req.GetProxyName(), specHash: req.GetSpecHash(),
-		port: port, now: b.now(), sched: sched, image: image, resources: res,
-	}, name)
+		port: port, now: b.now(), sched: sched, image: image, resources: res, auth: htpasswd != nil,
+	}
+	pod := b.s.buildPod(in, name)
 	pods := cs.CoreV1().Pods(b.s.cfg.Namespace)
 	cctx, cancel := b.call(ctx)
 	created, err := pods.Create(cctx, pod, metav1.CreateOptions{FieldManager: fieldManager})
@@ -57,6 +66,9 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 	case err == nil:
 		b.log.DebugContext(ctx, "kubernetes pod created", "pod", name)
 		crashpoint.After(ctx, "kubernetes.created")
+		if err := b.ensureSecret(ctx, in, created, req.GetCredentials(), htpasswd); err != nil {
+			return nil, err
+		}
 		return b.toInstance(created), nil
 	case apierrors.IsAlreadyExists(err):
 	default:
@@ -80,7 +92,146 @@ func (b *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 	if existing, err = b.claim(ctx, existing, req.GetInstallation()); err != nil {
 		return nil, err
 	}
+	if htpasswd != nil && !mountsSecret(existing) {
+		b.log.WarnContext(ctx, "WARNING: the adopted pod was made without credentials and serves without them until it is replaced (rotate the proxy's credentials to replace it)",
+			"pod", name, "proxy_name", req.GetProxyName())
+	}
+	if err := b.ensureSecret(ctx, in, existing, req.GetCredentials(), htpasswd); err != nil {
+		return nil, err
+	}
 	return b.toInstance(existing), nil
+}
+
+// mountsSecret reports whether pod mounts its credentials Secret.
+func mountsSecret(pod *corev1.Pod) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == pod.Name {
+			return true
+		}
+	}
+	return false
+}
+
+// secretOurs reports whether sec carries the mark of in's proxy.
+func secretOurs(sec *corev1.Secret, in podInput) bool {
+	if sec.Labels[LabelManagedBy] != ManagedByValue || sec.Labels[LabelProvider] != in.provider || sec.Annotations[AnnotationUID] != in.uid {
+		return false
+	}
+	ins := sec.Labels[LabelInstallation]
+	return ins == "" || ins == in.installation
+}
+
+// ownedBy reports whether pod owns sec.
+func ownedBy(sec *corev1.Secret, pod *corev1.Pod) bool {
+	for _, o := range sec.OwnerReferences {
+		if o.Kind == "Pod" && o.UID == pod.UID {
+			return true
+		}
+	}
+	return false
+}
+
+// ensureSecret makes pod's credentials Secret hold htpasswd (nil: the
+// proxy has none, and there is nothing to make). A Secret of that name
+// that another pod of the proxy owned (a former instance whose Secret the
+// garbage collector has not removed yet) is replaced, never reused: the
+// collector may still delete it. One this pod owns is updated when it
+// does not admit c. Errors and logs name the Secret, never its content.
+func (b *Backend) ensureSecret(ctx context.Context, in podInput, pod *corev1.Pod, c *proxyv1.ProxyCredentials, htpasswd []byte) error {
+	if htpasswd == nil {
+		return nil
+	}
+	cs, err := b.clientset()
+	if err != nil {
+		return err
+	}
+	secrets := cs.CoreV1().Secrets(b.s.cfg.Namespace)
+	want := b.s.buildSecret(in, pod, htpasswd)
+	for attempt := 0; ; attempt++ {
+		cctx, cancel := b.call(ctx)
+		_, err := secrets.Create(cctx, want, metav1.CreateOptions{FieldManager: fieldManager})
+		cancel()
+		if err == nil {
+			b.log.DebugContext(ctx, "kubernetes secret created", "secret", want.Name)
+			return nil
+		}
+		if !apierrors.IsAlreadyExists(err) || attempt > 0 {
+			return b.classify(err, "create", "secrets")
+		}
+		cctx, cancel = b.call(ctx)
+		have, err := secrets.Get(cctx, want.Name, metav1.GetOptions{})
+		cancel()
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return b.classify(err, "get", "secrets")
+		}
+		if !secretOurs(have, in) {
+			return errclass.New(errclass.Permanent, "secret %s/%s already exists and is not this proxy's; delete or rename it",
+				b.s.cfg.Namespace, want.Name).WithMetadata("namespace", b.s.cfg.Namespace, "secret", want.Name)
+		}
+		if !ownedBy(have, pod) {
+			uid := have.UID
+			cctx, cancel = b.call(ctx)
+			err := secrets.Delete(cctx, have.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+			cancel()
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return b.classify(err, "delete", "secrets")
+			}
+			b.log.DebugContext(ctx, "kubernetes secret of a former pod replaced", "secret", want.Name)
+			continue
+		}
+		if squid.HTPasswdAdmits(have.Data[SecretKeyHTPasswd], c.GetUsername(), c.GetPassword()) {
+			return nil
+		}
+		have.Data = want.Data
+		cctx, cancel = b.call(ctx)
+		_, err = secrets.Update(cctx, have, metav1.UpdateOptions{FieldManager: fieldManager})
+		cancel()
+		if err != nil {
+			return notFoundAsTransient(b.classify(err, "update", "secrets"))
+		}
+		b.log.DebugContext(ctx, "kubernetes secret updated", "secret", want.Name)
+		return nil
+	}
+}
+
+// deleteSecret deletes the credentials Secret of the proxy uid's pod
+// name, when it is that proxy's. A failure is logged, not returned: the
+// Secret is owned by its pod, so the cluster's garbage collector removes
+// it anyway once the pod is gone.
+func (b *Backend) deleteSecret(ctx context.Context, name, uid, installation string) {
+	cs, err := b.clientset()
+	if err != nil {
+		return
+	}
+	secrets := cs.CoreV1().Secrets(b.s.cfg.Namespace)
+	cctx, cancel := b.call(ctx)
+	have, err := secrets.Get(cctx, name, metav1.GetOptions{})
+	cancel()
+	switch {
+	case apierrors.IsNotFound(err):
+		return
+	case err != nil:
+		b.log.WarnContext(ctx, "WARNING: the proxy's credentials secret could not be read; the garbage collector removes it with its pod", "secret", name, "error", b.classify(err, "get", "secrets"))
+		return
+	}
+	if have.Labels[LabelManagedBy] != ManagedByValue || have.Labels[LabelProvider] != b.name || (uid != "" && have.Annotations[AnnotationUID] != uid) {
+		return
+	}
+	if ins := have.Labels[LabelInstallation]; ins != "" && ins != installation {
+		return
+	}
+	suid := have.UID
+	cctx, cancel = b.call(ctx)
+	err = secrets.Delete(cctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &suid}})
+	cancel()
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		b.log.WarnContext(ctx, "WARNING: the proxy's credentials secret could not be deleted; the garbage collector removes it with its pod", "secret", name, "error", b.classify(err, "delete", "secrets"))
+		return
+	}
+	b.log.DebugContext(ctx, "kubernetes secret deleted", "secret", name)
 }
 
 const fieldManager = "egress-proxies-provisioner"
@@ -195,6 +346,7 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 	}
 	pod, err := b.getPod(ctx, name)
 	if errclass.Is(err, errclass.NotFound) {
+		b.deleteSecret(ctx, name, req.GetProxyUid(), req.GetInstallation())
 		return false, nil
 	}
 	if err != nil {
@@ -216,6 +368,7 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 	err = cs.CoreV1().Pods(b.s.cfg.Namespace).Delete(cctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	switch {
 	case err == nil:
+		b.deleteSecret(ctx, name, pod.Annotations[AnnotationUID], req.GetInstallation())
 		return true, nil
 	case apierrors.IsNotFound(err):
 		return false, nil

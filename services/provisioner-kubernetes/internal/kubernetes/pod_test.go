@@ -2,6 +2,9 @@ package kubernetes
 
 import (
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +26,7 @@ func mustSettings(t *testing.T, c Config) *settings {
 // OOM-killed at start on nodes with a high limit.
 func TestSquidConfSetsMaxFileDescriptors(t *testing.T) {
 	t.Parallel()
-	conf := squidConf(3129, 2048, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("203.0.113.0/24")}, "proxy-x")
+	conf := squidConf(3129, 2048, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("203.0.113.0/24")}, "proxy-x", "")
 	lines := strings.Split(strings.TrimSpace(conf), "\n")
 	want := []string{"http_port 3129", "max_filedescriptors 2048", "cache deny all", "pid_filename none",
 		"acl clients src 10.0.0.0/8", "acl clients src 203.0.113.0/24", "http_access allow clients", "visible_hostname proxy-x"}
@@ -185,6 +188,72 @@ func TestStateOf(t *testing.T) {
 			got, why := stateOf(pod)
 			if got.String() != tc.want || why != tc.why {
 				t.Errorf("stateOf = %s, %q; want %s, %q", got, why, tc.want, tc.why)
+			}
+		})
+	}
+}
+
+// A proxy with credentials: squid asks basic_ncsa_auth about the
+// htpasswd file of the mounted Secret, and lets in only the allowed
+// networks' clients that present them; without, the allowed networks.
+func TestSquidConfAuth(t *testing.T) {
+	t.Parallel()
+	allowed := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	open := squidConf(3128, 4096, allowed, "proxy-x", "")
+	auth := squidConf(3128, 4096, allowed, "proxy-x", "/usr/lib/squid/basic_ncsa_auth")
+	tail := "http_access deny CONNECT !SSL_ports\n" +
+		"auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/egress-proxy-auth/htpasswd\n" +
+		"auth_param basic realm egress-proxies\n" +
+		"auth_param basic children 2 startup=1 idle=1\n" +
+		"auth_param basic credentialsttl 1 minute\n" +
+		"acl authenticated proxy_auth REQUIRED\n" +
+		"http_access allow clients authenticated\n" +
+		"http_access deny all\n"
+	if !strings.HasSuffix(auth, tail) {
+		t.Errorf("squid.conf with credentials ends\n%s\nwant\n%s", auth, tail)
+	}
+	if strings.Contains(open, "auth_param") || !strings.HasSuffix(open, "http_access allow clients\nhttp_access deny all\n") {
+		t.Errorf("squid.conf without credentials:\n%s", open)
+	}
+	s := mustSettings(t, Config{Namespace: "proxies"})
+	pod := s.buildPod(podInput{provider: "k8s", uid: "u", port: 3128, auth: true}, "proxy-u")
+	if got := pod.Annotations[AnnotationSquidConf]; !strings.HasSuffix(got, tail) {
+		t.Errorf("the pod's squid.conf:\n%s", got)
+	}
+	vols := pod.Spec.Volumes
+	if len(vols) != 2 || vols[1].Secret == nil || vols[1].Secret.SecretName != "proxy-u" || *vols[1].Secret.DefaultMode != 0o444 {
+		t.Errorf("volumes %+v: want the downward-API conf and the Secret proxy-u", vols)
+	}
+	if _, err := (Config{Namespace: "p", AuthHelper: "basic_ncsa_auth"}).WithDefaults().compile(); err == nil || !strings.Contains(err.Error(), "authHelper") {
+		t.Errorf("a relative authHelper: %v", err)
+	}
+}
+
+// The generated squid.conf, with and without credentials, is one Debian's
+// squid (the package DefaultImage is built from) parses without an error.
+func TestSquidParsesTheConf(t *testing.T) {
+	t.Parallel()
+	bin, err := exec.LookPath("squid")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/squid"); serr != nil {
+			t.Skip("squid is not installed (apt-get install squid; scripts/ensure-deps.sh installs it)")
+		}
+		bin = "/usr/sbin/squid"
+	}
+	allowed := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	for name, helper := range map[string]string{"open": "", "auth": DefaultAuthHelper} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			conf := filepath.Join(t.TempDir(), "squid.conf")
+			if err := os.WriteFile(conf, []byte(squidConf(3128, 4096, allowed, "proxy-x", helper)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(bin, "-k", "parse", "-f", conf).CombinedOutput()
+			if err != nil || strings.Contains(string(out), "ERROR") || strings.Contains(string(out), "FATAL") {
+				t.Errorf("squid -k parse: %v\n%s", err, out)
+			}
+			if helper != "" && !strings.Contains(string(out), "Processing: http_access allow clients authenticated") {
+				t.Errorf("squid did not read the auth rule:\n%s", out)
 			}
 		})
 	}

@@ -308,6 +308,8 @@ func (be *Backend) build(ctx context.Context, api libvirtAPI, p placement, name,
 		UserData:          []byte(req.GetCloudInit()),
 		InstallGuestAgent: *be.cfg.InstallGuestAgent,
 		VendorData:        []byte(be.cfg.VendorData),
+		ProxyUser:         req.GetCredentials().GetUsername(),
+		ProxyPassword:     req.GetCredentials().GetPassword(),
 	})
 	if err != nil {
 		return nil, errclass.Wrap(errclass.Permanent, err)

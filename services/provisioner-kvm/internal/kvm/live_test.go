@@ -217,3 +217,36 @@ func writeTestFile(t *testing.T, p, body string) {
 		t.Fatal(err)
 	}
 }
+
+// TestLiveSeedCarriesCredentials: a proxy's credentials reach the domain
+// as NoCloud meta-data keys on its seed volume, read back from the host;
+// the debug log of the Create (every libvirt call) never shows the password.
+func TestLiveSeedCarriesCredentials(t *testing.T) {
+	t.Parallel()
+	env := libvirttest.New(t)
+	var logs logtest.Buffer
+	be := newLive(t, liveConfig(env), slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	u := uid(t) + "creds"
+	name, _ := instanceName(u)
+	t.Cleanup(func() { env.RemoveDomain(name) })
+	req := createReq(u, "tiny")
+	req.Credentials = &proxyv1.ProxyCredentials{Username: "egress-0a1b2c3d4e5f", Password: "Zq9-xY_0aBcDeFgHiJkLmNoPqRsTuVwX"}
+	if _, err := be.Create(liveCtx(t), req); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	_, files, err := nocloud.ReadSeedISO([]byte(readVolume(t, env, seedName(name))))
+	if err != nil {
+		t.Fatalf("seed: %v", err)
+	}
+	want := "instance-id: " + name + "\nlocal-hostname: " + name + "\n" +
+		"egress_proxy_user: \"egress-0a1b2c3d4e5f\"\negress_proxy_password: \"Zq9-xY_0aBcDeFgHiJkLmNoPqRsTuVwX\"\n"
+	if got := string(files["meta-data"]); got != want {
+		t.Errorf("seed meta-data = %q, want %q", got, want)
+	}
+	if strings.Contains(logs.String(), req.Credentials.Password) || !strings.Contains(logs.String(), name) {
+		t.Errorf("the log shows the password, or nothing of the Create (the check would prove nothing):\n%s", logs.String())
+	}
+	if _, err := be.Delete(liveCtx(t), &provisionerv1.DeleteInstanceRequest{ProviderId: "hosts/h1/domains/" + name, ProxyUid: u}); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+}

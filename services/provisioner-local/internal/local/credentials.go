@@ -4,10 +4,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"golang.org/x/crypto/bcrypt"
-
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 )
 
 // htpasswdFile is the instance's credentials file in its directory: one
@@ -33,14 +32,14 @@ func (b *Backend) setCredentials(s *state, c *proxyv1.ProxyCredentials) error {
 		return errclass.New(errclass.Permanent,
 			"the proxy has credentials, and this local provider's %s proxy cannot demand them (install squid, which brings basic_ncsa_auth)", s.Kind)
 	}
-	hash, err := bcrypt.GenerateFromPassword([]byte(c.GetPassword()), bcrypt.DefaultCost)
+	file, err := squid.HTPasswd(c.GetUsername(), c.GetPassword())
 	if err != nil {
-		return errclass.New(errclass.Permanent, "hashing the proxy's password failed (bcrypt takes at most 72 bytes)")
+		return errclass.New(errclass.Permanent, "%s", err.Error())
 	}
 	tmp := path + ".new"
 	// squid runs its helper under its own user: readable by all; it holds
 	// only a bcrypt hash.
-	if err := os.WriteFile(tmp, []byte(c.GetUsername()+":"+string(hash)+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(tmp, file, 0o644); err != nil {
 		return errclass.Wrap(errclass.Transient, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

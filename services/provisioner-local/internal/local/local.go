@@ -635,13 +635,8 @@ func tail(s string, n int) string {
 func squidConf(s *state, dir, ncsaAuth string) string {
 	access := "http_access allow localnet\n"
 	if s.Auth {
-		access = fmt.Sprintf(`auth_param basic program %s %s
-auth_param basic realm egress-proxies
-auth_param basic children 2 startup=1 idle=1
-auth_param basic credentialsttl 1 minute
-acl authenticated proxy_auth REQUIRED
-http_access allow localnet authenticated
-`, ncsaAuth, filepath.Join(dir, htpasswdFile))
+		access = squid.BasicAuth(ncsaAuth, filepath.Join(dir, htpasswdFile)) +
+			"http_access allow localnet " + squid.AuthACL + "\n"
 	}
 	return fmt.Sprintf(`http_port %s:%d
 pid_filename %[3]s/squid.pid

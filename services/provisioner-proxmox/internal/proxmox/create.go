@@ -282,6 +282,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	iso, err := nocloud.BuildSeedISO(nocloud.Seed{
 		InstanceID: name, Hostname: name, UserData: []byte(req.GetCloudInit()),
 		InstallGuestAgent: *be.cfg.InstallGuestAgent, VendorData: []byte(be.cfg.VendorData),
+		ProxyUser: req.GetCredentials().GetUsername(), ProxyPassword: req.GetCredentials().GetPassword(),
 	})
 	if err != nil {
 		return nil, errclass.Wrap(errclass.Transient, err)

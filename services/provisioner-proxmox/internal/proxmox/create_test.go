@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/nocloud"
 	"github.com/egress-proxies/egress-proxies/services/provisioner-proxmox/internal/pvefake"
@@ -163,5 +164,35 @@ func TestCreateWhileANodeDoesNotAnswer(t *testing.T) {
 				t.Errorf("%d VMs, want 1", len(vms))
 			}
 		})
+	}
+}
+
+// A proxy's credentials reach the VM as NoCloud meta-data keys on the
+// uploaded seed ISO, which the proxy's cloud-init reads; the trace log of
+// the whole Create (every API call) never shows the password.
+func TestCreateDeliversCredentials(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	uid := "0f3a6c1e-2b4d-4c8e-9a7f-1d2e3f4a5b6d"
+	req := createReq(uid)
+	req.Credentials = &proxyv1.ProxyCredentials{Username: "egress-0a1b2c3d4e5f", Password: "Zq9-xY_0aBcDeFgHiJkLmNoPqRsTuVwX"}
+	if _, err := e.be.Create(ctxT(t), req); err != nil {
+		t.Fatal(err)
+	}
+	name := "proxy-" + uid
+	_, files, err := nocloud.ReadSeedISO(e.fake.File("pv1-1", "proxy-seeds", "iso/"+name+"-seed.iso"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "instance-id: " + name + "\nlocal-hostname: " + name + "\n" +
+		"egress_proxy_user: \"egress-0a1b2c3d4e5f\"\negress_proxy_password: \"Zq9-xY_0aBcDeFgHiJkLmNoPqRsTuVwX\"\n"
+	if got := string(files["meta-data"]); got != want {
+		t.Errorf("seed meta-data = %q, want %q", got, want)
+	}
+	if string(files["user-data"]) != cloudInit {
+		t.Errorf("user-data changed: %q", files["user-data"])
+	}
+	if logs := e.logs.String(); strings.Contains(logs, req.Credentials.Password) || !strings.Contains(logs, "Upload") {
+		t.Errorf("the trace log shows the password, or shows no upload (the check would prove nothing):\n%s", logs)
 	}
 }
