@@ -73,6 +73,9 @@ type Server struct {
 	// Credentials fetches the leased proxy's credentials for the
 	// acquire's answer; nil: answers carry none.
 	Credentials CredentialsSource
+	// CredentialsCache, when set, keeps the Credentials answers until the
+	// mirror changes their proxy.
+	CredentialsCache *CredentialsCache
 
 	st  *store.Store
 	cfg Config

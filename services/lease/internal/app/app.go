@@ -218,7 +218,8 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 		}
 		lister = proxyv1.NewProxyServiceClient(orch)
 	}
-	syncer := mirror.New(st, js, mirror.Config{Names: names, Lister: lister, ResyncInterval: c.ResyncInterval}, met, s.Log)
+	creds := api.NewCredentialsCache()
+	syncer := mirror.New(st, js, mirror.Config{Names: names, Lister: lister, ResyncInterval: c.ResyncInterval, Changed: creds.Forget}, met, s.Log)
 	if lister != nil && c.InitialResyncTimeout > 0 {
 		// Learn every proxy before serving, so the first acquires do
 		// not see a partial mirror; an unreachable orchestrator only delays
@@ -248,7 +249,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) (*Parts, error) 
 	srv := api.New(st, c.API, met, s.Log)
 	srv.Feed = feed
 	if orch != nil {
-		srv.Credentials = proxyv1.NewProxyServiceClient(orch)
+		srv.Credentials, srv.CredentialsCache = proxyv1.NewProxyServiceClient(orch), creds
 	} else {
 		s.Log.Warn("WARNING: no --orchestrator-addr: lease answers carry no proxy credentials, so crawlers cannot use proxies that demand them")
 	}

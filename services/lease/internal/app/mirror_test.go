@@ -171,11 +171,13 @@ type fakeOrchestrator struct {
 	rejected int
 	// credentials by proxy UID; a proxy missing here has none.
 	credentials map[string]*proxyv1.GetProxyCredentialsResponse
+	credCalls   int
 }
 
 func (f *fakeOrchestrator) GetProxyCredentials(_ context.Context, req *proxyv1.GetProxyCredentialsRequest) (*proxyv1.GetProxyCredentialsResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.credCalls++
 	if c, ok := f.credentials[req.GetUid()]; ok {
 		return c, nil
 	}
@@ -423,8 +425,24 @@ func TestStartsWhileNATSIsDown(t *testing.T) {
 		_, err := js.Stream(lt.Ctx(t), bus.Names{Prefix: env.Config.NATS.Prefix}.ProxyEventStream())
 		return err == nil
 	})
-	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_CREATED, lt.Proxy(uidB, "proxy-b"), 20)
-	waittest.For(t, 30*time.Second, "proxy-b is leasable from its event once NATS is up", func() bool { return listed(t, c)["proxy-b"] })
+	// As in TestResyncAfterNATSOutage: the orchestrator's listing holds
+	// proxy-b (made at revision 20) before the event of its next change
+	// (21) is out, so a resync from the reconnect can neither undo the
+	// event nor make it stale; the counter shows the event applied.
+	applied := func() int {
+		n, _ := strconv.Atoi(scrape(t, env)[`egress_lease_events_total{kind="proxy",result="applied"}`])
+		return n
+	}
+	appliedBefore := applied()
+	fake.mu.Lock()
+	fake.revision = 20
+	fake.proxies = append(fake.proxies, lt.Proxy(uidB, "proxy-b"))
+	fake.mu.Unlock()
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidB, "proxy-b"), 21)
+	waittest.For(t, 30*time.Second, "proxy-b's event applied once NATS is up", func() bool { return applied() > appliedBefore })
+	if got := listed(t, c); !got["proxy-b"] {
+		t.Errorf("after its event the leasable proxies are %v, want proxy-b among them", got)
+	}
 }
 
 // TestStartsWithoutOrchestrator: an unreachable orchestrator delays the

@@ -45,6 +45,10 @@ type Config struct {
 	ResyncInterval time.Duration
 	// ResyncTimeout bounds one resync.
 	ResyncTimeout time.Duration
+	// Changed, when set, is told of every proxy snapshot the mirror
+	// applied: its uid, or "" when a resync changed or deleted proxies it
+	// does not name one by one.
+	Changed func(uid string)
 }
 
 // Syncer applies events and resyncs.
@@ -182,6 +186,7 @@ func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
 		s.met.Events.WithLabelValues("proxy", "stale").Inc()
 		return
 	}
+	s.changed(p.UID)
 	s.met.Events.WithLabelValues("proxy", "applied").Inc()
 	s.log.DebugContext(mctx, "proxy event applied", "proxy_uid", p.UID, "proxy_name", p.Name, "revision", ev.GetRevision(),
 		"type", ev.GetType().String(), "ready", p.Ready, "healthy", p.Healthy)
@@ -252,7 +257,7 @@ func (s *Syncer) resync(ctx context.Context) error {
 		return err
 	}
 	seen := []string{}
-	applied := 0
+	applied, deleted := 0, 0
 	firstRevision, err := proxysync.List(ctx, s.cfg.Lister, func(proxies []*proxyv1.Proxy, revision int64) error {
 		page := make([]store.ProxyState, 0, len(proxies))
 		for _, p := range proxies {
@@ -278,11 +283,16 @@ func (s *Syncer) resync(ctx context.Context) error {
 		applied += n
 		return nil
 	})
+	defer func() {
+		if applied > 0 || deleted > 0 {
+			s.changed("")
+		}
+	}()
 	if err != nil {
 		s.met.Resyncs.WithLabelValues("error").Inc()
 		return err
 	}
-	deleted, err := s.st.DeleteMissing(ctx, seen, mark, firstRevision)
+	deleted, err = s.st.DeleteMissing(ctx, seen, mark, firstRevision)
 	if err != nil {
 		s.met.Resyncs.WithLabelValues("error").Inc()
 		return err
@@ -291,6 +301,12 @@ func (s *Syncer) resync(ctx context.Context) error {
 	s.log.Info("proxy mirror resynced from the orchestrator", "proxies", len(seen), "changed", applied, "deleted", deleted,
 		"revision", firstRevision, "duration", time.Since(start))
 	return nil
+}
+
+func (s *Syncer) changed(uid string) {
+	if s.cfg.Changed != nil {
+		s.cfg.Changed(uid)
+	}
 }
 
 // skip isolates a proxy whose snapshot cannot be applied, so that it never
