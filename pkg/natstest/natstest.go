@@ -88,9 +88,11 @@ func (s *Server) Start(t testing.TB) {
 		t.Fatalf("natstest: %v", err)
 	}
 	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
+	// Generous: a loaded machine (the whole suite's packages at once) can
+	// take seconds to recover a JetStream store on restart.
+	if !srv.ReadyForConnections(30 * time.Second) {
 		srv.Shutdown()
-		t.Fatal("natstest: server did not become ready in 10s")
+		t.Fatalf("natstest: server on port %d did not become ready in 30s", s.opts.Port)
 	}
 	s.srv = srv
 }
