@@ -74,7 +74,7 @@ func TestConformance(t *testing.T) {
 				return err
 			}
 			if user != c.GetUsername() || password != c.GetPassword() {
-				return fmt.Errorf("the seed's meta-data carries user %q and a password of %d characters, not the proxy's", user, len(password))
+				return fmt.Errorf("the NoCloud image's meta-data carries user %q and a password of %d characters, not the proxy's", user, len(password))
 			}
 			return nil
 		},

@@ -79,7 +79,7 @@ func TestConformance(t *testing.T) {
 		Backend:   func(*testing.T) string { return p.block(p.URL) },
 		Placement: &proxyv1.Placement{MachineType: "small", Image: "debian-13"},
 		Credentials: func(_ *testing.T, uid string, c *proxyv1.ProxyCredentials) error {
-			return seedHolds(p.File(node, isoStorage, "iso/proxy-"+uid+"-seed.iso"), c)
+			return noCloudHolds(p.File(node, isoStorage, "iso/proxy-"+uid+"-seed.iso"), c)
 		},
 		Observe: func(_ *testing.T, uid string) provisionertest.Observed {
 			var o provisionertest.Observed
@@ -139,14 +139,14 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// seedHolds reports whether the seed image carries c in its meta-data.
-func seedHolds(image []byte, c *proxyv1.ProxyCredentials) error {
+// noCloudHolds reports whether the NoCloud image carries c in its meta-data.
+func noCloudHolds(image []byte, c *proxyv1.ProxyCredentials) error {
 	user, password, err := nocloud.SeedCredentials(image)
 	if err != nil {
 		return err
 	}
 	if user != c.GetUsername() || password != c.GetPassword() {
-		return fmt.Errorf("the seed's meta-data carries user %q and a password of %d characters, not the proxy's", user, len(password))
+		return fmt.Errorf("the NoCloud image's meta-data carries user %q and a password of %d characters, not the proxy's", user, len(password))
 	}
 	return nil
 }

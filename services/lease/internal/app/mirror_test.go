@@ -376,25 +376,32 @@ func TestResyncAfterNATSOutage(t *testing.T) {
 		got := listed(t, c)
 		return env.Parts.Syncer.Resyncs() > before && got["proxy-b"] && !got["proxy-a"]
 	})
-	// The event consumers resumed too. The orchestrator commits a change
-	// before it publishes its event, so its listing holds proxy-c (made
-	// at revision 30) before the event of its next change (31) is out: a
-	// resync still running from the reconnect cannot undo the event, nor
-	// make it stale. That the event itself was applied shows in the
-	// counter, which resyncs do not move.
+	// The event consumers resumed too.
+	addThroughEvent(t, env, fake, c, uidC, "proxy-c", 30)
+}
+
+// addThroughEvent adds a proxy to the fake orchestrator at revision and
+// publishes the event of its next change, and checks that the service
+// applied that event and leases the proxy. The orchestrator commits a
+// change before it publishes its event, so its listing holds the proxy
+// before the event is out: a resync still running from a reconnect can
+// neither undo the event nor make it stale. That the event itself was
+// applied shows in the counter, which resyncs do not move.
+func addThroughEvent(t *testing.T, env *lt.Env, fake *fakeOrchestrator, c lt.Client, uid, name string, revision int64) {
+	t.Helper()
 	applied := func() int {
 		n, _ := strconv.Atoi(scrape(t, env)[`egress_lease_events_total{kind="proxy",result="applied"}`])
 		return n
 	}
-	appliedBefore := applied()
+	before := applied()
 	fake.mu.Lock()
-	fake.revision = 30
-	fake.proxies = append(fake.proxies, lt.Proxy(uidC, "proxy-c"))
+	fake.revision = revision
+	fake.proxies = append(fake.proxies, lt.Proxy(uid, name))
 	fake.mu.Unlock()
-	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidC, "proxy-c"), 31)
-	waittest.For(t, 30*time.Second, "proxy-c's event applied after the outage", func() bool { return applied() > appliedBefore })
-	if got := listed(t, c); !got["proxy-c"] {
-		t.Errorf("after its event the leasable proxies are %v, want proxy-c among them", got)
+	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uid, name), revision+1)
+	waittest.For(t, 30*time.Second, name+"'s event applied", func() bool { return applied() > before })
+	if got := listed(t, c); !got[name] {
+		t.Errorf("after its event the leasable proxies are %v, want %s among them", got, name)
 	}
 }
 
@@ -425,24 +432,7 @@ func TestStartsWhileNATSIsDown(t *testing.T) {
 		_, err := js.Stream(lt.Ctx(t), bus.Names{Prefix: env.Config.NATS.Prefix}.ProxyEventStream())
 		return err == nil
 	})
-	// As in TestResyncAfterNATSOutage: the orchestrator's listing holds
-	// proxy-b (made at revision 20) before the event of its next change
-	// (21) is out, so a resync from the reconnect can neither undo the
-	// event nor make it stale; the counter shows the event applied.
-	applied := func() int {
-		n, _ := strconv.Atoi(scrape(t, env)[`egress_lease_events_total{kind="proxy",result="applied"}`])
-		return n
-	}
-	appliedBefore := applied()
-	fake.mu.Lock()
-	fake.revision = 20
-	fake.proxies = append(fake.proxies, lt.Proxy(uidB, "proxy-b"))
-	fake.mu.Unlock()
-	env.PublishProxy(t, proxyv1.ChangeType_CHANGE_TYPE_UPDATED, lt.Proxy(uidB, "proxy-b"), 21)
-	waittest.For(t, 30*time.Second, "proxy-b's event applied once NATS is up", func() bool { return applied() > appliedBefore })
-	if got := listed(t, c); !got["proxy-b"] {
-		t.Errorf("after its event the leasable proxies are %v, want proxy-b among them", got)
-	}
+	addThroughEvent(t, env, fake, c, uidB, "proxy-b", 20)
 }
 
 // TestStartsWithoutOrchestrator: an unreachable orchestrator delays the
