@@ -147,11 +147,12 @@ var table = map[string]Rule{
 	// Every provisioner: only the suite's own services. The orchestrator
 	// reaches provisioners through NATS commands; health calls
 	// CheckBackend here.
-	provisionerv1.ProvisionerService_CreateInstance_FullMethodName: rule(NoLimit, Service),
-	provisionerv1.ProvisionerService_GetInstance_FullMethodName:    rule(NoLimit, Service),
-	provisionerv1.ProvisionerService_DeleteInstance_FullMethodName: rule(NoLimit, Service),
-	provisionerv1.ProvisionerService_ListInstances_FullMethodName:  rule(NoLimit, Service),
-	provisionerv1.ProvisionerService_CheckBackend_FullMethodName:   rule(NoLimit, Service),
+	provisionerv1.ProvisionerService_CreateInstance_FullMethodName:    rule(NoLimit, Service),
+	provisionerv1.ProvisionerService_GetInstance_FullMethodName:       rule(NoLimit, Service),
+	provisionerv1.ProvisionerService_DeleteInstance_FullMethodName:    rule(NoLimit, Service),
+	provisionerv1.ProvisionerService_ListInstances_FullMethodName:     rule(NoLimit, Service),
+	provisionerv1.ProvisionerService_CheckBackend_FullMethodName:      rule(NoLimit, Service),
+	provisionerv1.ProvisionerService_UpdateCredentials_FullMethodName: rule(NoLimit, Service),
 }
 
 // RuleFor returns the rule of a full method name, and whether the table

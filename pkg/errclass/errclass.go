@@ -1,5 +1,5 @@
 // Package errclass is the suite's error taxonomy: every provisioner failure is
-// NotFound, Permanent, Transient or QuotaExceeded. A backend classifies an
+// NotFound, Permanent, Transient, QuotaExceeded or Unsupported. A backend classifies an
 // error once, where it happens, with New or Wrap; the class then travels
 // unchanged as a gRPC status with a google.rpc.ErrorInfo (ToStatus /
 // FromStatus) and as a NATS CommandError (ToCommandError /
@@ -29,6 +29,7 @@ const (
 	Permanent     = provisionerv1.ErrorReason_ERROR_REASON_PERMANENT
 	Transient     = provisionerv1.ErrorReason_ERROR_REASON_TRANSIENT
 	QuotaExceeded = provisionerv1.ErrorReason_ERROR_REASON_QUOTA_EXCEEDED
+	Unsupported   = provisionerv1.ErrorReason_ERROR_REASON_UNSUPPORTED
 )
 
 // Domain is the google.rpc.ErrorInfo domain of classified errors.
@@ -101,6 +102,8 @@ func codeFor(c Class) codes.Code {
 		return codes.FailedPrecondition
 	case QuotaExceeded:
 		return codes.ResourceExhausted
+	case Unsupported:
+		return codes.Unimplemented
 	default:
 		return codes.Unavailable
 	}
@@ -150,7 +153,8 @@ func ToStatus(err error) *status.Status {
 // still matches the context error with errors.Is); without it, Canceled and
 // DeadlineExceeded become the context errors and anything else is
 // classified from its code (NotFound, ResourceExhausted,
-// FailedPrecondition/InvalidArgument as Permanent, the rest Transient).
+// FailedPrecondition/InvalidArgument as Permanent, Unimplemented as
+// Unsupported, the rest Transient).
 func FromStatus(err error) error {
 	if err == nil {
 		return nil
@@ -184,6 +188,8 @@ func FromStatus(err error) error {
 		class = NotFound
 	case codes.ResourceExhausted:
 		class = QuotaExceeded
+	case codes.Unimplemented:
+		class = Unsupported
 	case codes.FailedPrecondition, codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
 		class = Permanent
 	default:

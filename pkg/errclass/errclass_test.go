@@ -38,7 +38,7 @@ func TestOf(t *testing.T) {
 
 func TestStatusRoundTrip(t *testing.T) {
 	t.Parallel()
-	for _, class := range []Class{NotFound, Permanent, Transient, QuotaExceeded} {
+	for _, class := range []Class{NotFound, Permanent, Transient, QuotaExceeded, Unsupported} {
 		t.Run(class.String(), func(t *testing.T) {
 			t.Parallel()
 			orig := New(class, "vm 101: %s", class).WithMetadata("vmid", "101")
@@ -127,6 +127,7 @@ func TestFromStatusWithoutErrorInfo(t *testing.T) {
 	cases := map[codes.Code]Class{
 		codes.NotFound:           NotFound,
 		codes.ResourceExhausted:  QuotaExceeded,
+		codes.Unimplemented:      Unsupported,
 		codes.FailedPrecondition: Permanent,
 		codes.PermissionDenied:   Permanent,
 		codes.Unavailable:        Transient,

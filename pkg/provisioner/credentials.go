@@ -21,25 +21,54 @@ type CredentialsSource interface {
 
 // withCredentials returns req with the proxy's credentials from the
 // orchestrator, when the runtime has a source and req carries none (a
-// command from NATS never does). An unreachable orchestrator is a
-// Transient error; a proxy it does not know is Permanent (the proxy was
-// deleted meanwhile). Errors name the proxy, never credentials.
+// command from NATS never does).
 func (r *Runtime) withCredentials(ctx context.Context, req *provisionerv1.CreateInstanceRequest) (*provisionerv1.CreateInstanceRequest, error) {
 	if r.creds == nil || req.GetCredentials() != nil {
 		return req, nil
 	}
-	resp, err := r.creds.GetProxyCredentials(ctx, &proxyv1.GetProxyCredentialsRequest{Uid: req.GetProxyUid()})
+	c, err := r.fetchCredentials(ctx, req.GetProxyUid())
+	if err != nil || c == nil {
+		return req, err
+	}
+	out := proto.Clone(req).(*provisionerv1.CreateInstanceRequest)
+	out.Credentials = c
+	return out, nil
+}
+
+// withNewCredentials returns req with the proxy's current credentials from
+// the orchestrator when it carries none. A proxy without credentials is a
+// Permanent error: an update never opens an instance to everyone.
+func (r *Runtime) withNewCredentials(ctx context.Context, req *provisionerv1.UpdateCredentialsRequest) (*provisionerv1.UpdateCredentialsRequest, error) {
+	if req.GetCredentials() != nil {
+		return req, nil
+	}
+	var c *proxyv1.ProxyCredentials
+	if r.creds != nil {
+		var err error
+		if c, err = r.fetchCredentials(ctx, req.GetProxyUid()); err != nil {
+			return nil, err
+		}
+	}
+	if c == nil {
+		return nil, errclass.New(errclass.Permanent, "proxy %s has no credentials to update its instance to", req.GetProxyUid())
+	}
+	out := proto.Clone(req).(*provisionerv1.UpdateCredentialsRequest)
+	out.Credentials = c
+	return out, nil
+}
+
+// fetchCredentials asks the orchestrator for the proxy's credentials (nil:
+// it has none). An unreachable orchestrator is a Transient error; a proxy
+// it does not know is Permanent (the proxy was deleted meanwhile). Errors
+// name the proxy, never credentials.
+func (r *Runtime) fetchCredentials(ctx context.Context, uid string) (*proxyv1.ProxyCredentials, error) {
+	resp, err := r.creds.GetProxyCredentials(ctx, &proxyv1.GetProxyCredentialsRequest{Uid: uid})
 	if err != nil {
 		class := errclass.Transient
 		if status.Code(err) == codes.NotFound {
 			class = errclass.Permanent
 		}
-		return nil, errclass.New(class, "fetching the credentials of proxy %s from the orchestrator: %s", req.GetProxyUid(), status.Convert(err).Message())
+		return nil, errclass.New(class, "fetching the credentials of proxy %s from the orchestrator: %s", uid, status.Convert(err).Message())
 	}
-	if resp.GetCredentials() == nil {
-		return req, nil
-	}
-	out := proto.Clone(req).(*provisionerv1.CreateInstanceRequest)
-	out.Credentials = resp.GetCredentials()
-	return out, nil
+	return resp.GetCredentials(), nil
 }

@@ -59,6 +59,17 @@ type Backend interface {
 	List(ctx context.Context) ([]*provisionerv1.Instance, error)
 }
 
+// CredentialsUpdater is implemented by backends that can make a running
+// instance demand new credentials in place (the proxy program is theirs to
+// reconfigure); for the others, the runtime answers Unsupported and the
+// orchestrator replaces the instance.
+type CredentialsUpdater interface {
+	// UpdateCredentials makes the instance refuse every credential but
+	// req's by the time it returns, and returns the instance. NotFound when
+	// it is gone or not the proxy's.
+	UpdateCredentials(ctx context.Context, req *provisionerv1.UpdateCredentialsRequest) (*provisionerv1.Instance, error)
+}
+
 // Checker is implemented by backends that can check their own health.
 type Checker interface {
 	// Check returns one verdict per target, in config order. It never
@@ -76,6 +87,8 @@ const (
 	OpDelete Op = "delete"
 	OpList   Op = "list"
 	OpCheck  Op = "check"
+	// OpUpdateCredentials is UpdateCredentials.
+	OpUpdateCredentials Op = "update-credentials"
 )
 
 // Runtime runs backend operations with the cross-cutting behaviour every
@@ -269,6 +282,38 @@ func (r *Runtime) Create(ctx context.Context, req *provisionerv1.CreateInstanceR
 		err = errclass.Wrap(errclass.Transient, err)
 	}
 	return in, err
+}
+
+// UpdateCredentials runs the backend's UpdateCredentials under the proxy's
+// lock, with the proxy's current credentials; Unsupported when the backend
+// has none.
+func (r *Runtime) UpdateCredentials(ctx context.Context, req *provisionerv1.UpdateCredentialsRequest) (in *provisionerv1.Instance, err error) {
+	ctx, end := r.begin(ctx, OpUpdateCredentials, slog.String("proxy_uid", req.GetProxyUid()), slog.String("provider_id", req.GetProviderId()))
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(ctx, OpUpdateCredentials, p)
+		}
+		end(err, instanceAttrs(in)...)
+	}()
+	if err := r.checkProvider(req.GetProvider()); err != nil {
+		return nil, err
+	}
+	if req.GetProxyUid() == "" || req.GetProviderId() == "" {
+		return nil, errclass.New(errclass.Permanent, "proxy_uid and provider_id are required")
+	}
+	u, ok := r.Backend().(CredentialsUpdater)
+	if !ok {
+		return nil, errclass.New(errclass.Unsupported, "provider %q cannot change an instance's credentials in place; replace the instance instead", r.provider)
+	}
+	if req, err = r.withNewCredentials(ctx, req); err != nil {
+		return nil, err
+	}
+	unlock, err := r.locks.lock(ctx, lockKey(req.GetProxyUid(), ""))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return u.UpdateCredentials(ctx, req)
 }
 
 // Get runs Backend.Get. It takes no lock.

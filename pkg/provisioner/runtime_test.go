@@ -603,6 +603,13 @@ func TestWorkerAnswersEveryOperation(t *testing.T) {
 					t.Errorf("list = %v", r)
 				}
 			}},
+		{"update credentials on a backend that cannot is Unsupported", &busv1.Command{CommandId: "c9", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_UPDATE_CREDENTIALS,
+			Request: &busv1.Command_UpdateCredentials{UpdateCredentials: &provisionerv1.UpdateCredentialsRequest{Provider: "pve", Installation: "test", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
+			func(t *testing.T, r *busv1.CommandResult) {
+				if r.GetError().GetReason() != errclass.Unsupported || r.GetOperation() != busv1.Operation_OPERATION_UPDATE_CREDENTIALS {
+					t.Errorf("result = %v", r)
+				}
+			}},
 		{"delete", &busv1.Command{CommandId: "c4", ProxyUid: "u1", Provider: "pve", Operation: busv1.Operation_OPERATION_DELETE,
 			Request: &busv1.Command_Delete{Delete: &provisionerv1.DeleteInstanceRequest{Provider: "pve", Installation: "test", ProviderId: in.GetProviderId(), ProxyUid: "u1"}}},
 			func(t *testing.T, r *busv1.CommandResult) {

@@ -61,6 +61,15 @@ func (s *Server) ListInstances(ctx context.Context, req *provisionerv1.ListInsta
 	return &provisionerv1.ListInstancesResponse{Instances: out}, nil
 }
 
+// UpdateCredentials implements the RPC.
+func (s *Server) UpdateCredentials(ctx context.Context, req *provisionerv1.UpdateCredentialsRequest) (*provisionerv1.UpdateCredentialsResponse, error) {
+	in, err := s.RT.UpdateCredentials(ctx, req)
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return &provisionerv1.UpdateCredentialsResponse{Instance: in}, nil
+}
+
 // CheckBackend implements the RPC; UNIMPLEMENTED when the backend has no
 // check.
 func (s *Server) CheckBackend(ctx context.Context, req *provisionerv1.CheckBackendRequest) (*provisionerv1.CheckBackendResponse, error) {

@@ -341,6 +341,16 @@ func (w *Worker) exec(ctx context.Context, cmd *busv1.Command) (res *busv1.Comma
 			return fail(err)
 		}
 		res.Outcome = &busv1.CommandResult_List{List: &provisionerv1.ListInstancesResponse{Instances: out}}
+	case busv1.Operation_OPERATION_UPDATE_CREDENTIALS:
+		req := cmd.GetUpdateCredentials()
+		if req == nil {
+			return fail(errclass.New(errclass.Permanent, "an UPDATE_CREDENTIALS command without its request"))
+		}
+		in, err := w.RT.UpdateCredentials(ctx, req)
+		if err != nil {
+			return fail(err)
+		}
+		res.Outcome = &busv1.CommandResult_UpdateCredentials{UpdateCredentials: &provisionerv1.UpdateCredentialsResponse{Instance: in}}
 	default:
 		return fail(errclass.New(errclass.Permanent, "unknown operation %s", cmd.GetOperation()))
 	}

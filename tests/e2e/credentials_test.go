@@ -5,10 +5,14 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +24,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
+	"github.com/egress-proxies/egress-proxies/pkg/squid"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
@@ -114,17 +119,20 @@ func TestProxyCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Rotation, by replacement on this backend: the proxy comes back Ready
-	// (health probing with the new credentials), the old ones get 407, the
-	// new ones work, and a lease acquired after it carries them.
+	// Rotation, in place on this backend: the same instance comes back
+	// Ready (health probing with the new credentials), the old ones get
+	// 407, the new ones work, and a lease acquired after it carries them.
 	before := p.GetStatus().GetCredentialsTime().AsTime()
+	instance := p.GetStatus().GetProviderId()
 	if _, err := s.proxies().RotateCredentials(ctx(t, 10*time.Second), &proxyv1.RotateCredentialsRequest{Name: p.GetName()}); err != nil {
 		t.Fatal(err)
 	}
 	p = s.waitAll("cred", 1, "Ready with new credentials", 120*time.Second, func(p *proxyv1.Proxy) bool {
 		return ready(p) && p.GetStatus().GetCredentialsTime().AsTime().After(before)
 	})[0]
-	host, port = p.GetStatus().GetIp(), p.GetStatus().GetPort()
+	if got := p.GetStatus().GetProviderId(); got != instance || p.GetStatus().GetIp() != host {
+		t.Errorf("after rotation the proxy is instance %s at %s, want %s at %s: changed in place, not replaced", got, p.GetStatus().GetIp(), instance, host)
+	}
 	var second *leasev1.AcquireLeaseResponse
 	waittest.For(t, 60*time.Second, "a lease with the new credentials", func() bool {
 		second = acquire()
@@ -149,6 +157,14 @@ func TestProxyCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A squid that refuses the proxy's credentials is noticed by health:
+	// the instance's htpasswd file is made to admit someone else, and squid
+	// (told to re-read its configuration) refuses health's probes.
+	refuseProxyCredentials(t, filepath.Join(s.stateDir, p.GetUid()))
+	s.waitAll("cred", 1, "unhealthy once squid refuses the credentials", 60*time.Second, func(p *proxyv1.Proxy) bool {
+		return p.GetStatus().GetPhase() == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING && p.GetStatus().GetReason() == "Unhealthy"
+	})
+
 	// Secrets scan: no service's debug log holds a credential.
 	for name, proc := range procs {
 		out := proc.Output()
@@ -164,4 +180,31 @@ func TestProxyCredentials(t *testing.T) {
 // proxies' credentials from the orchestrator.
 func startHealthWithCredentials(s *suite, replica string) (*proctest.Process, servicetest.Addrs) {
 	return s.startHealthWith(replica, append(s.peer("orchestrator"), "--orchestrator-addr="+s.orchestrator.GRPC)...)
+}
+
+// refuseProxyCredentials makes the local instance in dir admit only a
+// stranger: its htpasswd file is rewritten and its squid reconfigured
+// (SIGHUP), which drops the credentials it had admitted.
+func refuseProxyCredentials(t *testing.T, dir string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "instance.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal(raw, &rec); err != nil || rec.PID <= 0 {
+		t.Fatalf("instance.json %s: pid %d, %v", dir, rec.PID, err)
+	}
+	stranger, err := squid.HTPasswd("egress-stranger", "not-the-proxys-password")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "htpasswd"), stranger, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(rec.PID, syscall.SIGHUP); err != nil {
+		t.Fatalf("reconfiguring squid %d: %v", rec.PID, err)
+	}
 }

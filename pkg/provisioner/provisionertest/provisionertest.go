@@ -95,6 +95,9 @@ type Tester struct {
 	// Secret or htpasswd file that admits them): nil when it did, an
 	// error saying what the instance holds when it did not.
 	Credentials func(t *testing.T, uid string, c *proxyv1.ProxyCredentials) error
+	// CredentialsInPlace declares that the backend implements
+	// UpdateCredentials; the others must answer it Unsupported.
+	CredentialsInPlace bool
 }
 
 // Observed is what a backend holds for one proxy. Every entry names a
@@ -204,6 +207,7 @@ var rows = []struct {
 	{"CheckAnswersAVerdict", checkVerdict},
 	{"CheckAnswersWithinAShortDeadline", checkShortDeadline},
 	{"CredentialsReachTheInstance", credentialsDelivered},
+	{"CredentialsChangeInPlaceOrUnsupported", credentialsUpdated},
 }
 
 // TestAll runs the contract against tr's backend: the rows in parallel,

@@ -427,6 +427,68 @@ func noSecretInLogs(t *testing.T, s *Suite) {
 	}
 }
 
+// createWithCredentials creates uid's instance demanding c, retrying
+// Transient answers.
+func createWithCredentials(t *testing.T, s *Suite, uid string, c *proxyv1.ProxyCredentials) *provisionerv1.Instance {
+	t.Helper()
+	ctx := ctxFor(t)
+	req := s.request(uid)
+	req.Credentials = c
+	resp, err := s.main.Client.CreateInstance(ctx, req)
+	for err != nil && ctx.Err() == nil && errclass.Of(errclass.FromStatus(err)) == errclass.Transient {
+		time.Sleep(200 * time.Millisecond)
+		resp, err = s.main.Client.CreateInstance(ctx, req)
+	}
+	if err != nil {
+		t.Fatalf("Create %s with credentials: %v", uid, err)
+	}
+	assertLive(t, "Create", resp.GetInstance())
+	return resp.GetInstance()
+}
+
+// credentialsUpdated: UpdateCredentials either makes the same instance
+// demand the new credentials and refuse the old ones (a backend that
+// declares CredentialsInPlace), or answers Unsupported and changes nothing,
+// so that the orchestrator replaces the instance. Either way the backend
+// still holds one instance of the proxy.
+func credentialsUpdated(t *testing.T, s *Suite) {
+	if s.tr.Credentials == nil {
+		t.Skip("the Tester declares no Credentials")
+	}
+	uid := s.uid(t)
+	old := &proxyv1.ProxyCredentials{Username: "egress-" + randomHex(6), Password: s.password}
+	in := createWithCredentials(t, s, uid, old)
+	before := s.tr.Observe(t, uid)
+	updated := &proxyv1.ProxyCredentials{Username: "egress-" + randomHex(6), Password: s.password + "-rotated"}
+	resp, err := s.main.Client.UpdateCredentials(ctxFor(t), &provisionerv1.UpdateCredentialsRequest{
+		Provider: ProviderName, Installation: Installation, ProviderId: in.GetProviderId(), ProxyUid: uid, Credentials: updated,
+	})
+	if !s.tr.CredentialsInPlace {
+		if errclass.Of(errclass.FromStatus(err)) != errclass.Unsupported || status.Code(err) != codes.Unimplemented {
+			t.Fatalf("UpdateCredentials on a backend that does not declare CredentialsInPlace: %v, want UNIMPLEMENTED with reason Unsupported", err)
+		}
+		if err := s.tr.Credentials(t, uid, old); err != nil {
+			t.Errorf("the refused update changed the instance's credentials: %v", err)
+		}
+	} else {
+		if err != nil {
+			t.Fatalf("UpdateCredentials: %v", err)
+		}
+		if got := resp.GetInstance().GetProviderId(); got != in.GetProviderId() {
+			t.Errorf("UpdateCredentials answered instance %q, want the same instance %q", got, in.GetProviderId())
+		}
+		if err := s.tr.Credentials(t, uid, updated); err != nil {
+			t.Errorf("the instance does not demand the new credentials: %v", err)
+		}
+		if err := s.tr.Credentials(t, uid, old); err == nil {
+			t.Error("the instance still admits the old credentials")
+		}
+	}
+	if after := s.tr.Observe(t, uid); !after.normal(uid).equal(before.normal(uid)) || len(after.Instances) != 1 {
+		t.Errorf("the backend holds %v after the update, want what it held before: %v", after, before)
+	}
+}
+
 // credentialsDelivered: a Create carrying the proxy's credentials (as the
 // runtime hands a backend those it fetched from the orchestrator) gives
 // them to the instance, and only them: the Tester finds those, and not
@@ -437,18 +499,7 @@ func credentialsDelivered(t *testing.T, s *Suite) {
 	}
 	uid := s.uid(t)
 	creds := &proxyv1.ProxyCredentials{Username: "egress-" + randomHex(6), Password: s.password}
-	ctx := ctxFor(t)
-	req := s.request(uid)
-	req.Credentials = creds
-	resp, err := s.main.Client.CreateInstance(ctx, req)
-	for err != nil && ctx.Err() == nil && errclass.Of(errclass.FromStatus(err)) == errclass.Transient {
-		time.Sleep(200 * time.Millisecond)
-		resp, err = s.main.Client.CreateInstance(ctx, req)
-	}
-	if err != nil {
-		t.Fatalf("Create %s with credentials: %v", uid, err)
-	}
-	assertLive(t, "Create", resp.GetInstance())
+	createWithCredentials(t, s, uid, creds)
 	if err := s.tr.Credentials(t, uid, creds); err != nil {
 		t.Errorf("the instance did not receive the proxy's credentials: %v", err)
 	}

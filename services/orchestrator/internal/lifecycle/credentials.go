@@ -72,9 +72,12 @@ func renewCredentials(p *Proxy, now time.Time) {
 	p.CredentialsStale = false
 }
 
-// rotatingMessage is a proxy's status message while its instance is
-// replaced for rotated credentials.
-const rotatingMessage = "the credentials were rotated; replacing the instance so that the old ones stop working"
+// A proxy's status messages while its instance takes rotated credentials:
+// in place first, by replacement where the provider cannot.
+const (
+	rotatingInPlaceMessage = "the credentials were rotated; changing them on the instance so that the old ones stop working"
+	rotatingMessage        = "the credentials were rotated; replacing the instance so that the old ones stop working"
+)
 
 // Errors of RotateCredentials, each a refusal the caller reports as a
 // failed precondition.

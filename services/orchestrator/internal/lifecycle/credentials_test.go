@@ -183,15 +183,52 @@ func TestCredentialsTable(t *testing.T) {
 	}
 }
 
-// A stale instance is replaced; what RotateCredentials refuses.
+// A stale instance takes the new credentials in place, or is replaced
+// where its provider cannot; what RotateCredentials refuses.
 func TestRotateCredentials(t *testing.T) {
 	t.Parallel()
-	t.Run("stale instance: delete to replace", func(t *testing.T) {
+	t.Run("stale instance: updated in place", func(t *testing.T) {
 		t.Parallel()
+		m := machine()
 		p := proxy(withInstance, healthy, withCredentials, stale)
-		dec := machine().Decide(p, t0)
+		dec := m.Decide(p, t0)
+		if dec.Command.GetOperation() != opUpdate || p.CommandStep != StepUpdateCredentials || p.Phase != provisioning || p.Reason != ReasonRotatingCredentials {
+			t.Fatalf("op %v step %v phase %v reason %q, want an in-place update for RotatingCredentials, PROVISIONING",
+				dec.Command.GetOperation(), p.CommandStep, p.Phase, p.Reason)
+		}
+		if req := dec.Command.GetUpdateCredentials(); req.GetProviderId() != p.ProviderID || req.GetProxyUid() != p.UID || req.GetCredentials() != nil {
+			t.Errorf("request %v: want the instance, and no credentials on the command", req)
+		}
+		rotated := *p.Credentials
+		m.Apply(p, result(dec.Command, nil, runningInst), t0)
+		if p.CredentialsStale || p.Healthy || p.Phase != running || p.ProviderID != runningInst.GetProviderId() || *p.Credentials != rotated {
+			t.Errorf("after the update: stale %v, healthy %v, phase %v, provider id %q, credentials kept %v; want current, unprobed, RUNNING, the same instance and credentials",
+				p.CredentialsStale, p.Healthy, p.Phase, p.ProviderID, *p.Credentials == rotated)
+		}
+	})
+	t.Run("provider cannot update in place: delete to replace", func(t *testing.T) {
+		t.Parallel()
+		m := machine()
+		p := proxy(withInstance, healthy, withCredentials, stale)
+		m.Apply(p, result(m.Decide(p, t0).Command, unsupported, nil), t0)
+		if !p.CredentialsStale || p.NextAttemptTime == nil || p.NextAttemptTime.After(t0) || p.Phase == failed {
+			t.Fatalf("after Unsupported: stale %v, next %v, phase %v; want stale, due now, not FAILED", p.CredentialsStale, in(p.NextAttemptTime, t0), p.Phase)
+		}
+		dec := m.Decide(p, t0)
 		if dec.Command.GetOperation() != opDelete || p.CommandStep != StepReplaceDelete || p.Reason != ReasonRotatingCredentials {
 			t.Errorf("op %v step %v reason %q, want a replacing delete for RotatingCredentials", dec.Command.GetOperation(), p.CommandStep, p.Reason)
+		}
+	})
+	t.Run("update failed transiently: tried again in place", func(t *testing.T) {
+		t.Parallel()
+		m := machine()
+		p := proxy(withInstance, withCredentials, stale)
+		m.Apply(p, result(m.Decide(p, t0).Command, transient, nil), t0)
+		if !p.CredentialsStale || p.Reason != ReasonRetrying {
+			t.Fatalf("after a transient failure: stale %v reason %q", p.CredentialsStale, p.Reason)
+		}
+		if dec := m.Decide(p, *p.NextAttemptTime); dec.Command.GetOperation() != opUpdate {
+			t.Errorf("the retry is %v, want the in-place update again", dec.Command.GetOperation())
 		}
 	})
 	t.Run("a Ready proxy is not Ready from the rotation's own write", func(t *testing.T) {

@@ -68,8 +68,13 @@ func (m *Machine) Decide(p *Proxy, now time.Time) Decision {
 		return m.issue(p, StepReplaceDelete, now)
 	case p.CredentialsStale:
 		p.setPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
-		p.Reason, p.Message = ReasonRotatingCredentials, rotatingMessage
-		return m.issue(p, StepReplaceDelete, now)
+		if p.CommandStep == StepReplaceDelete {
+			// The provider said it cannot change them in place.
+			p.Reason, p.Message = ReasonRotatingCredentials, rotatingMessage
+			return m.issue(p, StepReplaceDelete, now)
+		}
+		p.Reason, p.Message = ReasonRotatingCredentials, rotatingInPlaceMessage
+		return m.issue(p, StepUpdateCredentials, now)
 	case m.stoppedTooLong(p, now):
 		// It cannot serve and nobody started it again (a Proxmox VM whose
 		// guest agent was switched off can never report an address):
@@ -151,6 +156,11 @@ func (m *Machine) issue(p *Proxy, step Step, now time.Time) Decision {
 		// The instance listens where its Create says, whatever the spec
 		// says by the time the result arrives.
 		p.Port = p.Spec.GetPort()
+	case StepUpdateCredentials:
+		cmd.Operation, cmd.SpecHash, deadline = busv1.Operation_OPERATION_UPDATE_CREDENTIALS, p.InstanceSpecHash, m.Timing.GetDeadline
+		cmd.Request = &busv1.Command_UpdateCredentials{UpdateCredentials: &provisionerv1.UpdateCredentialsRequest{
+			Provider: p.Spec.GetProvider(), ProviderId: p.ProviderID, ProxyUid: p.UID, Installation: m.Installation,
+		}}
 	case StepPoll, StepReplacePoll, StepCleanupGet:
 		cmd.Operation, cmd.SpecHash, deadline = busv1.Operation_OPERATION_GET, p.InstanceSpecHash, m.Timing.GetDeadline
 		cmd.Request = &busv1.Command_Get{Get: &provisionerv1.GetInstanceRequest{

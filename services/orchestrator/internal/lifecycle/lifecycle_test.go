@@ -29,6 +29,7 @@ const (
 	opCreate = busv1.Operation_OPERATION_CREATE
 	opGet    = busv1.Operation_OPERATION_GET
 	opDelete = busv1.Operation_OPERATION_DELETE
+	opUpdate = busv1.Operation_OPERATION_UPDATE_CREDENTIALS
 )
 
 // machine is the production schedule without jitter; provider "pve" is
@@ -84,7 +85,8 @@ func inFlight(s Step, deadline time.Time) opt {
 }
 func traced(p *Proxy) { p.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" }
 
-// result answers cmd: with err, or with inst for a Create or Get.
+// result answers cmd: with err, or with inst for a Create, Get or
+// UpdateCredentials.
 func result(cmd *busv1.Command, err error, inst *provisionerv1.Instance) *busv1.CommandResult {
 	res := &busv1.CommandResult{CommandId: cmd.GetCommandId(), SpecHash: cmd.GetSpecHash(), Operation: cmd.GetOperation()}
 	switch {
@@ -94,6 +96,8 @@ func result(cmd *busv1.Command, err error, inst *provisionerv1.Instance) *busv1.
 		res.Outcome = &busv1.CommandResult_Create{Create: &provisionerv1.CreateInstanceResponse{Instance: inst}}
 	case cmd.GetOperation() == opGet:
 		res.Outcome = &busv1.CommandResult_Get{Get: &provisionerv1.GetInstanceResponse{Instance: inst}}
+	case cmd.GetOperation() == opUpdate:
+		res.Outcome = &busv1.CommandResult_UpdateCredentials{UpdateCredentials: &provisionerv1.UpdateCredentialsResponse{Instance: inst}}
 	default:
 		res.Outcome = &busv1.CommandResult_Delete{Delete: &provisionerv1.DeleteInstanceResponse{Deleted: true}}
 	}
@@ -113,6 +117,7 @@ var (
 	permanent   = errclass.New(errclass.Permanent, `placement.zone "x" is not in proxmox.nodes`)
 	transient   = errclass.New(errclass.Transient, "timeout")
 	quota       = errclass.New(errclass.QuotaExceeded, "Quota 'CPUS' exceeded")
+	unsupported = errclass.New(errclass.Unsupported, "provider \"pve\" cannot change an instance's credentials in place")
 )
 
 // healthVerdict is a healthy verdict of sequence 1 (for the instance of

@@ -65,6 +65,18 @@ func (m *Machine) Apply(p *Proxy, res *busv1.CommandResult, now time.Time) Outco
 			break
 		}
 		m.setInstance(p, res.GetGet().GetInstance(), now)
+	case StepUpdateCredentials:
+		if err != nil { // gone meanwhile: create it again, with new ones
+			clearInstance(p)
+			renewCredentials(p, now)
+			p.setPhase(proxyv1.ProxyPhase_PROXY_PHASE_PROVISIONING, now)
+			p.Reason, p.Message = ReasonInstanceLost, "the instance disappeared from the provider; creating it again"
+			p.NextAttemptTime = at(now)
+			break
+		}
+		p.CredentialsStale = false
+		p.Healthy = false // probed again, with the new credentials
+		m.setInstance(p, res.GetUpdateCredentials().GetInstance(), now)
 	case StepReplaceDelete, StepReplacePoll:
 		if err != nil { // gone: create the replacement, with new credentials
 			clearInstance(p)
@@ -102,6 +114,13 @@ func (m *Machine) Apply(p *Proxy, res *busv1.CommandResult, now time.Time) Outco
 func (m *Machine) applyFailure(p *Proxy, step Step, res *busv1.CommandResult, err error, now time.Time) Outcome {
 	class := errclass.Of(err)
 	p.Message = err.Error()
+	if step == StepUpdateCredentials && class == errclass.Unsupported && !p.Deleting() {
+		// The provider cannot change them in place: replace the instance.
+		p.CommandStep = StepReplaceDelete
+		p.Reason, p.Message = ReasonRotatingCredentials, rotatingMessage
+		p.NextAttemptTime = at(now)
+		return Applied
+	}
 	if p.Deleting() {
 		if step == StepCleanupGet && class == errclass.Permanent {
 			// Get will never answer for this instance; Delete is idempotent

@@ -25,6 +25,10 @@ const (
 	// StepCleanupDeleteRelease deletes the instance of a deleting proxy whose
 	// Get failed permanently, releasing the proxy when Delete succeeds.
 	StepCleanupDeleteRelease
+	// StepUpdateCredentials makes a live instance demand the proxy's new
+	// credentials in place; where its provider cannot, the proxy goes on
+	// with StepReplaceDelete.
+	StepUpdateCredentials
 )
 
 func (s Step) String() string {
@@ -43,6 +47,8 @@ func (s Step) String() string {
 		return "cleanup-delete"
 	case StepCleanupDeleteRelease:
 		return "cleanup-delete-release"
+	case StepUpdateCredentials:
+		return "update-credentials"
 	}
 	return "none"
 }

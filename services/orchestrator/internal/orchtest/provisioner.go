@@ -139,6 +139,9 @@ func (c *Cloud) Answer(cmd *busv1.Command) *busv1.CommandResult {
 		_, existed := c.instances[uid]
 		delete(c.instances, uid)
 		return &busv1.CommandResult{Outcome: &busv1.CommandResult_Delete{Delete: &provisionerv1.DeleteInstanceResponse{Deleted: existed}}}
+	case busv1.Operation_OPERATION_UPDATE_CREDENTIALS:
+		// As a VM backend: credentials are read once, at first boot.
+		return Failure(errclass.Unsupported, "this backend cannot change an instance's credentials in place")
 	}
 	return Failure(errclass.Permanent, "unexpected operation")
 }

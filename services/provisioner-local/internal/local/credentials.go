@@ -1,9 +1,11 @@
 package local
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 
+	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/errclass"
 	"github.com/egress-proxies/egress-proxies/pkg/squid"
@@ -50,4 +52,40 @@ func (b *Backend) setCredentials(s *state, c *proxyv1.ProxyCredentials) error {
 	}
 	s.Auth = true
 	return b.write(s)
+}
+
+// UpdateCredentials implements provisioner.CredentialsUpdater: the
+// instance's htpasswd file gets the new credentials, and its squid is
+// restarted at the same address. A restart rather than a reconfigure,
+// because squid keeps a verdict on a credential for a minute
+// (credentialsttl) and a tunnel opened with the old ones lives on: after
+// the restart nothing the old credentials opened is left.
+func (b *Backend) UpdateCredentials(ctx context.Context, req *provisionerv1.UpdateCredentialsRequest) (*provisionerv1.Instance, error) {
+	uid, err := uidFromProviderID(req.GetProviderId(), req.GetProxyUid())
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := b.lock()
+	if err != nil {
+		return nil, err
+	}
+	s, err := b.read(uid)
+	if err == nil && s.foreignInstallation(req.GetInstallation()) {
+		err = errclass.New(errclass.NotFound, "instance %s is installation %s's", req.GetProviderId(), s.Installation)
+	}
+	if err == nil {
+		err = b.setCredentials(s, req.GetCredentials())
+	}
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.stop(ctx, s); err != nil {
+		return nil, err
+	}
+	if err := b.ensureRunning(ctx, s); err != nil {
+		return nil, err
+	}
+	b.log.Info("local instance's credentials changed; proxy restarted", "name", s.Name, "provider_id", providerID(uid))
+	return b.instance(s, provisionerv1.InstanceState_INSTANCE_STATE_RUNNING), nil
 }

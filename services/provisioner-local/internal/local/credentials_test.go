@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"io"
 	"net"
 	"net/http"
@@ -101,4 +102,70 @@ func TestBuiltinProxyRefusesCredentials(t *testing.T) {
 	if !errclass.Is(err, errclass.Permanent) || !strings.Contains(err.Error(), "cannot demand them") || strings.Contains(err.Error(), "secret-xyz") {
 		t.Errorf("builtin proxy with credentials: %v, want Permanent without the secret", err)
 	}
+}
+
+func TestUpdateCredentialsInPlace(t *testing.T) {
+	t.Parallel()
+	target := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("hello through the proxy"))
+	}))
+	t.Cleanup(target.Close)
+	ctx := context.Background()
+	b := newBackend(t, "squid", t.TempDir())
+	cleanup(t, b)
+	uid := uuid.NewString()
+	old := &proxyv1.ProxyCredentials{Username: "egress-0123456789ab", Password: "pw-old_secret1"}
+	inst, err := b.Create(ctx, &provisionerv1.CreateInstanceRequest{Provider: "local", ProxyUid: uid, ProxyName: "p1", Port: 3128, Credentials: old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(inst.GetIp(), "3128")
+	oldUser := url.UserPassword(old.GetUsername(), old.GetPassword())
+	if got := statusThrough(t, addr, oldUser, target); got != http.StatusOK {
+		t.Fatalf("before the update, the old credentials: status %d", got)
+	}
+	// A tunnel opened with the old credentials, alive across the update.
+	tunnel, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tunnel.Close()
+	host := strings.TrimPrefix(target.URL, "https://")
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
+	req.Header.Set("Proxy-Authorization", "Basic "+basic(old.GetUsername(), old.GetPassword()))
+	if err := req.Write(tunnel); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := tunnel.Read(buf); err != nil || !strings.Contains(string(buf[:n]), " 200 ") {
+		t.Fatalf("CONNECT with the old credentials: %q, %v", buf[:n], err)
+	}
+
+	updated := &proxyv1.ProxyCredentials{Username: "egress-ba9876543210", Password: "pw-new_secret2"}
+	got, err := b.UpdateCredentials(ctx, &provisionerv1.UpdateCredentialsRequest{Provider: "local", ProviderId: inst.GetProviderId(), ProxyUid: uid, Credentials: updated})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.GetProviderId() != inst.GetProviderId() || got.GetIp() != inst.GetIp() || got.GetState() != provisionerv1.InstanceState_INSTANCE_STATE_RUNNING {
+		t.Errorf("after the update: %v, want the same running instance %v", got, inst)
+	}
+	if got := statusThrough(t, addr, oldUser, target); got != http.StatusProxyAuthRequired {
+		t.Errorf("the old credentials right after the update: status %d, want 407", got)
+	}
+	if got := statusThrough(t, addr, url.UserPassword(updated.GetUsername(), updated.GetPassword()), target); got != http.StatusOK {
+		t.Errorf("the new credentials: status %d, want 200", got)
+	}
+	_ = tunnel.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := tunnel.Read(buf); err == nil {
+		t.Error("the tunnel opened with the old credentials is still open after the update")
+	}
+
+	_, err = b.UpdateCredentials(ctx, &provisionerv1.UpdateCredentialsRequest{Provider: "local", ProviderId: "instances/" + uuid.NewString(), Credentials: updated})
+	if !errclass.Is(err, errclass.NotFound) {
+		t.Errorf("updating an instance that does not exist: %v, want NotFound", err)
+	}
+}
+
+func basic(user, password string) string {
+	return base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
 }

@@ -701,22 +701,8 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 		b.log.Info("local instance is another installation's; left alone", "provider_id", providerID(uid), "installation", s.Installation)
 		return false, nil
 	}
-	if s != nil && b.alive(s) {
-		b.stopping.Store(s.PID, struct{}{})
-		_ = syscall.Kill(-s.PID, syscall.SIGTERM) // its whole session
-		deadline := time.Now().Add(10 * time.Second)
-		for b.alive(s) && time.Now().Before(deadline) {
-			select {
-			case <-ctx.Done():
-				return false, ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-		if b.alive(s) {
-			_ = syscall.Kill(-s.PID, syscall.SIGKILL)
-		}
-		// Done only once its address is free again.
-		if err := b.waitExit(ctx, s); err != nil {
+	if s != nil {
+		if err := b.stop(ctx, s); err != nil {
 			return false, err
 		}
 	}
@@ -728,6 +714,28 @@ func (b *Backend) Delete(ctx context.Context, req *provisionerv1.DeleteInstanceR
 	}
 	b.log.Info("local instance deleted", "provider_id", providerID(uid))
 	return true, nil
+}
+
+// stop ends the instance's proxy process, if it runs, and returns once its
+// address is free again.
+func (b *Backend) stop(ctx context.Context, s *state) error {
+	if !b.alive(s) {
+		return nil
+	}
+	b.stopping.Store(s.PID, struct{}{})
+	_ = syscall.Kill(-s.PID, syscall.SIGTERM) // its whole session
+	deadline := time.Now().Add(10 * time.Second)
+	for b.alive(s) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if b.alive(s) {
+		_ = syscall.Kill(-s.PID, syscall.SIGKILL)
+	}
+	return b.waitExit(ctx, s)
 }
 
 // all reads every instance record; unreadable ones are skipped.

@@ -41,6 +41,8 @@ const (
 	Operation_OPERATION_DELETE Operation = 3
 	// ProvisionerService.ListInstances (orphan GC).
 	Operation_OPERATION_LIST Operation = 4
+	// ProvisionerService.UpdateCredentials.
+	Operation_OPERATION_UPDATE_CREDENTIALS Operation = 5
 )
 
 // Enum value maps for Operation.
@@ -51,13 +53,15 @@ var (
 		2: "OPERATION_GET",
 		3: "OPERATION_DELETE",
 		4: "OPERATION_LIST",
+		5: "OPERATION_UPDATE_CREDENTIALS",
 	}
 	Operation_value = map[string]int32{
-		"OPERATION_UNSPECIFIED": 0,
-		"OPERATION_CREATE":      1,
-		"OPERATION_GET":         2,
-		"OPERATION_DELETE":      3,
-		"OPERATION_LIST":        4,
+		"OPERATION_UNSPECIFIED":        0,
+		"OPERATION_CREATE":             1,
+		"OPERATION_GET":                2,
+		"OPERATION_DELETE":             3,
+		"OPERATION_LIST":               4,
+		"OPERATION_UPDATE_CREDENTIALS": 5,
 	}
 )
 
@@ -178,6 +182,7 @@ type Command struct {
 	//	*Command_Get
 	//	*Command_Delete
 	//	*Command_List
+	//	*Command_UpdateCredentials
 	Request       isCommand_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -319,6 +324,15 @@ func (x *Command) GetList() *v1.ListInstancesRequest {
 	return nil
 }
 
+func (x *Command) GetUpdateCredentials() *v1.UpdateCredentialsRequest {
+	if x != nil {
+		if x, ok := x.Request.(*Command_UpdateCredentials); ok {
+			return x.UpdateCredentials
+		}
+	}
+	return nil
+}
+
 type isCommand_Request interface {
 	isCommand_Request()
 }
@@ -343,6 +357,11 @@ type Command_List struct {
 	List *v1.ListInstancesRequest `protobuf:"bytes,13,opt,name=list,proto3,oneof"`
 }
 
+type Command_UpdateCredentials struct {
+	// For OPERATION_UPDATE_CREDENTIALS.
+	UpdateCredentials *v1.UpdateCredentialsRequest `protobuf:"bytes,14,opt,name=update_credentials,json=updateCredentials,proto3,oneof"`
+}
+
 func (*Command_Create) isCommand_Request() {}
 
 func (*Command_Get) isCommand_Request() {}
@@ -350,6 +369,8 @@ func (*Command_Get) isCommand_Request() {}
 func (*Command_Delete) isCommand_Request() {}
 
 func (*Command_List) isCommand_Request() {}
+
+func (*Command_UpdateCredentials) isCommand_Request() {}
 
 // CommandError is a failed command's error, classified by the provisioner.
 type CommandError struct {
@@ -445,6 +466,7 @@ type CommandResult struct {
 	//	*CommandResult_Delete
 	//	*CommandResult_List
 	//	*CommandResult_Error
+	//	*CommandResult_UpdateCredentials
 	Outcome       isCommandResult_Outcome `protobuf_oneof:"outcome"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -595,6 +617,15 @@ func (x *CommandResult) GetError() *CommandError {
 	return nil
 }
 
+func (x *CommandResult) GetUpdateCredentials() *v1.UpdateCredentialsResponse {
+	if x != nil {
+		if x, ok := x.Outcome.(*CommandResult_UpdateCredentials); ok {
+			return x.UpdateCredentials
+		}
+	}
+	return nil
+}
+
 type isCommandResult_Outcome interface {
 	isCommandResult_Outcome()
 }
@@ -624,6 +655,11 @@ type CommandResult_Error struct {
 	Error *CommandError `protobuf:"bytes,14,opt,name=error,proto3,oneof"`
 }
 
+type CommandResult_UpdateCredentials struct {
+	// Result of OPERATION_UPDATE_CREDENTIALS.
+	UpdateCredentials *v1.UpdateCredentialsResponse `protobuf:"bytes,15,opt,name=update_credentials,json=updateCredentials,proto3,oneof"`
+}
+
 func (*CommandResult_Create) isCommandResult_Outcome() {}
 
 func (*CommandResult_Get) isCommandResult_Outcome() {}
@@ -633,6 +669,8 @@ func (*CommandResult_Delete) isCommandResult_Outcome() {}
 func (*CommandResult_List) isCommandResult_Outcome() {}
 
 func (*CommandResult_Error) isCommandResult_Outcome() {}
+
+func (*CommandResult_UpdateCredentials) isCommandResult_Outcome() {}
 
 // ProxyEvent is a change of one proxy, published by the orchestrator for
 // health and lease. It carries a full snapshot, so a consumer applies the
@@ -879,7 +917,7 @@ var File_egress_bus_v1_bus_proto protoreflect.FileDescriptor
 
 const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\n" +
-	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a\x1begress/lease/v1/lease.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1aegress/proxy/v1/pool.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
+	"\x17egress/bus/v1/bus.proto\x12\regress.bus.v1\x1a\x1degress/health/v1/health.proto\x1a\x1begress/lease/v1/lease.proto\x1a'egress/provisioner/v1/provisioner.proto\x1a\x1aegress/proxy/v1/pool.proto\x1a\x1begress/proxy/v1/proxy.proto\x1a#egress/proxy/v1/proxy_service.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x05\n" +
 	"\aCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -896,7 +934,8 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	" \x01(\v2,.egress.provisioner.v1.CreateInstanceRequestH\x00R\x06create\x12=\n" +
 	"\x03get\x18\v \x01(\v2).egress.provisioner.v1.GetInstanceRequestH\x00R\x03get\x12F\n" +
 	"\x06delete\x18\f \x01(\v2,.egress.provisioner.v1.DeleteInstanceRequestH\x00R\x06delete\x12A\n" +
-	"\x04list\x18\r \x01(\v2+.egress.provisioner.v1.ListInstancesRequestH\x00R\x04listB\t\n" +
+	"\x04list\x18\r \x01(\v2+.egress.provisioner.v1.ListInstancesRequestH\x00R\x04list\x12`\n" +
+	"\x12update_credentials\x18\x0e \x01(\v2/.egress.provisioner.v1.UpdateCredentialsRequestH\x00R\x11updateCredentialsB\t\n" +
 	"\arequest\"\xe8\x01\n" +
 	"\fCommandError\x12:\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\".egress.provisioner.v1.ErrorReasonR\x06reason\x12\x18\n" +
@@ -904,7 +943,7 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\bmetadata\x18\x03 \x03(\v2).egress.bus.v1.CommandError.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x06\n" +
 	"\rCommandResult\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -922,7 +961,8 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\x03get\x18\v \x01(\v2*.egress.provisioner.v1.GetInstanceResponseH\x00R\x03get\x12G\n" +
 	"\x06delete\x18\f \x01(\v2-.egress.provisioner.v1.DeleteInstanceResponseH\x00R\x06delete\x12B\n" +
 	"\x04list\x18\r \x01(\v2,.egress.provisioner.v1.ListInstancesResponseH\x00R\x04list\x123\n" +
-	"\x05error\x18\x0e \x01(\v2\x1b.egress.bus.v1.CommandErrorH\x00R\x05errorB\t\n" +
+	"\x05error\x18\x0e \x01(\v2\x1b.egress.bus.v1.CommandErrorH\x00R\x05error\x12a\n" +
+	"\x12update_credentials\x18\x0f \x01(\v20.egress.provisioner.v1.UpdateCredentialsResponseH\x00R\x11updateCredentialsB\t\n" +
 	"\aoutcome\"\xc4\x01\n" +
 	"\n" +
 	"ProxyEvent\x12\x1a\n" +
@@ -943,13 +983,14 @@ const file_egress_bus_v1_bus_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"S\n" +
 	"\x11LeaseChangesEvent\x12>\n" +
-	"\achanges\x18\x01 \x03(\v2$.egress.lease.v1.WatchLeasesResponseR\achanges*y\n" +
+	"\achanges\x18\x01 \x03(\v2$.egress.lease.v1.WatchLeasesResponseR\achanges*\x9b\x01\n" +
 	"\tOperation\x12\x19\n" +
 	"\x15OPERATION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10OPERATION_CREATE\x10\x01\x12\x11\n" +
 	"\rOPERATION_GET\x10\x02\x12\x14\n" +
 	"\x10OPERATION_DELETE\x10\x03\x12\x12\n" +
-	"\x0eOPERATION_LIST\x10\x04*o\n" +
+	"\x0eOPERATION_LIST\x10\x04\x12 \n" +
+	"\x1cOPERATION_UPDATE_CREDENTIALS\x10\x05*o\n" +
 	"\x0eCommandPurpose\x12\x1f\n" +
 	"\x1bCOMMAND_PURPOSE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_PURPOSE_RECONCILE\x10\x01\x12\x1d\n" +
@@ -970,33 +1011,35 @@ func file_egress_bus_v1_bus_proto_rawDescGZIP() []byte {
 var file_egress_bus_v1_bus_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_egress_bus_v1_bus_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_egress_bus_v1_bus_proto_goTypes = []any{
-	(Operation)(0),                    // 0: egress.bus.v1.Operation
-	(CommandPurpose)(0),               // 1: egress.bus.v1.CommandPurpose
-	(*Command)(nil),                   // 2: egress.bus.v1.Command
-	(*CommandError)(nil),              // 3: egress.bus.v1.CommandError
-	(*CommandResult)(nil),             // 4: egress.bus.v1.CommandResult
-	(*ProxyEvent)(nil),                // 5: egress.bus.v1.ProxyEvent
-	(*HealthTransitionEvent)(nil),     // 6: egress.bus.v1.HealthTransitionEvent
-	(*PoolDemandEvent)(nil),           // 7: egress.bus.v1.PoolDemandEvent
-	(*LeaseChangesEvent)(nil),         // 8: egress.bus.v1.LeaseChangesEvent
-	nil,                               // 9: egress.bus.v1.CommandError.MetadataEntry
-	nil,                               // 10: egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
-	(*timestamppb.Timestamp)(nil),     // 11: google.protobuf.Timestamp
-	(*v1.CreateInstanceRequest)(nil),  // 12: egress.provisioner.v1.CreateInstanceRequest
-	(*v1.GetInstanceRequest)(nil),     // 13: egress.provisioner.v1.GetInstanceRequest
-	(*v1.DeleteInstanceRequest)(nil),  // 14: egress.provisioner.v1.DeleteInstanceRequest
-	(*v1.ListInstancesRequest)(nil),   // 15: egress.provisioner.v1.ListInstancesRequest
-	(v1.ErrorReason)(0),               // 16: egress.provisioner.v1.ErrorReason
-	(*durationpb.Duration)(nil),       // 17: google.protobuf.Duration
-	(*v1.CreateInstanceResponse)(nil), // 18: egress.provisioner.v1.CreateInstanceResponse
-	(*v1.GetInstanceResponse)(nil),    // 19: egress.provisioner.v1.GetInstanceResponse
-	(*v1.DeleteInstanceResponse)(nil), // 20: egress.provisioner.v1.DeleteInstanceResponse
-	(*v1.ListInstancesResponse)(nil),  // 21: egress.provisioner.v1.ListInstancesResponse
-	(v11.ChangeType)(0),               // 22: egress.proxy.v1.ChangeType
-	(*v11.Proxy)(nil),                 // 23: egress.proxy.v1.Proxy
-	(*v12.HealthTransition)(nil),      // 24: egress.health.v1.HealthTransition
-	(*v11.PoolDemand)(nil),            // 25: egress.proxy.v1.PoolDemand
-	(*v13.WatchLeasesResponse)(nil),   // 26: egress.lease.v1.WatchLeasesResponse
+	(Operation)(0),                       // 0: egress.bus.v1.Operation
+	(CommandPurpose)(0),                  // 1: egress.bus.v1.CommandPurpose
+	(*Command)(nil),                      // 2: egress.bus.v1.Command
+	(*CommandError)(nil),                 // 3: egress.bus.v1.CommandError
+	(*CommandResult)(nil),                // 4: egress.bus.v1.CommandResult
+	(*ProxyEvent)(nil),                   // 5: egress.bus.v1.ProxyEvent
+	(*HealthTransitionEvent)(nil),        // 6: egress.bus.v1.HealthTransitionEvent
+	(*PoolDemandEvent)(nil),              // 7: egress.bus.v1.PoolDemandEvent
+	(*LeaseChangesEvent)(nil),            // 8: egress.bus.v1.LeaseChangesEvent
+	nil,                                  // 9: egress.bus.v1.CommandError.MetadataEntry
+	nil,                                  // 10: egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
+	(*timestamppb.Timestamp)(nil),        // 11: google.protobuf.Timestamp
+	(*v1.CreateInstanceRequest)(nil),     // 12: egress.provisioner.v1.CreateInstanceRequest
+	(*v1.GetInstanceRequest)(nil),        // 13: egress.provisioner.v1.GetInstanceRequest
+	(*v1.DeleteInstanceRequest)(nil),     // 14: egress.provisioner.v1.DeleteInstanceRequest
+	(*v1.ListInstancesRequest)(nil),      // 15: egress.provisioner.v1.ListInstancesRequest
+	(*v1.UpdateCredentialsRequest)(nil),  // 16: egress.provisioner.v1.UpdateCredentialsRequest
+	(v1.ErrorReason)(0),                  // 17: egress.provisioner.v1.ErrorReason
+	(*durationpb.Duration)(nil),          // 18: google.protobuf.Duration
+	(*v1.CreateInstanceResponse)(nil),    // 19: egress.provisioner.v1.CreateInstanceResponse
+	(*v1.GetInstanceResponse)(nil),       // 20: egress.provisioner.v1.GetInstanceResponse
+	(*v1.DeleteInstanceResponse)(nil),    // 21: egress.provisioner.v1.DeleteInstanceResponse
+	(*v1.ListInstancesResponse)(nil),     // 22: egress.provisioner.v1.ListInstancesResponse
+	(*v1.UpdateCredentialsResponse)(nil), // 23: egress.provisioner.v1.UpdateCredentialsResponse
+	(v11.ChangeType)(0),                  // 24: egress.proxy.v1.ChangeType
+	(*v11.Proxy)(nil),                    // 25: egress.proxy.v1.Proxy
+	(*v12.HealthTransition)(nil),         // 26: egress.health.v1.HealthTransition
+	(*v11.PoolDemand)(nil),               // 27: egress.proxy.v1.PoolDemand
+	(*v13.WatchLeasesResponse)(nil),      // 28: egress.lease.v1.WatchLeasesResponse
 }
 var file_egress_bus_v1_bus_proto_depIdxs = []int32{
 	0,  // 0: egress.bus.v1.Command.operation:type_name -> egress.bus.v1.Operation
@@ -1007,29 +1050,31 @@ var file_egress_bus_v1_bus_proto_depIdxs = []int32{
 	13, // 5: egress.bus.v1.Command.get:type_name -> egress.provisioner.v1.GetInstanceRequest
 	14, // 6: egress.bus.v1.Command.delete:type_name -> egress.provisioner.v1.DeleteInstanceRequest
 	15, // 7: egress.bus.v1.Command.list:type_name -> egress.provisioner.v1.ListInstancesRequest
-	16, // 8: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
-	9,  // 9: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
-	0,  // 10: egress.bus.v1.CommandResult.operation:type_name -> egress.bus.v1.Operation
-	11, // 11: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
-	17, // 12: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
-	1,  // 13: egress.bus.v1.CommandResult.purpose:type_name -> egress.bus.v1.CommandPurpose
-	18, // 14: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
-	19, // 15: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
-	20, // 16: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
-	21, // 17: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
-	3,  // 18: egress.bus.v1.CommandResult.error:type_name -> egress.bus.v1.CommandError
-	22, // 19: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
-	23, // 20: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
-	11, // 21: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
-	24, // 22: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
-	25, // 23: egress.bus.v1.PoolDemandEvent.demand:type_name -> egress.proxy.v1.PoolDemand
-	10, // 24: egress.bus.v1.PoolDemandEvent.leases_by_proxy:type_name -> egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
-	26, // 25: egress.bus.v1.LeaseChangesEvent.changes:type_name -> egress.lease.v1.WatchLeasesResponse
-	26, // [26:26] is the sub-list for method output_type
-	26, // [26:26] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	16, // 8: egress.bus.v1.Command.update_credentials:type_name -> egress.provisioner.v1.UpdateCredentialsRequest
+	17, // 9: egress.bus.v1.CommandError.reason:type_name -> egress.provisioner.v1.ErrorReason
+	9,  // 10: egress.bus.v1.CommandError.metadata:type_name -> egress.bus.v1.CommandError.MetadataEntry
+	0,  // 11: egress.bus.v1.CommandResult.operation:type_name -> egress.bus.v1.Operation
+	11, // 12: egress.bus.v1.CommandResult.complete_time:type_name -> google.protobuf.Timestamp
+	18, // 13: egress.bus.v1.CommandResult.duration:type_name -> google.protobuf.Duration
+	1,  // 14: egress.bus.v1.CommandResult.purpose:type_name -> egress.bus.v1.CommandPurpose
+	19, // 15: egress.bus.v1.CommandResult.create:type_name -> egress.provisioner.v1.CreateInstanceResponse
+	20, // 16: egress.bus.v1.CommandResult.get:type_name -> egress.provisioner.v1.GetInstanceResponse
+	21, // 17: egress.bus.v1.CommandResult.delete:type_name -> egress.provisioner.v1.DeleteInstanceResponse
+	22, // 18: egress.bus.v1.CommandResult.list:type_name -> egress.provisioner.v1.ListInstancesResponse
+	3,  // 19: egress.bus.v1.CommandResult.error:type_name -> egress.bus.v1.CommandError
+	23, // 20: egress.bus.v1.CommandResult.update_credentials:type_name -> egress.provisioner.v1.UpdateCredentialsResponse
+	24, // 21: egress.bus.v1.ProxyEvent.type:type_name -> egress.proxy.v1.ChangeType
+	25, // 22: egress.bus.v1.ProxyEvent.proxy:type_name -> egress.proxy.v1.Proxy
+	11, // 23: egress.bus.v1.ProxyEvent.change_time:type_name -> google.protobuf.Timestamp
+	26, // 24: egress.bus.v1.HealthTransitionEvent.transition:type_name -> egress.health.v1.HealthTransition
+	27, // 25: egress.bus.v1.PoolDemandEvent.demand:type_name -> egress.proxy.v1.PoolDemand
+	10, // 26: egress.bus.v1.PoolDemandEvent.leases_by_proxy:type_name -> egress.bus.v1.PoolDemandEvent.LeasesByProxyEntry
+	28, // 27: egress.bus.v1.LeaseChangesEvent.changes:type_name -> egress.lease.v1.WatchLeasesResponse
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_egress_bus_v1_bus_proto_init() }
@@ -1042,6 +1087,7 @@ func file_egress_bus_v1_bus_proto_init() {
 		(*Command_Get)(nil),
 		(*Command_Delete)(nil),
 		(*Command_List)(nil),
+		(*Command_UpdateCredentials)(nil),
 	}
 	file_egress_bus_v1_bus_proto_msgTypes[2].OneofWrappers = []any{
 		(*CommandResult_Create)(nil),
@@ -1049,6 +1095,7 @@ func file_egress_bus_v1_bus_proto_init() {
 		(*CommandResult_Delete)(nil),
 		(*CommandResult_List)(nil),
 		(*CommandResult_Error)(nil),
+		(*CommandResult_UpdateCredentials)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

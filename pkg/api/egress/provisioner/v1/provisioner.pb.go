@@ -46,6 +46,10 @@ const (
 	// The backend is out of capacity or quota; retried with a slower backoff.
 	// gRPC RESOURCE_EXHAUSTED.
 	ErrorReason_ERROR_REASON_QUOTA_EXCEEDED ErrorReason = 4
+	// The backend cannot do what was asked at all (UpdateCredentials on a
+	// backend whose instances read their credentials once). gRPC
+	// UNIMPLEMENTED.
+	ErrorReason_ERROR_REASON_UNSUPPORTED ErrorReason = 5
 )
 
 // Enum value maps for ErrorReason.
@@ -56,6 +60,7 @@ var (
 		2: "ERROR_REASON_PERMANENT",
 		3: "ERROR_REASON_TRANSIENT",
 		4: "ERROR_REASON_QUOTA_EXCEEDED",
+		5: "ERROR_REASON_UNSUPPORTED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":    0,
@@ -63,6 +68,7 @@ var (
 		"ERROR_REASON_PERMANENT":      2,
 		"ERROR_REASON_TRANSIENT":      3,
 		"ERROR_REASON_QUOTA_EXCEEDED": 4,
+		"ERROR_REASON_UNSUPPORTED":    5,
 	}
 )
 
@@ -986,6 +992,139 @@ func (x *CheckBackendResponse) GetTargets() []*TargetStatus {
 	return nil
 }
 
+// Request of UpdateCredentials.
+type UpdateCredentialsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Configured provider name.
+	Provider string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The provider's identifier of the instance.
+	ProviderId string `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	// UID of the proxy; an instance marked with another UID is NOT_FOUND.
+	ProxyUid string `protobuf:"bytes,3,opt,name=proxy_uid,json=proxyUid,proto3" json:"proxy_uid,omitempty"`
+	// The credentials the instance must demand from now on. Never set on a
+	// NATS command: the provisioner runtime fetches the proxy's current ones
+	// from the orchestrator (GetProxyCredentials, with the service role).
+	// Secret: never logged or traced.
+	Credentials *v1.ProxyCredentials `protobuf:"bytes,4,opt,name=credentials,proto3" json:"credentials,omitempty"`
+	// The orchestrator installation the request is for (its
+	// --installation-id); an instance of another installation is NOT_FOUND.
+	// Required.
+	Installation  string `protobuf:"bytes,5,opt,name=installation,proto3" json:"installation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateCredentialsRequest) Reset() {
+	*x = UpdateCredentialsRequest{}
+	mi := &file_egress_provisioner_v1_provisioner_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateCredentialsRequest) ProtoMessage() {}
+
+func (x *UpdateCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_provisioner_v1_provisioner_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*UpdateCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_egress_provisioner_v1_provisioner_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *UpdateCredentialsRequest) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *UpdateCredentialsRequest) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *UpdateCredentialsRequest) GetProxyUid() string {
+	if x != nil {
+		return x.ProxyUid
+	}
+	return ""
+}
+
+func (x *UpdateCredentialsRequest) GetCredentials() *v1.ProxyCredentials {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+func (x *UpdateCredentialsRequest) GetInstallation() string {
+	if x != nil {
+		return x.Installation
+	}
+	return ""
+}
+
+// Response of UpdateCredentials.
+type UpdateCredentialsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The instance, demanding the new credentials.
+	Instance      *Instance `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateCredentialsResponse) Reset() {
+	*x = UpdateCredentialsResponse{}
+	mi := &file_egress_provisioner_v1_provisioner_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateCredentialsResponse) ProtoMessage() {}
+
+func (x *UpdateCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_egress_provisioner_v1_provisioner_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*UpdateCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_egress_provisioner_v1_provisioner_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UpdateCredentialsResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
 var File_egress_provisioner_v1_provisioner_proto protoreflect.FileDescriptor
 
 const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
@@ -1055,26 +1194,37 @@ const file_egress_provisioner_v1_provisioner_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"U\n" +
 	"\x14CheckBackendResponse\x12=\n" +
-	"\atargets\x18\x01 \x03(\v2#.egress.provisioner.v1.TargetStatusR\atargets*\xa0\x01\n" +
+	"\atargets\x18\x01 \x03(\v2#.egress.provisioner.v1.TargetStatusR\atargets\"\xb4\x02\n" +
+	"\x18UpdateCredentialsRequest\x12(\n" +
+	"\bprovider\x18\x01 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bprovider\x12-\n" +
+	"\vprovider_id\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\n" +
+	"providerId\x12)\n" +
+	"\tproxy_uid\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\x01R\bproxyUid\x12C\n" +
+	"\vcredentials\x18\x04 \x01(\v2!.egress.proxy.v1.ProxyCredentialsR\vcredentials\x12O\n" +
+	"\finstallation\x18\x05 \x01(\tB+\xbaH(r&2$^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$R\finstallation\"X\n" +
+	"\x19UpdateCredentialsResponse\x12;\n" +
+	"\binstance\x18\x01 \x01(\v2\x1f.egress.provisioner.v1.InstanceR\binstance*\xbe\x01\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_NOT_FOUND\x10\x01\x12\x1a\n" +
 	"\x16ERROR_REASON_PERMANENT\x10\x02\x12\x1a\n" +
 	"\x16ERROR_REASON_TRANSIENT\x10\x03\x12\x1f\n" +
-	"\x1bERROR_REASON_QUOTA_EXCEEDED\x10\x04*\xc0\x01\n" +
+	"\x1bERROR_REASON_QUOTA_EXCEEDED\x10\x04\x12\x1c\n" +
+	"\x18ERROR_REASON_UNSUPPORTED\x10\x05*\xc0\x01\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bINSTANCE_STATE_PROVISIONING\x10\x01\x12\x1a\n" +
 	"\x16INSTANCE_STATE_RUNNING\x10\x02\x12\x1a\n" +
 	"\x16INSTANCE_STATE_STOPPED\x10\x03\x12\x1b\n" +
 	"\x17INSTANCE_STATE_DELETING\x10\x04\x12\x19\n" +
-	"\x15INSTANCE_STATE_FAILED\x10\x052\xad\x04\n" +
+	"\x15INSTANCE_STATE_FAILED\x10\x052\xa5\x05\n" +
 	"\x12ProvisionerService\x12m\n" +
 	"\x0eCreateInstance\x12,.egress.provisioner.v1.CreateInstanceRequest\x1a-.egress.provisioner.v1.CreateInstanceResponse\x12d\n" +
 	"\vGetInstance\x12).egress.provisioner.v1.GetInstanceRequest\x1a*.egress.provisioner.v1.GetInstanceResponse\x12m\n" +
 	"\x0eDeleteInstance\x12,.egress.provisioner.v1.DeleteInstanceRequest\x1a-.egress.provisioner.v1.DeleteInstanceResponse\x12j\n" +
 	"\rListInstances\x12+.egress.provisioner.v1.ListInstancesRequest\x1a,.egress.provisioner.v1.ListInstancesResponse\x12g\n" +
-	"\fCheckBackend\x12*.egress.provisioner.v1.CheckBackendRequest\x1a+.egress.provisioner.v1.CheckBackendResponseBVZTgithub.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1;provisionerv1b\x06proto3"
+	"\fCheckBackend\x12*.egress.provisioner.v1.CheckBackendRequest\x1a+.egress.provisioner.v1.CheckBackendResponse\x12v\n" +
+	"\x11UpdateCredentials\x12/.egress.provisioner.v1.UpdateCredentialsRequest\x1a0.egress.provisioner.v1.UpdateCredentialsResponseBVZTgithub.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1;provisionerv1b\x06proto3"
 
 var (
 	file_egress_provisioner_v1_provisioner_proto_rawDescOnce sync.Once
@@ -1089,56 +1239,62 @@ func file_egress_provisioner_v1_provisioner_proto_rawDescGZIP() []byte {
 }
 
 var file_egress_provisioner_v1_provisioner_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_egress_provisioner_v1_provisioner_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_egress_provisioner_v1_provisioner_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_egress_provisioner_v1_provisioner_proto_goTypes = []any{
-	(ErrorReason)(0),               // 0: egress.provisioner.v1.ErrorReason
-	(InstanceState)(0),             // 1: egress.provisioner.v1.InstanceState
-	(*Instance)(nil),               // 2: egress.provisioner.v1.Instance
-	(*CreateInstanceRequest)(nil),  // 3: egress.provisioner.v1.CreateInstanceRequest
-	(*CreateInstanceResponse)(nil), // 4: egress.provisioner.v1.CreateInstanceResponse
-	(*GetInstanceRequest)(nil),     // 5: egress.provisioner.v1.GetInstanceRequest
-	(*GetInstanceResponse)(nil),    // 6: egress.provisioner.v1.GetInstanceResponse
-	(*DeleteInstanceRequest)(nil),  // 7: egress.provisioner.v1.DeleteInstanceRequest
-	(*DeleteInstanceResponse)(nil), // 8: egress.provisioner.v1.DeleteInstanceResponse
-	(*ListInstancesRequest)(nil),   // 9: egress.provisioner.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil),  // 10: egress.provisioner.v1.ListInstancesResponse
-	(*CheckBackendRequest)(nil),    // 11: egress.provisioner.v1.CheckBackendRequest
-	(*TargetStatus)(nil),           // 12: egress.provisioner.v1.TargetStatus
-	(*CheckBackendResponse)(nil),   // 13: egress.provisioner.v1.CheckBackendResponse
-	nil,                            // 14: egress.provisioner.v1.Instance.DetailsEntry
-	nil,                            // 15: egress.provisioner.v1.TargetStatus.DetailsEntry
-	(*timestamppb.Timestamp)(nil),  // 16: google.protobuf.Timestamp
-	(*v1.Placement)(nil),           // 17: egress.proxy.v1.Placement
-	(*v1.ProxyCredentials)(nil),    // 18: egress.proxy.v1.ProxyCredentials
-	(*durationpb.Duration)(nil),    // 19: google.protobuf.Duration
+	(ErrorReason)(0),                  // 0: egress.provisioner.v1.ErrorReason
+	(InstanceState)(0),                // 1: egress.provisioner.v1.InstanceState
+	(*Instance)(nil),                  // 2: egress.provisioner.v1.Instance
+	(*CreateInstanceRequest)(nil),     // 3: egress.provisioner.v1.CreateInstanceRequest
+	(*CreateInstanceResponse)(nil),    // 4: egress.provisioner.v1.CreateInstanceResponse
+	(*GetInstanceRequest)(nil),        // 5: egress.provisioner.v1.GetInstanceRequest
+	(*GetInstanceResponse)(nil),       // 6: egress.provisioner.v1.GetInstanceResponse
+	(*DeleteInstanceRequest)(nil),     // 7: egress.provisioner.v1.DeleteInstanceRequest
+	(*DeleteInstanceResponse)(nil),    // 8: egress.provisioner.v1.DeleteInstanceResponse
+	(*ListInstancesRequest)(nil),      // 9: egress.provisioner.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),     // 10: egress.provisioner.v1.ListInstancesResponse
+	(*CheckBackendRequest)(nil),       // 11: egress.provisioner.v1.CheckBackendRequest
+	(*TargetStatus)(nil),              // 12: egress.provisioner.v1.TargetStatus
+	(*CheckBackendResponse)(nil),      // 13: egress.provisioner.v1.CheckBackendResponse
+	(*UpdateCredentialsRequest)(nil),  // 14: egress.provisioner.v1.UpdateCredentialsRequest
+	(*UpdateCredentialsResponse)(nil), // 15: egress.provisioner.v1.UpdateCredentialsResponse
+	nil,                               // 16: egress.provisioner.v1.Instance.DetailsEntry
+	nil,                               // 17: egress.provisioner.v1.TargetStatus.DetailsEntry
+	(*timestamppb.Timestamp)(nil),     // 18: google.protobuf.Timestamp
+	(*v1.Placement)(nil),              // 19: egress.proxy.v1.Placement
+	(*v1.ProxyCredentials)(nil),       // 20: egress.proxy.v1.ProxyCredentials
+	(*durationpb.Duration)(nil),       // 21: google.protobuf.Duration
 }
 var file_egress_provisioner_v1_provisioner_proto_depIdxs = []int32{
 	1,  // 0: egress.provisioner.v1.Instance.state:type_name -> egress.provisioner.v1.InstanceState
-	16, // 1: egress.provisioner.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
-	14, // 2: egress.provisioner.v1.Instance.details:type_name -> egress.provisioner.v1.Instance.DetailsEntry
-	17, // 3: egress.provisioner.v1.CreateInstanceRequest.placement:type_name -> egress.proxy.v1.Placement
-	18, // 4: egress.provisioner.v1.CreateInstanceRequest.credentials:type_name -> egress.proxy.v1.ProxyCredentials
+	18, // 1: egress.provisioner.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
+	16, // 2: egress.provisioner.v1.Instance.details:type_name -> egress.provisioner.v1.Instance.DetailsEntry
+	19, // 3: egress.provisioner.v1.CreateInstanceRequest.placement:type_name -> egress.proxy.v1.Placement
+	20, // 4: egress.provisioner.v1.CreateInstanceRequest.credentials:type_name -> egress.proxy.v1.ProxyCredentials
 	2,  // 5: egress.provisioner.v1.CreateInstanceResponse.instance:type_name -> egress.provisioner.v1.Instance
 	2,  // 6: egress.provisioner.v1.GetInstanceResponse.instance:type_name -> egress.provisioner.v1.Instance
 	2,  // 7: egress.provisioner.v1.ListInstancesResponse.instances:type_name -> egress.provisioner.v1.Instance
-	19, // 8: egress.provisioner.v1.TargetStatus.latency:type_name -> google.protobuf.Duration
-	15, // 9: egress.provisioner.v1.TargetStatus.details:type_name -> egress.provisioner.v1.TargetStatus.DetailsEntry
+	21, // 8: egress.provisioner.v1.TargetStatus.latency:type_name -> google.protobuf.Duration
+	17, // 9: egress.provisioner.v1.TargetStatus.details:type_name -> egress.provisioner.v1.TargetStatus.DetailsEntry
 	12, // 10: egress.provisioner.v1.CheckBackendResponse.targets:type_name -> egress.provisioner.v1.TargetStatus
-	3,  // 11: egress.provisioner.v1.ProvisionerService.CreateInstance:input_type -> egress.provisioner.v1.CreateInstanceRequest
-	5,  // 12: egress.provisioner.v1.ProvisionerService.GetInstance:input_type -> egress.provisioner.v1.GetInstanceRequest
-	7,  // 13: egress.provisioner.v1.ProvisionerService.DeleteInstance:input_type -> egress.provisioner.v1.DeleteInstanceRequest
-	9,  // 14: egress.provisioner.v1.ProvisionerService.ListInstances:input_type -> egress.provisioner.v1.ListInstancesRequest
-	11, // 15: egress.provisioner.v1.ProvisionerService.CheckBackend:input_type -> egress.provisioner.v1.CheckBackendRequest
-	4,  // 16: egress.provisioner.v1.ProvisionerService.CreateInstance:output_type -> egress.provisioner.v1.CreateInstanceResponse
-	6,  // 17: egress.provisioner.v1.ProvisionerService.GetInstance:output_type -> egress.provisioner.v1.GetInstanceResponse
-	8,  // 18: egress.provisioner.v1.ProvisionerService.DeleteInstance:output_type -> egress.provisioner.v1.DeleteInstanceResponse
-	10, // 19: egress.provisioner.v1.ProvisionerService.ListInstances:output_type -> egress.provisioner.v1.ListInstancesResponse
-	13, // 20: egress.provisioner.v1.ProvisionerService.CheckBackend:output_type -> egress.provisioner.v1.CheckBackendResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	20, // 11: egress.provisioner.v1.UpdateCredentialsRequest.credentials:type_name -> egress.proxy.v1.ProxyCredentials
+	2,  // 12: egress.provisioner.v1.UpdateCredentialsResponse.instance:type_name -> egress.provisioner.v1.Instance
+	3,  // 13: egress.provisioner.v1.ProvisionerService.CreateInstance:input_type -> egress.provisioner.v1.CreateInstanceRequest
+	5,  // 14: egress.provisioner.v1.ProvisionerService.GetInstance:input_type -> egress.provisioner.v1.GetInstanceRequest
+	7,  // 15: egress.provisioner.v1.ProvisionerService.DeleteInstance:input_type -> egress.provisioner.v1.DeleteInstanceRequest
+	9,  // 16: egress.provisioner.v1.ProvisionerService.ListInstances:input_type -> egress.provisioner.v1.ListInstancesRequest
+	11, // 17: egress.provisioner.v1.ProvisionerService.CheckBackend:input_type -> egress.provisioner.v1.CheckBackendRequest
+	14, // 18: egress.provisioner.v1.ProvisionerService.UpdateCredentials:input_type -> egress.provisioner.v1.UpdateCredentialsRequest
+	4,  // 19: egress.provisioner.v1.ProvisionerService.CreateInstance:output_type -> egress.provisioner.v1.CreateInstanceResponse
+	6,  // 20: egress.provisioner.v1.ProvisionerService.GetInstance:output_type -> egress.provisioner.v1.GetInstanceResponse
+	8,  // 21: egress.provisioner.v1.ProvisionerService.DeleteInstance:output_type -> egress.provisioner.v1.DeleteInstanceResponse
+	10, // 22: egress.provisioner.v1.ProvisionerService.ListInstances:output_type -> egress.provisioner.v1.ListInstancesResponse
+	13, // 23: egress.provisioner.v1.ProvisionerService.CheckBackend:output_type -> egress.provisioner.v1.CheckBackendResponse
+	15, // 24: egress.provisioner.v1.ProvisionerService.UpdateCredentials:output_type -> egress.provisioner.v1.UpdateCredentialsResponse
+	19, // [19:25] is the sub-list for method output_type
+	13, // [13:19] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_egress_provisioner_v1_provisioner_proto_init() }
@@ -1152,7 +1308,7 @@ func file_egress_provisioner_v1_provisioner_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_egress_provisioner_v1_provisioner_proto_rawDesc), len(file_egress_provisioner_v1_provisioner_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

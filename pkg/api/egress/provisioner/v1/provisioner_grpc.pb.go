@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ProvisionerService_CreateInstance_FullMethodName = "/egress.provisioner.v1.ProvisionerService/CreateInstance"
-	ProvisionerService_GetInstance_FullMethodName    = "/egress.provisioner.v1.ProvisionerService/GetInstance"
-	ProvisionerService_DeleteInstance_FullMethodName = "/egress.provisioner.v1.ProvisionerService/DeleteInstance"
-	ProvisionerService_ListInstances_FullMethodName  = "/egress.provisioner.v1.ProvisionerService/ListInstances"
-	ProvisionerService_CheckBackend_FullMethodName   = "/egress.provisioner.v1.ProvisionerService/CheckBackend"
+	ProvisionerService_CreateInstance_FullMethodName    = "/egress.provisioner.v1.ProvisionerService/CreateInstance"
+	ProvisionerService_GetInstance_FullMethodName       = "/egress.provisioner.v1.ProvisionerService/GetInstance"
+	ProvisionerService_DeleteInstance_FullMethodName    = "/egress.provisioner.v1.ProvisionerService/DeleteInstance"
+	ProvisionerService_ListInstances_FullMethodName     = "/egress.provisioner.v1.ProvisionerService/ListInstances"
+	ProvisionerService_CheckBackend_FullMethodName      = "/egress.provisioner.v1.ProvisionerService/CheckBackend"
+	ProvisionerService_UpdateCredentials_FullMethodName = "/egress.provisioner.v1.ProvisionerService/UpdateCredentials"
 )
 
 // ProvisionerServiceClient is the client API for ProvisionerService service.
@@ -58,6 +59,14 @@ type ProvisionerServiceClient interface {
 	// without touching any instance. Never fails as a whole: a failure is a
 	// verdict. UNIMPLEMENTED when the backend has no check.
 	CheckBackend(ctx context.Context, in *CheckBackendRequest, opts ...grpc.CallOption) (*CheckBackendResponse, error)
+	// Makes a running instance demand the proxy's current credentials in
+	// place: the same instance at the same address, which by the time the
+	// call returns refuses the old credentials and admits the new ones
+	// (connections made with the old ones are closed). UNSUPPORTED reason
+	// when the backend cannot change them in place (a VM reads its
+	// credentials once, at first boot); the orchestrator then replaces the
+	// instance.
+	UpdateCredentials(ctx context.Context, in *UpdateCredentialsRequest, opts ...grpc.CallOption) (*UpdateCredentialsResponse, error)
 }
 
 type provisionerServiceClient struct {
@@ -118,6 +127,16 @@ func (c *provisionerServiceClient) CheckBackend(ctx context.Context, in *CheckBa
 	return out, nil
 }
 
+func (c *provisionerServiceClient) UpdateCredentials(ctx context.Context, in *UpdateCredentialsRequest, opts ...grpc.CallOption) (*UpdateCredentialsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateCredentialsResponse)
+	err := c.cc.Invoke(ctx, ProvisionerService_UpdateCredentials_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ProvisionerServiceServer is the server API for ProvisionerService service.
 // All implementations must embed UnimplementedProvisionerServiceServer
 // for forward compatibility.
@@ -150,6 +169,14 @@ type ProvisionerServiceServer interface {
 	// without touching any instance. Never fails as a whole: a failure is a
 	// verdict. UNIMPLEMENTED when the backend has no check.
 	CheckBackend(context.Context, *CheckBackendRequest) (*CheckBackendResponse, error)
+	// Makes a running instance demand the proxy's current credentials in
+	// place: the same instance at the same address, which by the time the
+	// call returns refuses the old credentials and admits the new ones
+	// (connections made with the old ones are closed). UNSUPPORTED reason
+	// when the backend cannot change them in place (a VM reads its
+	// credentials once, at first boot); the orchestrator then replaces the
+	// instance.
+	UpdateCredentials(context.Context, *UpdateCredentialsRequest) (*UpdateCredentialsResponse, error)
 	mustEmbedUnimplementedProvisionerServiceServer()
 }
 
@@ -174,6 +201,9 @@ func (UnimplementedProvisionerServiceServer) ListInstances(context.Context, *Lis
 }
 func (UnimplementedProvisionerServiceServer) CheckBackend(context.Context, *CheckBackendRequest) (*CheckBackendResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckBackend not implemented")
+}
+func (UnimplementedProvisionerServiceServer) UpdateCredentials(context.Context, *UpdateCredentialsRequest) (*UpdateCredentialsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateCredentials not implemented")
 }
 func (UnimplementedProvisionerServiceServer) mustEmbedUnimplementedProvisionerServiceServer() {}
 func (UnimplementedProvisionerServiceServer) testEmbeddedByValue()                            {}
@@ -286,6 +316,24 @@ func _ProvisionerService_CheckBackend_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ProvisionerService_UpdateCredentials_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateCredentialsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ProvisionerServiceServer).UpdateCredentials(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ProvisionerService_UpdateCredentials_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ProvisionerServiceServer).UpdateCredentials(ctx, req.(*UpdateCredentialsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ProvisionerService_ServiceDesc is the grpc.ServiceDesc for ProvisionerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -312,6 +360,10 @@ var ProvisionerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckBackend",
 			Handler:    _ProvisionerService_CheckBackend_Handler,
+		},
+		{
+			MethodName: "UpdateCredentials",
+			Handler:    _ProvisionerService_UpdateCredentials_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
