@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -89,14 +90,20 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 
 func (s *Server) handle(ctx context.Context, conn net.Conn) {
 	_ = conn.SetDeadline(time.Now().Add(s.HandshakeTimeout))
-	br := bufio.NewReader(conn)
+	hc := &handshakeConn{Conn: conn}
+	br := bufio.NewReader(hc)
 	caller, ok := s.authenticate(conn, br)
 	if !ok {
+		s.countTimeout(hc)
 		_ = conn.Close()
 		return
 	}
 	target, code := readRequest(br)
 	if code != tunnel.SocksOK {
+		if s.countTimeout(hc) {
+			_ = conn.Close()
+			return
+		}
 		s.count(caller, "bad_request")
 		reply(conn, code)
 		_ = conn.Close()
@@ -123,6 +130,32 @@ func (s *Server) handle(ctx context.Context, conn net.Conn) {
 		buffered = append([]byte(nil), buffered...)
 	}
 	s.Core.Relay(t, conn, buffered)
+}
+
+// handshakeConn notes a read that ended on the handshake deadline.
+type handshakeConn struct {
+	net.Conn
+	timedOut bool
+}
+
+func (c *handshakeConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.timedOut = true
+	}
+	return n, err
+}
+
+// countTimeout counts a handshake that did not finish within
+// HandshakeTimeout as limit "socks_handshake_timeout" (a client that
+// stalls or sends nothing), and reports whether it was one. The client
+// gets no answer: it has not said enough to be given one.
+func (s *Server) countTimeout(hc *handshakeConn) bool {
+	if !hc.timedOut {
+		return false
+	}
+	s.Core.Metrics.Refusals.WithLabelValues("socks_handshake_timeout").Inc()
+	return true
 }
 
 func (s *Server) count(c access.Caller, outcome string) {

@@ -3,8 +3,19 @@ package socks
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/egress-proxies/egress-proxies/pkg/auth"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/access"
+	"github.com/egress-proxies/egress-proxies/services/gateway/internal/metrics"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/tunnel"
 )
 
@@ -46,4 +57,63 @@ func FuzzReadRequest(f *testing.F) {
 			t.Fatalf("readRequest(%x) = %q, %#x", in, target, code)
 		}
 	})
+}
+
+// A real server: clients that do not finish the handshake in time are
+// dropped and counted as limit "socks_handshake_timeout"; one that sends a
+// bad greeting is dropped and not counted as a timeout.
+func TestHandshakeTimeoutIsCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	authn, err := auth.New(auth.Config{Disabled: true}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{
+		Core:             &tunnel.Core{Metrics: metrics.New(reg)},
+		Access:           access.NewChecker(authn, 10),
+		HandshakeTimeout: 200 * time.Millisecond,
+		Log:              slog.New(slog.DiscardHandler),
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	// dropped sends what it is given, then waits for the server to close.
+	dropped := func(send []byte) {
+		t.Helper()
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(send); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("the server did not drop the connection: %v", err)
+		}
+	}
+	timeouts := func() int {
+		return int(testutil.ToFloat64(srv.Core.Metrics.Refusals.WithLabelValues("socks_handshake_timeout")))
+	}
+	dropped(nil)                            // says nothing
+	dropped([]byte{0x05})                   // stalls mid-greeting
+	dropped([]byte{0x05, 0x01, 0x00, 0x05}) // greeted, stalls mid-request
+	if got := timeouts(); got != 3 {
+		t.Errorf("socks_handshake_timeout = %d after three stalled clients, want 3", got)
+	}
+	dropped([]byte{0x04, 0x01, 0x00}) // not SOCKS5: dropped at once
+	if got := timeouts(); got != 3 {
+		t.Errorf("socks_handshake_timeout = %d after a bad greeting, want it unchanged at 3", got)
+	}
 }
