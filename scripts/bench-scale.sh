@@ -5,10 +5,10 @@
 #
 #   scripts/bench-scale.sh                       # everything
 #   PARTS="lease health" scripts/bench-scale.sh  # some parts
-#   CONVERGE_SIZES="10000 100000" SIM_CONVERGE_SIZES=10000 LEASE_DURATION=15s STEADY_SECONDS=20
+#   CONVERGE_SIZES="10000 100000" SIM_CONVERGE_SIZES=10000 LEASE_DURATION=15s STEADY_SECONDS=20 RESYNC_SIZES=100000
 set -euo pipefail
 
-PARTS=${PARTS:-orchestrator lease health}
+PARTS=${PARTS:-orchestrator lease health resync}
 CONVERGE_SIZES=${CONVERGE_SIZES:-10000 100000}
 SIM_CONVERGE_SIZES=${SIM_CONVERGE_SIZES:-10000}
 STEADY_SECONDS=${STEADY_SECONDS:-20}
@@ -17,6 +17,7 @@ LEASE_SIZES=${LEASE_SIZES:-1000 100000}
 LEASE_STORE=${LEASE_STORE:-yes}
 LEASE_LOOPS=${LEASE_LOOPS:-20000}
 HEALTH_SECONDS=${HEALTH_SECONDS:-10}
+RESYNC_SIZES=${RESYNC_SIZES:-100000}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 
@@ -57,8 +58,13 @@ for part in $PARTS; do
 		echo "== health: CPU per probe at 1 Hz, 1,000 proxies, one core (BenchmarkProbeAt1Hz, ${HEALTH_SECONDS} s); load average $(load)"
 		(cd services/health && go test -run '^$' -bench 'BenchmarkProbeAt1Hz/proxies=1000' -benchtime "${HEALTH_SECONDS}x" -cpu 1 -timeout 20m ./internal/bench/ | grep -E '^Benchmark|^ok|FAIL')
 		;;
+	resync)
+		echo "== resync: lease and health each resync N proxies from an orchestrator answering from memory (BenchmarkResync, N = $RESYNC_SIZES); load average $(load)"
+		(cd services/lease && BENCH_RESYNC_SIZES="$RESYNC_SIZES" go test -run '^$' -bench BenchmarkResync -benchtime 1x -timeout 30m ./internal/mirror/ | grep -E '^Benchmark|^ok|FAIL')
+		(cd services/health && BENCH_RESYNC_SIZES="$RESYNC_SIZES" go test -run '^$' -bench BenchmarkResync -benchtime 1x -timeout 30m ./internal/fleet/ | grep -E '^Benchmark|^ok|FAIL')
+		;;
 	*)
-		echo "unknown part $part (orchestrator, lease, health)" >&2
+		echo "unknown part $part (orchestrator, lease, health, resync)" >&2
 		exit 2
 		;;
 	esac

@@ -552,3 +552,46 @@ func TestApplySnapshotIsolatesARejectedRow(t *testing.T) {
 		t.Fatalf("applied %d, rejected %v; want the good row applied and the bad one named", applied, rejected)
 	}
 }
+
+// A resync page is one statement: a UID twice in it takes its last
+// snapshot, proxies without a limit or a verdict time store NULLs, and a
+// page of a revision already stored (another replica's resync of the same
+// listing) changes nothing.
+func TestApplySnapshotPage(t *testing.T) {
+	t.Parallel()
+	st, _ := startStore(t, testDatabase(t), Config{})
+	db := st.pool
+	ctx := context.Background()
+	limit := uint32(3)
+	at := time.Date(2026, 3, 1, 11, 0, 0, 0, time.UTC)
+	a := ProxyState{UID: "00000000-0000-4000-8000-0000000000b1", Name: "a-first", Provider: "p", Host: "10.0.0.1", Port: 3128, Ready: true, Healthy: true, HealthTime: &at, MaxLeases: &limit}
+	b := ProxyState{UID: "00000000-0000-4000-8000-0000000000b2", Name: "b", Provider: "p", Host: "10.0.0.2", Port: 3128, Ready: true, Labels: map[string]string{"pool": "x"}}
+	last := a
+	last.Name = "a-last"
+	applied, rejected, err := st.ApplySnapshot(ctx, []ProxyState{a, b, last}, 7)
+	if err != nil || len(rejected) != 0 || applied != 2 {
+		t.Fatalf("applied %d, rejected %v, %v; want 2 rows", applied, rejected, err)
+	}
+	var name string
+	var maxLeases *int32
+	var healthTime *time.Time
+	if err := db.QueryRow(ctx, `SELECT name, max_leases, health_time FROM lease.proxies WHERE uid = $1`, a.UID).Scan(&name, &maxLeases, &healthTime); err != nil {
+		t.Fatal(err)
+	}
+	if name != "a-last" || maxLeases == nil || *maxLeases != 3 || healthTime == nil || !healthTime.Equal(at) {
+		t.Errorf("a: name %q, max_leases %v, health_time %v; want its last snapshot, 3, %v", name, maxLeases, healthTime, at)
+	}
+	var labels string
+	if err := db.QueryRow(ctx, `SELECT max_leases, health_time, labels::text FROM lease.proxies WHERE uid = $1`, b.UID).Scan(&maxLeases, &healthTime, &labels); err != nil {
+		t.Fatal(err)
+	}
+	if maxLeases != nil || healthTime != nil || labels != `{"pool": "x"}` {
+		t.Errorf("b: max_leases %v, health_time %v, labels %s; want NULL, NULL, its labels", maxLeases, healthTime, labels)
+	}
+	if applied, _, err := st.ApplySnapshot(ctx, []ProxyState{a, b}, 7); err != nil || applied != 0 {
+		t.Errorf("the same revision again: applied %d, %v; want nothing", applied, err)
+	}
+	if applied, _, err := st.ApplySnapshot(ctx, []ProxyState{a, b}, 8); err != nil || applied != 2 {
+		t.Errorf("a newer revision: applied %d, %v; want both", applied, err)
+	}
+}

@@ -1,0 +1,112 @@
+package mirror_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync/proxysynctest"
+	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/mirror"
+	"github.com/egress-proxies/egress-proxies/services/lease/internal/store"
+)
+
+// BenchmarkResync: a full resync of the proxy mirror from an orchestrator
+// holding N proxies (BENCH_RESYNC_SIZES, default "10000"; the orchestrator
+// answers from memory, so this is the lease service's own part): the first
+// into an empty mirror; one of the same listing revision (another
+// replica's resync of the same state: nothing to write); and one at a
+// newer revision with the same proxies (the periodic resync: every row
+// takes the listing's revision). Reports seconds per resync and the Go
+// heap the service holds after them, per proxy (the mirror itself is in
+// PostgreSQL).
+func BenchmarkResync(b *testing.B) {
+	sizes := []int{10000}
+	if v := os.Getenv("BENCH_RESYNC_SIZES"); v != "" {
+		sizes = nil
+		for _, f := range strings.Fields(v) {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				b.Fatalf("BENCH_RESYNC_SIZES: %q is not a positive number", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("proxies=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			db, err := pgxpool.New(ctx, lt.Database(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			proxies := make([]*proxyv1.Proxy, n)
+			for i := range proxies {
+				proxies[i] = lt.Proxy(fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i), fmt.Sprintf("proxy-%06d", i))
+			}
+			l, err := proxysynctest.NewListing(proxies, int64(n)+1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			proxies = nil
+			for i := 0; i < b.N; i++ {
+				revision := int64(n) + 1
+				l.SetRevision(revision)
+				if _, err := db.Exec(ctx, `TRUNCATE lease.proxies CASCADE`); err != nil {
+					b.Fatal(err)
+				}
+				st := store.New(db, store.Config{DefaultMaxLeases: 1})
+				log := slog.New(slog.DiscardHandler)
+				syncer := mirror.New(st, nil, mirror.Config{Lister: l, ResyncTimeout: 10 * time.Minute},
+					metrics.New(prometheus.NewRegistry(), st, log), log)
+				heapBefore := heapInUse()
+				start := time.Now()
+				if err := syncer.Resync(ctx); err != nil {
+					b.Fatal(err)
+				}
+				first := time.Since(start)
+				start = time.Now()
+				if err := syncer.Resync(ctx); err != nil {
+					b.Fatal(err)
+				}
+				again := time.Since(start)
+				revision++
+				l.SetRevision(revision)
+				start = time.Now()
+				if err := syncer.Resync(ctx); err != nil {
+					b.Fatal(err)
+				}
+				newer := time.Since(start)
+				var leasable int
+				if err := db.QueryRow(ctx, `SELECT count(*) FROM lease.proxies WHERE leasable`).Scan(&leasable); err != nil || leasable != n {
+					b.Fatalf("%d leasable proxies after the resync (%v), want %d", leasable, err, n)
+				}
+				heap := heapInUse() - heapBefore
+				runtime.KeepAlive(syncer)
+				b.ReportMetric(first.Seconds(), "s/first-resync")
+				b.ReportMetric(again.Seconds(), "s/same-revision-resync")
+				b.ReportMetric(newer.Seconds(), "s/newer-revision-resync")
+				b.ReportMetric(float64(heap)/float64(n), "heap-B/proxy")
+			}
+		})
+	}
+}
+
+// heapInUse is the live Go heap after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse)
+}
