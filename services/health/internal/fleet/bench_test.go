@@ -52,7 +52,9 @@ func BenchmarkResync(b *testing.B) {
 				l.SetRevision(int64(n) + 1)
 				heapBefore := heapInUse()
 				eng := engine.New(engine.Config{
-					Probe:         func(context.Context, engine.Spec) probe.Result { return probe.Result{OK: true, Reason: probe.ReasonSucceeded} },
+					Probe: func(context.Context, engine.Spec) probe.Result {
+						return probe.Result{OK: true, Reason: probe.ReasonSucceeded}
+					},
 					MaxConcurrent: 64,
 				})
 				f := &fleet.Fleet{Engine: eng, Log: slog.New(slog.DiscardHandler),
