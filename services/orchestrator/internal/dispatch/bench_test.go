@@ -19,6 +19,7 @@ import (
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
@@ -35,7 +36,9 @@ import (
 // runs, S seconds with nothing changing and reports the process's CPU in
 // them as a share of one core (steady-cpu-%: the orchestrator's replica
 // and API, with the in-process NATS server and the answering provisioner,
-// which are idle then).
+// which are idle then). Last it lists every proxy through the API as a
+// resync does (pkg/proxysync, pages of 1,000) and reports how long that
+// took (s-to-list-all).
 func BenchmarkConverge(b *testing.B) {
 	sizes := []int{1000, 10000}
 	if env := os.Getenv("BENCH_CONVERGE_SIZES"); env != "" {
@@ -129,6 +132,17 @@ func converge(b *testing.B, n int) {
 		<-t.C
 		b.ReportMetric(100*float64(cpuTime()-c0)/float64(time.Since(w0)), "steady-cpu-%")
 	}
+	// The orchestrator's side of a resync: the whole listing, paged as
+	// lease and health page through it.
+	listStart := time.Now()
+	listed := 0
+	if _, err := proxysync.List(ctx, client, func(page []*proxyv1.Proxy, _ int64) error {
+		listed += len(page)
+		return nil
+	}); err != nil || listed != n {
+		b.Fatalf("listing: %d proxies, %v; want %d", listed, err, n)
+	}
+	b.ReportMetric(time.Since(listStart).Seconds(), "s-to-list-all")
 }
 
 // startSim runs a farm and one provisioner-sim replica (64 commands at
