@@ -777,7 +777,7 @@ type ProviderHealth struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Provider name from the providers config.
 	Provider string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
-	// Provider type: proxmox, kvm, gcp, kubernetes or local.
+	// Provider type: proxmox, kvm, gcp, kubernetes, local or sim (the fleet simulator).
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// Summary of the targets.
 	Readiness ProviderReadiness `protobuf:"varint,3,opt,name=readiness,proto3,enum=egress.health.v1.ProviderReadiness" json:"readiness,omitempty"`

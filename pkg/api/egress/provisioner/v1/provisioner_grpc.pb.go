@@ -32,7 +32,7 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // ProvisionerService is the one contract every backend implements
-// (provisioner-proxmox, -kvm, -gcp, -kubernetes, -local). The same requests arrive as NATS
+// (provisioner-proxmox, -kvm, -gcp, -kubernetes, -local, -sim). The same requests arrive as NATS
 // commands from the orchestrator; over gRPC they serve the health service's
 // CheckBackend and people with grpcurl. It is internal: no REST mapping.
 //
@@ -142,7 +142,7 @@ func (c *provisionerServiceClient) UpdateCredentials(ctx context.Context, in *Up
 // for forward compatibility.
 //
 // ProvisionerService is the one contract every backend implements
-// (provisioner-proxmox, -kvm, -gcp, -kubernetes, -local). The same requests arrive as NATS
+// (provisioner-proxmox, -kvm, -gcp, -kubernetes, -local, -sim). The same requests arrive as NATS
 // commands from the orchestrator; over gRPC they serve the health service's
 // CheckBackend and people with grpcurl. It is internal: no REST mapping.
 //

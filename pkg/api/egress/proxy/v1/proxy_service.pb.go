@@ -1266,7 +1266,7 @@ type Provider struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name used in ProxySpec.provider.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Backend type: proxmox, kvm, gcp, kubernetes or local.
+	// Backend type: proxmox, kvm, gcp, kubernetes, local or sim (the fleet simulator).
 	Type          string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
