@@ -442,9 +442,17 @@ type LeasableProxy struct {
 	Cooldowns     []Cooldown
 }
 
+// ProxyCursor is where a page of List ended: its last proxy's name and
+// uid. The zero cursor starts at the first proxy.
+type ProxyCursor struct {
+	Name string `json:"n"`
+	UID  string `json:"u"`
+}
+
 // List returns the leasable proxies (Ready and healthy) matching sel, by
-// name, with their active cooldowns (global first, then by target).
-func (s *Store) List(ctx context.Context, sel Selector) ([]LeasableProxy, error) {
+// name then uid, after the cursor, at most limit of them (0: all), with
+// their active cooldowns (global first, then by target).
+func (s *Store) List(ctx context.Context, sel Selector, after ProxyCursor, limit int) ([]LeasableProxy, error) {
 	now := s.cfg.Now().UTC()
 	rows, err := s.pool.Query(ctx, `
 		SELECT p.uid, p.name, p.provider, p.region, p.zone, p.labels, p.host, p.port,
@@ -456,8 +464,10 @@ func (s *Store) List(ctx context.Context, sel Selector) ([]LeasableProxy, error)
 		  AND ($3 = '' OR p.zone = $3)
 		  AND p.labels @> $4::jsonb
 		  AND ($6 = '' OR p.pool = $6)
-		ORDER BY p.name, p.uid`,
-		sel.Provider, sel.Region, sel.Zone, sel.labelsJSON(), s.cfg.DefaultMaxLeases, sel.Pool)
+		  AND (p.name, p.uid) > ($7, $8)
+		ORDER BY p.name, p.uid
+		LIMIT NULLIF($9::int, 0)`,
+		sel.Provider, sel.Region, sel.Zone, sel.labelsJSON(), s.cfg.DefaultMaxLeases, sel.Pool, after.Name, after.UID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing proxies: %w", err)
 	}
