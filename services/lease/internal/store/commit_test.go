@@ -561,8 +561,16 @@ func TestReadChangesFollowsTheLog(t *testing.T) {
 	dsn := testDatabase(t)
 	a, _ := startStore(t, dsn, Config{})
 	b, _ := startStore(t, dsn, Config{})
-	pool := seedProxies(t, a, 3, nil)
 	ctx := context.Background()
+	pool := make([]ProxyState, 3)
+	for i := range pool {
+		uid := fmt.Sprintf("0c4a0000-0000-4000-8000-%012d", i)
+		pool[i] = ProxyState{UID: uid, Name: fmt.Sprintf("c-%03d", i), Provider: "test",
+			Host: fmt.Sprintf("10.9.1.%d", i+1), Port: 3128, ProviderID: "test/" + uid, Ready: true, Healthy: true}
+	}
+	if _, _, err := a.ApplySnapshot(ctx, pool, 1); err != nil {
+		t.Fatal(err)
+	}
 	now := a.Now().UTC()
 	whole, err := a.readMirror(ctx, now)
 	if err != nil {
