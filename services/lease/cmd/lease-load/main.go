@@ -21,8 +21,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -464,12 +466,23 @@ func (g *grpcClient) release(ctx context.Context, id string) error {
 	return err
 }
 
+// listPageSize is the most a page of ListProxies holds: far below gRPC's
+// 4 MiB a message.
+const listPageSize = 1000
+
 func (g *grpcClient) list(ctx context.Context) (int, error) {
-	// ListProxies answers the whole pool in one message: past the
-	// default 4 MiB limit from some 20,000 proxies on.
-	r, err := g.conn().ListProxies(ctx, &leasev1.ListProxiesRequest{Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}},
-		grpc.MaxCallRecvMsgSize(1<<30))
-	return len(r.GetProxies()), err
+	n, token := 0, ""
+	for {
+		r, err := g.conn().ListProxies(ctx, &leasev1.ListProxiesRequest{
+			Selector: &leasev1.ProxySelector{Labels: map[string]string{"pool": "load"}}, PageSize: listPageSize, PageToken: token})
+		if err != nil {
+			return n, err
+		}
+		n += len(r.GetProxies())
+		if token = r.GetNextPageToken(); token == "" {
+			return n, nil
+		}
+	}
 }
 
 type restClient struct {
@@ -529,7 +542,19 @@ func (r *restClient) release(ctx context.Context, id string) error {
 }
 
 func (r *restClient) list(ctx context.Context) (int, error) {
-	out := &leasev1.ListProxiesResponse{}
-	err := r.do(ctx, http.MethodGet, "/v1/leasable-proxies?selector.labels%5Bpool%5D=load", nil, out)
-	return len(out.GetProxies()), err
+	n, token := 0, ""
+	for {
+		out := &leasev1.ListProxiesResponse{}
+		q := url.Values{"selector.labels[pool]": {"load"}, "page_size": {strconv.Itoa(listPageSize)}}
+		if token != "" {
+			q.Set("page_token", token)
+		}
+		if err := r.do(ctx, http.MethodGet, "/v1/leasable-proxies?"+q.Encode(), nil, out); err != nil {
+			return n, err
+		}
+		n += len(out.GetProxies())
+		if token = out.GetNextPageToken(); token == "" {
+			return n, nil
+		}
+	}
 }

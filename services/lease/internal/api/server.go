@@ -6,6 +6,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -113,11 +114,33 @@ func (s *Server) ListProxies(ctx context.Context, req *leasev1.ListProxiesReques
 	if err != nil {
 		return nil, err
 	}
-	proxies, err := s.st.List(ctx, sel)
+	var after proxyPageToken
+	if t := req.GetPageToken(); t != "" {
+		raw, derr := base64.RawURLEncoding.DecodeString(t)
+		switch {
+		case derr != nil || json.Unmarshal(raw, &after) != nil:
+			return nil, invalid("page_token", "is not a token of this listing")
+		case after.Selector != selectorKey(sel):
+			return nil, invalid("page_token", "was issued for another selector; keep the selector the same across pages")
+		}
+	}
+	limit := int(req.GetPageSize()) // 0: every proxy, one reply
+	fetch := 0
+	if limit > 0 {
+		fetch = limit + 1
+	}
+	proxies, err := s.st.List(ctx, sel, after.ProxyCursor, fetch)
 	if err != nil {
 		return nil, s.internal(ctx, "ListProxies", err)
 	}
-	resp = &leasev1.ListProxiesResponse{Proxies: make([]*leasev1.LeasableProxy, 0, len(proxies))}
+	resp = &leasev1.ListProxiesResponse{}
+	if limit > 0 && len(proxies) > limit {
+		proxies = proxies[:limit]
+		last := proxies[limit-1]
+		raw, _ := json.Marshal(proxyPageToken{ProxyCursor: store.ProxyCursor{Name: last.Name, UID: last.UID}, Selector: selectorKey(sel)})
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(raw)
+	}
+	resp.Proxies = make([]*leasev1.LeasableProxy, 0, len(proxies))
 	for _, p := range proxies {
 		free := int32(-1)
 		if p.MaxLeases > 0 {
@@ -144,6 +167,21 @@ func (s *Server) ListProxies(ctx context.Context, req *leasev1.ListProxiesReques
 		resp.Proxies = append(resp.Proxies, lp)
 	}
 	return resp, nil
+}
+
+// proxyPageToken is a ListProxies page token: where the page ended, and
+// the selector it was for.
+type proxyPageToken struct {
+	store.ProxyCursor
+	Selector string `json:"s"`
+}
+
+// selectorKey names a selector in a page token: a short hash, so that the
+// token stays within its 1024 bytes whatever the labels.
+func selectorKey(sel store.Selector) string {
+	b, _ := json.Marshal([]any{sel.Provider, sel.Region, sel.Zone, sel.Pool, sel.Labels})
+	sum := sha256.Sum256(b)
+	return base64.RawURLEncoding.EncodeToString(sum[:12])
 }
 
 // ListLeases implements leasev1.LeaseServiceServer.

@@ -573,6 +573,53 @@ func TestListFilters(t *testing.T) {
 	})
 }
 
+// ListProxies pages by name with page_size and the token of the previous
+// page; without a page size it answers every proxy at once.
+func TestListProxiesPages(t *testing.T) {
+	t.Parallel()
+	forEachTransport(t, lt.Options{}, func(t *testing.T, env *lt.Env, c lt.Client) {
+		var want []string
+		for i := range 5 {
+			name := fmt.Sprintf("page-%d", i)
+			env.Apply(t, lt.Proxy(fmt.Sprintf("00000000-0000-4000-8000-0000000001%02d", i), name, func(p *proxyv1.Proxy) {
+				p.Labels = map[string]string{"pool": "paged"}
+			}), int64(i+1))
+			want = append(want, name)
+		}
+		sel := &leasev1.ProxySelector{Labels: map[string]string{"pool": "paged"}}
+		var got []string
+		token, pages := "", 0
+		for {
+			resp, r := c.List(lt.Ctx(t), &leasev1.ListProxiesRequest{Selector: sel, PageSize: 2, PageToken: token})
+			wantCode(t, "ListProxies", r, codes.OK, 200)
+			pages++
+			for _, p := range resp.GetProxies() {
+				got = append(got, p.GetProxyName())
+			}
+			if token = resp.GetNextPageToken(); token == "" {
+				break
+			}
+			if pages > 5 {
+				t.Fatal("more pages than proxies")
+			}
+		}
+		if !slices.Equal(got, want) || pages != 3 {
+			t.Errorf("paged listing = %v in %d pages, want %v in 3", got, pages, want)
+		}
+		all, r := c.List(lt.Ctx(t), &leasev1.ListProxiesRequest{Selector: sel})
+		wantCode(t, "ListProxies", r, codes.OK, 200)
+		if len(all.GetProxies()) != 5 || all.GetNextPageToken() != "" {
+			t.Errorf("unpaged listing: %d proxies, token %q; want 5 and none", len(all.GetProxies()), all.GetNextPageToken())
+		}
+		// A token is for its selector only.
+		first, _ := c.List(lt.Ctx(t), &leasev1.ListProxiesRequest{Selector: sel, PageSize: 2})
+		_, r = c.List(lt.Ctx(t), &leasev1.ListProxiesRequest{PageSize: 2, PageToken: first.GetNextPageToken()})
+		wantCode(t, "ListProxies with another selector's token", r, codes.InvalidArgument, 400)
+		_, r = c.List(lt.Ctx(t), &leasev1.ListProxiesRequest{Selector: sel, PageSize: 2, PageToken: "not-a-token"})
+		wantCode(t, "ListProxies with a made-up token", r, codes.InvalidArgument, 400)
+	})
+}
+
 func TestAuthMatrix(t *testing.T) {
 	t.Parallel()
 	env := lt.Start(t, lt.Options{})

@@ -307,7 +307,7 @@ func sweep(ctx context.Context, st *store.Store, every time.Duration, met *metri
 		met.Expired.Add(float64(res.Expired))
 
 		if res.Expired > 0 {
-			log.Debug("expired leases freed", "leases", res.Expired, "purged", res.Purged, "cooldowns_ended", res.Cooldowns, "tombstones_removed", res.Tombstones)
+			log.Debug("expired leases freed", "leases", res.Expired, "purged", res.Purged, "cooldowns_ended", res.Cooldowns, "tombstones_removed", res.Tombstones, "changes_purged", res.Changes)
 		}
 	}
 }

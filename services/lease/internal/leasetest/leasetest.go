@@ -367,6 +367,15 @@ func (r *restClient) List(ctx context.Context, req *leasev1.ListProxiesRequest) 
 	for k, v := range sel.GetLabels() {
 		q.Set("selector.labels["+k+"]", v)
 	}
+	if sel.GetPool() != "" {
+		q.Set("selector.pool", sel.GetPool())
+	}
+	if req.GetPageSize() != 0 {
+		q.Set("page_size", fmt.Sprint(req.GetPageSize()))
+	}
+	if req.GetPageToken() != "" {
+		q.Set("page_token", req.GetPageToken())
+	}
 	out := &leasev1.ListProxiesResponse{}
 	rs := r.do(ctx, http.MethodGet, "/v1/leasable-proxies?"+q.Encode(), nil, out)
 	return out, rs

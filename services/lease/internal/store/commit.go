@@ -90,7 +90,7 @@ func (o *op) session() string { return o.acquire.ClientID + "\x00" + o.acquire.S
 // Queued is how many operations wait for a round (not yet in flight).
 func (s *Store) Queued() int { return int(s.waiting.Load()) + len(s.queue) }
 
-// Invalidate makes the next round reload the mirror: it changed.
+// Invalidate makes the next round read the mirror's changes: it changed.
 func (s *Store) Invalidate() { s.stale.Store(true) }
 
 // round is one transaction's worth of operations.
@@ -152,13 +152,14 @@ func (s *Store) Run(ctx context.Context) error {
 			inflight--
 			waiting = append(s.settle(v, r), waiting...)
 		case snap := <-fresh:
-			v.adopt(snap)
+			s.adopt(v, snap)
 		}
 	}
 }
 
-// refresh reads the mirror every RefreshInterval beside the committer and
-// hands it over, so that the periodic reload never delays a round.
+// refresh reads the mirror's changes every RefreshInterval beside the
+// committer and hands them over, so that the periodic read never delays a
+// round. Before the committer's first read there is no view to refresh.
 func (s *Store) refresh(ctx context.Context, fresh chan<- *snapshot) {
 	t := time.NewTicker(s.cfg.RefreshInterval)
 	defer t.Stop()
@@ -168,9 +169,13 @@ func (s *Store) refresh(ctx context.Context, fresh chan<- *snapshot) {
 			return
 		case <-t.C:
 		}
-		snap, err := s.readMirror(ctx, s.cfg.Now().UTC())
+		last := s.viewRead.Load()
+		if last == nil {
+			continue
+		}
+		snap, err := s.read(ctx, s.cfg.Now().UTC(), last.horizon, last.started)
 		if err != nil {
-			continue // the next tick tries again; rounds reload when they must
+			continue // the next tick tries again; rounds read when they must
 		}
 		select {
 		case fresh <- snap:

@@ -595,3 +595,94 @@ func TestApplySnapshotPage(t *testing.T) {
 		t.Errorf("a newer revision: applied %d, %v; want both", applied, err)
 	}
 }
+
+// A view's refresh reads the proxies changed since its last read, through
+// the change log the database keeps for every write to proxies and
+// cooldowns, whoever made it; the sweep purges the log past its retention.
+func TestReadChangesFollowsTheLog(t *testing.T) {
+	t.Parallel()
+	dsn := testDatabase(t)
+	a, _ := startStore(t, dsn, Config{})
+	b, _ := startStore(t, dsn, Config{})
+	ctx := context.Background()
+	pool := make([]ProxyState, 3)
+	for i := range pool {
+		uid := fmt.Sprintf("0c4a0000-0000-4000-8000-%012d", i)
+		pool[i] = ProxyState{UID: uid, Name: fmt.Sprintf("c-%03d", i), Provider: "test",
+			Host: fmt.Sprintf("10.9.1.%d", i+1), Port: 3128, ProviderID: "test/" + uid, Ready: true, Healthy: true}
+	}
+	if _, _, err := a.ApplySnapshot(ctx, pool, 1); err != nil {
+		t.Fatal(err)
+	}
+	now := a.Now().UTC()
+	whole, err := a.readMirror(ctx, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(whole.all) != 3 || whole.horizon == 0 {
+		t.Fatalf("whole read: %d proxies, horizon %d; want 3 and a horizon", len(whole.all), whole.horizon)
+	}
+	// Another replica leases a proxy and reports on it; an event deletes
+	// another.
+	l, err := b.Acquire(ctx, AcquireRequest{ClientID: "crawler", TargetHost: "example.com", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Report(ctx, ReportRequest{ClientID: "crawler", LeaseID: l.ID, Outcome: 3, Cooldown: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	gone := pool[0]
+	if gone.UID == l.ProxyUID {
+		gone = pool[1]
+	}
+	gone.Deleted = true
+	if _, err := a.ApplyProxy(ctx, gone, 2); err != nil {
+		t.Fatal(err)
+	}
+	changes, err := a.readChanges(ctx, now, whole.horizon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leased, ok := changes.all[l.ProxyUID]
+	if !ok || leased == nil || leased.active != 1 || !leased.coolingFor("example.com", now) {
+		t.Errorf("the leased proxy in the changes: %+v (listed %v); want 1 active, cooling for example.com", leased, ok)
+	}
+	if p, ok := changes.all[gone.UID]; !ok || p != nil {
+		t.Errorf("the deleted proxy in the changes: %+v (listed %v); want listed as deleted", p, ok)
+	}
+	if changes.horizon < whole.horizon {
+		t.Errorf("horizon went back from %d to %d", whole.horizon, changes.horizon)
+	}
+
+	// The sweep purges what came before a sweep's horizon of
+	// changeRetention ago, nothing at or after it. (The oldest running
+	// transaction of the server may be another database's, so the
+	// horizon here is a transaction id taken after the writes above.)
+	var logged, horizon int64
+	if err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM lease.proxy_changes`).Scan(&logged); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Pool().QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&horizon); err != nil {
+		t.Fatal(err)
+	}
+	later := pool[2]
+	later.Name = "renamed"
+	if _, err := a.ApplyProxy(ctx, later, 3); err != nil {
+		t.Fatal(err)
+	}
+	a.recordHorizon(time.Now().Add(-changeRetention), horizon)
+	res, err := a.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left, early int
+	if err := a.Pool().QueryRow(ctx, `
+		SELECT count(*), count(*) FILTER (WHERE xid < $1::bigint::text::xid8) FROM lease.proxy_changes`,
+		horizon).Scan(&left, &early); err != nil {
+		t.Fatal(err)
+	}
+	if int64(res.Changes) != logged || early != 0 || left == 0 {
+		t.Errorf("sweep purged %d of the %d entries before the horizon; %d left, %d of them before it; want all purged and the later change kept",
+			res.Changes, logged, left, early)
+	}
+}

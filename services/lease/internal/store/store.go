@@ -15,6 +15,7 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -98,10 +99,10 @@ type Config struct {
 	// Retention is how long ended leases are kept, so that late reports
 	// still count.
 	Retention time.Duration
-	// RefreshInterval is how often the replica's view of the mirror is
-	// re-read from the database, beside the rounds, even when nothing asks
-	// for it (other replicas' leases, expiries swept elsewhere). Default
-	// 1s.
+	// RefreshInterval is how often the replica's view of the mirror
+	// reads the proxies changed in the database, beside the rounds, even
+	// when nothing asks for it (other replicas' leases, expiries swept
+	// elsewhere). Default 1s.
 	RefreshInterval time.Duration
 	// Rounds is how many commit rounds may be in flight at once; default
 	// 1. More rounds overlap one's commit with the next one's statements
@@ -129,6 +130,11 @@ type Store struct {
 	settled atomic.Uint64 // rounds the committer has settled
 
 	lastFullSweep atomic.Int64 // Unix nanoseconds by the store's clock; 0: none yet
+
+	viewRead atomic.Pointer[viewRead] // the committer's view's last read; nil: none yet
+
+	horizonsMu sync.Mutex
+	horizons   []sweptHorizon // the sweeps' horizons, oldest first, for purging the change log
 }
 
 // New returns a store on pool.
@@ -151,6 +157,7 @@ func New(pool *pgxpool.Pool, cfg Config) *Store {
 // querier is what a read-only transaction offers.
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // readOnly runs f in a repeatable-read, read-only transaction: one
@@ -435,9 +442,17 @@ type LeasableProxy struct {
 	Cooldowns     []Cooldown
 }
 
+// ProxyCursor is where a page of List ended: its last proxy's name and
+// uid. The zero cursor starts at the first proxy.
+type ProxyCursor struct {
+	Name string `json:"n"`
+	UID  string `json:"u"`
+}
+
 // List returns the leasable proxies (Ready and healthy) matching sel, by
-// name, with their active cooldowns (global first, then by target).
-func (s *Store) List(ctx context.Context, sel Selector) ([]LeasableProxy, error) {
+// name then uid, after the cursor, at most limit of them (0: all), with
+// their active cooldowns (global first, then by target).
+func (s *Store) List(ctx context.Context, sel Selector, after ProxyCursor, limit int) ([]LeasableProxy, error) {
 	now := s.cfg.Now().UTC()
 	rows, err := s.pool.Query(ctx, `
 		SELECT p.uid, p.name, p.provider, p.region, p.zone, p.labels, p.host, p.port,
@@ -449,8 +464,10 @@ func (s *Store) List(ctx context.Context, sel Selector) ([]LeasableProxy, error)
 		  AND ($3 = '' OR p.zone = $3)
 		  AND p.labels @> $4::jsonb
 		  AND ($6 = '' OR p.pool = $6)
-		ORDER BY p.name, p.uid`,
-		sel.Provider, sel.Region, sel.Zone, sel.labelsJSON(), s.cfg.DefaultMaxLeases, sel.Pool)
+		  AND (p.name, p.uid) > ($7, $8)
+		ORDER BY p.name, p.uid
+		LIMIT NULLIF($9::int, 0)`,
+		sel.Provider, sel.Region, sel.Zone, sel.labelsJSON(), s.cfg.DefaultMaxLeases, sel.Pool, after.Name, after.UID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing proxies: %w", err)
 	}
@@ -507,6 +524,9 @@ type SweepResult struct {
 	Cooldowns int
 	// Tombstones of proxies deleted long ago, removed.
 	Tombstones int
+	// Changes are entries of the mirror's change log past changeRetention,
+	// deleted.
+	Changes int
 	// Skipped is true when another replica was sweeping.
 	Skipped bool
 }
@@ -544,6 +564,8 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	}
 	var res SweepResult
 	var expired []Change
+	wall := time.Now() // the change log's retention is the replicas' wall clock, as their reads' age
+	var horizon int64
 	err := retry(ctx, func() error {
 		res = SweepResult{}
 		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -554,6 +576,16 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 			if !locked {
 				res.Skipped = true
 				return nil
+			}
+			if err := tx.QueryRow(ctx, horizonSQL).Scan(&horizon); err != nil {
+				return err
+			}
+			if purge := s.purgeHorizon(wall); purge > 0 {
+				tag, err := tx.Exec(ctx, `DELETE FROM lease.proxy_changes WHERE xid < $1::bigint::text::xid8`, purge)
+				if err != nil {
+					return err
+				}
+				res.Changes = int(tag.RowsAffected())
 			}
 			// Lock the proxies first, in uid order, as the committer does.
 			if _, err := tx.Exec(ctx, `
@@ -632,11 +664,50 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	if full && !res.Skipped {
 		s.lastFullSweep.Store(now.UnixNano())
 	}
+	if !res.Skipped {
+		s.recordHorizon(wall, horizon)
+	}
 	if res.Expired > 0 {
 		s.Invalidate()
 		s.changed(expired)
 	}
 	return res, nil
+}
+
+// changeRetention is how long the mirror's change log is kept: a view
+// whose last read is older than half of it reads the mirror whole.
+const changeRetention = 10 * time.Minute
+
+// sweptHorizon is a sweep's horizon (horizonSQL) and when it was read.
+type sweptHorizon struct {
+	at      time.Time
+	horizon int64
+}
+
+func (s *Store) recordHorizon(at time.Time, horizon int64) {
+	s.horizonsMu.Lock()
+	defer s.horizonsMu.Unlock()
+	s.horizons = append(s.horizons, sweptHorizon{at: at, horizon: horizon})
+}
+
+// purgeHorizon is the horizon read by the latest sweep at least
+// changeRetention before now (0: none): every view whose last read is
+// younger than fullReadAfter began it at that horizon or later (the
+// oldest running transaction only moves forward), so the change log's
+// entries before it are needed by no view. Older horizons are dropped.
+func (s *Store) purgeHorizon(now time.Time) int64 {
+	s.horizonsMu.Lock()
+	defer s.horizonsMu.Unlock()
+	i := 0
+	for i < len(s.horizons) && now.Sub(s.horizons[i].at) >= changeRetention {
+		i++
+	}
+	if i == 0 {
+		return 0
+	}
+	h := s.horizons[i-1].horizon
+	s.horizons = s.horizons[i-1:]
+	return h
 }
 
 // Stats are the gauges read at scrape time.

@@ -13,16 +13,20 @@ import (
 // is only a proposal: the commit re-checks every choice in the database
 // (leasable, capacity, cooldowns) under the proxy's row lock, and a choice
 // the database refuses is retried with the database's answer. The view is
-// reloaded whole from the database every refresh interval, after the mirror
-// changed through this replica, and whenever it can offer nothing, so an
-// acquire is never refused on a stale view. Only the committer goroutine
-// touches it; the periodic reload is read beside it and handed over.
+// read whole once; after that it reads only the proxies changed since its
+// last read (the change log of migration 00007), every refresh interval,
+// after the mirror changed through this replica, and whenever it can offer
+// nothing, so an acquire is never refused on a stale view and a refresh
+// costs what changed, not the size of the pool. Only the committer
+// goroutine touches it; the periodic read is made beside it and handed
+// over.
 type view struct {
 	all         map[string]*viewProxy // every proxy not deleted
-	order       *btree.BTreeG[*viewProxy]
-	loaded      time.Time // wall clock of the last reload
+	order       *candidates
+	loaded      time.Time // wall clock of the last read adopted
 	readStarted time.Time // when the read behind it began
-	stale       bool      // reload before the next selection
+	horizon     int64     // the last read's horizon (horizonSQL); 0: never read
+	stale       bool      // read the changes before the next selection
 }
 
 // Rounds run concurrently, so the view counts a proxy's leases twice over:
@@ -63,7 +67,51 @@ func before(a, b *viewProxy) bool {
 }
 
 func newView() *view {
-	return &view{all: map[string]*viewProxy{}, order: btree.NewG(16, before), stale: true}
+	return &view{all: map[string]*viewProxy{}, order: newCandidates(), stale: true}
+}
+
+// candidates are the leasable proxies in selection order, and those of
+// each pool apart, so that an acquire for a pool walks its pool's proxies
+// only, not the whole fleet's.
+type candidates struct {
+	all   *btree.BTreeG[*viewProxy]
+	pools map[string]*btree.BTreeG[*viewProxy] // by pool name, "" not included
+}
+
+func newCandidates() *candidates {
+	return &candidates{all: btree.NewG(16, before), pools: map[string]*btree.BTreeG[*viewProxy]{}}
+}
+
+func (c *candidates) insert(p *viewProxy) {
+	c.all.ReplaceOrInsert(p)
+	if p.pool == "" {
+		return
+	}
+	t := c.pools[p.pool]
+	if t == nil {
+		t = btree.NewG(16, before)
+		c.pools[p.pool] = t
+	}
+	t.ReplaceOrInsert(p)
+}
+
+func (c *candidates) delete(p *viewProxy) {
+	c.all.Delete(p)
+	if t := c.pools[p.pool]; t != nil {
+		if t.Delete(p); t.Len() == 0 {
+			delete(c.pools, p.pool)
+		}
+	}
+}
+
+// ascend calls f in selection order on the candidates that may match sel,
+// until f returns false.
+func (c *candidates) ascend(sel Selector, f func(*viewProxy) bool) {
+	if sel.Pool == "" {
+		c.all.Ascend(f)
+	} else if t := c.pools[sel.Pool]; t != nil {
+		t.Ascend(f)
+	}
 }
 
 func (p *viewProxy) load() int { return p.active + p.pending }
@@ -95,7 +143,7 @@ func (p *viewProxy) coolingFor(target string, now time.Time) bool {
 // the lease against it in the view; nil when none qualifies.
 func (v *view) pick(sel Selector, target string, now time.Time) *viewProxy {
 	var found *viewProxy
-	v.order.Ascend(func(p *viewProxy) bool {
+	v.order.ascend(sel, func(p *viewProxy) bool {
 		if p.free() && p.matches(sel) && !p.coolingFor("", now) && (target == "" || !p.coolingFor(target, now)) {
 			found = p
 			return false
@@ -113,13 +161,13 @@ func (v *view) update(p *viewProxy, f func()) { reorder(v.order, p, f) }
 
 // reorder runs f, which changes p's ordering fields, with p out of order
 // (a B-tree finds an item by its key, so it must leave under the old one).
-func reorder(order *btree.BTreeG[*viewProxy], p *viewProxy, f func()) {
+func reorder(order *candidates, p *viewProxy, f func()) {
 	if p.leasable {
-		order.Delete(p)
+		order.delete(p)
 	}
 	f()
 	if p.leasable {
-		order.ReplaceOrInsert(p)
+		order.insert(p)
 	}
 }
 
@@ -188,74 +236,65 @@ func (u Unavailable) available() bool {
 	return u.Matching > u.Unhealthy+u.AtCapacity+u.CoolingTarget+u.CoolingGlobal
 }
 
-const viewProxiesSQL = `
-SELECT uid, name, provider, region, zone, labels, leasable, COALESCE(max_leases, $1),
-       active_leases, last_lease_time, tiebreak, pool
-FROM lease.proxies WHERE NOT deleted`
+const viewProxyColumns = `uid, name, provider, region, zone, labels, leasable, COALESCE(max_leases, $1),
+       active_leases, last_lease_time, tiebreak, pool`
+
+const viewProxiesSQL = `SELECT ` + viewProxyColumns + ` FROM lease.proxies WHERE NOT deleted`
 
 const viewCooldownsSQL = `
 SELECT c.proxy_uid, c.target_host, c.expire_time FROM lease.cooldowns c
 JOIN lease.proxies p ON p.uid = c.proxy_uid AND NOT p.deleted
 WHERE c.expire_time > $1`
 
-// snapshot is the mirror as read from the database at one moment.
+// horizonSQL is the oldest transaction still running in the read's
+// snapshot (a repeatable-read transaction has one snapshot, whichever
+// statement comes first): the changes of every transaction before it are
+// in the read, those of it and later ones may not be.
+const horizonSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`
+
+// changedSQL lists the proxies changed by transactions at or after a
+// horizon (migration 00007 logs them).
+const changedSQL = `
+SELECT COALESCE(array_agg(DISTINCT u), '{}') FROM lease.proxy_changes c, unnest(c.uids) u
+WHERE c.xid >= $1::bigint::text::xid8`
+
+const changedProxiesSQL = `SELECT ` + viewProxyColumns + ` FROM lease.proxies WHERE uid = ANY($2) AND NOT deleted`
+
+const changedCooldownsSQL = `
+SELECT proxy_uid, target_host, expire_time FROM lease.cooldowns
+WHERE proxy_uid = ANY($2) AND expire_time > $1`
+
+// snapshot is the mirror, or the part of it that changed, as read from
+// the database at one moment.
 type snapshot struct {
+	// all is every proxy not deleted; for changes, every proxy changed
+	// since the horizon the read started from, nil for one deleted.
 	all   map[string]*viewProxy
-	order *btree.BTreeG[*viewProxy]
+	order *candidates // the whole read's only
+	// changes: all holds only the changes since since.
+	changes bool
+	since   int64
+	// horizon is the read's: the next read of changes starts from it.
+	horizon int64
 	// settled is how many rounds the committer had settled when the read
 	// began: values the view learnt from later rounds may be newer.
 	settled uint64
 	started time.Time
 }
 
-// readMirror reads the mirror in one repeatable-read transaction, so that
-// proxies and cooldowns agree. It touches no view: the refresher runs it
-// beside the committer.
+// readMirror reads the whole mirror in one repeatable-read transaction,
+// so that proxies and cooldowns agree. It touches no view: the refresher
+// runs it beside the committer.
 func (s *Store) readMirror(ctx context.Context, now time.Time) (*snapshot, error) {
-	snap := &snapshot{all: map[string]*viewProxy{}, order: btree.NewG(16, before), settled: s.settled.Load(), started: time.Now()}
+	snap := &snapshot{all: map[string]*viewProxy{}, order: newCandidates(), settled: s.settled.Load(), started: time.Now()}
 	err := s.readOnly(ctx, func(q querier) error {
-		rows, err := q.Query(ctx, viewProxiesSQL, s.cfg.DefaultMaxLeases)
-		if err != nil {
+		if err := q.QueryRow(ctx, horizonSQL).Scan(&snap.horizon); err != nil {
 			return err
 		}
-		for rows.Next() {
-			p := &viewProxy{}
-			var last *time.Time
-			if err := rows.Scan(&p.uid, &p.name, &p.provider, &p.region, &p.zone, &p.labels, &p.leasable,
-				&p.capacity, &p.active, &last, &p.tiebreak, &p.pool); err != nil {
-				rows.Close()
-				return err
-			}
-			if last != nil {
-				p.lastLease = *last
-			}
-			snap.all[p.uid] = p
-			if p.leasable {
-				snap.order.ReplaceOrInsert(p)
-			}
-		}
-		if err := rows.Err(); err != nil {
+		if err := readProxies(ctx, q, snap, viewProxiesSQL, s.cfg.DefaultMaxLeases); err != nil {
 			return err
 		}
-		rows, err = q.Query(ctx, viewCooldownsSQL, now)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var uid, target string
-			var end time.Time
-			if err := rows.Scan(&uid, &target, &end); err != nil {
-				return err
-			}
-			if p := snap.all[uid]; p != nil {
-				if p.cooldowns == nil {
-					p.cooldowns = map[string]time.Time{}
-				}
-				p.cooldowns[target] = end
-			}
-		}
-		return rows.Err()
+		return readCooldowns(ctx, q, snap, viewCooldownsSQL, now)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading the proxy mirror: %w", err)
@@ -263,43 +302,175 @@ func (s *Store) readMirror(ctx context.Context, now time.Time) (*snapshot, error
 	return snap, nil
 }
 
-// adopt makes snap the view. The choices of rounds in flight stay pending,
-// and what rounds settled after the read began told the view about a
-// proxy (its count, last lease, cooldowns) is kept over the read's older
-// values.
-func (v *view) adopt(snap *snapshot) {
-	if !snap.started.After(v.readStarted) {
-		return // read before the view's own: older
-	}
-	for uid, p := range snap.all {
-		old := v.all[uid]
-		if old == nil || old.pending == 0 && old.touched <= snap.settled {
-			continue
+// readChanges reads the proxies changed since horizon (a read's), with
+// their cooldowns, in one repeatable-read transaction: its cost follows
+// the changes, not the size of the pool.
+func (s *Store) readChanges(ctx context.Context, now time.Time, since int64) (*snapshot, error) {
+	snap := &snapshot{all: map[string]*viewProxy{}, changes: true, since: since, settled: s.settled.Load(), started: time.Now()}
+	err := s.readOnly(ctx, func(q querier) error {
+		if err := q.QueryRow(ctx, horizonSQL).Scan(&snap.horizon); err != nil {
+			return err
 		}
-		reorder(snap.order, p, func() {
-			p.pending = old.pending
-			if old.touched > snap.settled {
-				p.active, p.lastLease, p.touched = old.active, old.lastLease, old.touched
-				for target, end := range old.cooldowns {
-					if p.cooldowns == nil {
-						p.cooldowns = map[string]time.Time{}
-					}
-					if end.After(p.cooldowns[target]) {
-						p.cooldowns[target] = end
-					}
-				}
-			}
-		})
+		var uids []string
+		if err := q.QueryRow(ctx, changedSQL, since).Scan(&uids); err != nil {
+			return err
+		}
+		if len(uids) == 0 {
+			return nil
+		}
+		for _, uid := range uids {
+			snap.all[uid] = nil // deleted unless read below
+		}
+		if err := readProxies(ctx, q, snap, changedProxiesSQL, s.cfg.DefaultMaxLeases, uids); err != nil {
+			return err
+		}
+		return readCooldowns(ctx, q, snap, changedCooldownsSQL, now, uids)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the proxy mirror's changes: %w", err)
 	}
-	v.all, v.order, v.loaded, v.readStarted, v.stale = snap.all, snap.order, time.Now(), snap.started, false
+	return snap, nil
 }
 
-// reload reads the mirror and adopts it at once, in the committer.
-func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
-	snap, err := s.readMirror(ctx, now)
+func readProxies(ctx context.Context, q querier, snap *snapshot, sql string, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
-	v.adopt(snap)
+	defer rows.Close()
+	for rows.Next() {
+		p := &viewProxy{}
+		var last *time.Time
+		if err := rows.Scan(&p.uid, &p.name, &p.provider, &p.region, &p.zone, &p.labels, &p.leasable,
+			&p.capacity, &p.active, &last, &p.tiebreak, &p.pool); err != nil {
+			return err
+		}
+		if last != nil {
+			p.lastLease = *last
+		}
+		snap.all[p.uid] = p
+		if snap.order != nil && p.leasable {
+			snap.order.insert(p)
+		}
+	}
+	return rows.Err()
+}
+
+func readCooldowns(ctx context.Context, q querier, snap *snapshot, sql string, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var uid, target string
+		var end time.Time
+		if err := rows.Scan(&uid, &target, &end); err != nil {
+			return err
+		}
+		if p := snap.all[uid]; p != nil {
+			if p.cooldowns == nil {
+				p.cooldowns = map[string]time.Time{}
+			}
+			p.cooldowns[target] = end
+		}
+	}
+	return rows.Err()
+}
+
+// adopt makes snap the view, or applies its changes to the view. The
+// choices of rounds in flight stay pending, and what rounds settled after
+// the read began told the view about a proxy (its count, last lease,
+// cooldowns) is kept over the read's older values. It reports whether
+// snap was adopted: a read begun before the view's own is older, and
+// changes read from a horizon later than the view's would leave a gap.
+func (v *view) adopt(snap *snapshot) bool {
+	if !snap.started.After(v.readStarted) || snap.changes && (v.horizon == 0 || snap.since > v.horizon) {
+		return false
+	}
+	if snap.changes {
+		for uid, p := range snap.all {
+			old := v.all[uid]
+			if old != nil && old.leasable {
+				v.order.delete(old)
+			}
+			if p == nil {
+				delete(v.all, uid)
+				continue
+			}
+			if old != nil {
+				p.keep(old, snap.settled)
+			}
+			v.all[uid] = p
+			if p.leasable {
+				v.order.insert(p)
+			}
+		}
+	} else {
+		for uid, p := range snap.all {
+			if old := v.all[uid]; old != nil && (old.pending > 0 || old.touched > snap.settled) {
+				reorder(snap.order, p, func() { p.keep(old, snap.settled) })
+			}
+		}
+		v.all, v.order = snap.all, snap.order
+	}
+	v.loaded, v.readStarted, v.horizon, v.stale = time.Now(), snap.started, snap.horizon, false
+	return true
+}
+
+// keep carries over to p, read from the database, what the view knew of
+// the proxy beyond a read made when settled rounds had settled: the
+// choices of rounds in flight, and the values of later rounds.
+func (p *viewProxy) keep(old *viewProxy, settled uint64) {
+	p.pending = old.pending
+	if old.touched <= settled {
+		return
+	}
+	p.active, p.lastLease, p.touched = old.active, old.lastLease, old.touched
+	for target, end := range old.cooldowns {
+		if p.cooldowns == nil {
+			p.cooldowns = map[string]time.Time{}
+		}
+		if end.After(p.cooldowns[target]) {
+			p.cooldowns[target] = end
+		}
+	}
+}
+
+// fullReadAfter is how old the view's last read may be for the next to
+// read only the changes since: the sweep purges the change log's entries
+// older than changeRetention.
+const fullReadAfter = changeRetention / 2
+
+// read reads what the view needs: the changes since its last read, or
+// the whole mirror when it has none or the log may no longer hold them.
+func (s *Store) read(ctx context.Context, now time.Time, horizon int64, readStarted time.Time) (*snapshot, error) {
+	if horizon == 0 || time.Since(readStarted) > fullReadAfter {
+		return s.readMirror(ctx, now)
+	}
+	return s.readChanges(ctx, now, horizon)
+}
+
+// reload brings the view up to date at once, in the committer.
+func (s *Store) reload(ctx context.Context, v *view, now time.Time) error {
+	snap, err := s.read(ctx, now, v.horizon, v.readStarted)
+	if err != nil {
+		return err
+	}
+	s.adopt(v, snap)
 	return nil
+}
+
+// adopt adopts snap in the committer and tells the refresher where the
+// view's next read starts.
+func (s *Store) adopt(v *view, snap *snapshot) {
+	if v.adopt(snap) {
+		s.viewRead.Store(&viewRead{horizon: v.horizon, started: v.readStarted})
+	}
+}
+
+// viewRead is where the view's last read left it.
+type viewRead struct {
+	horizon int64
+	started time.Time
 }

@@ -14,7 +14,7 @@ func testView(ps ...*viewProxy) *view {
 		}
 		v.all[p.uid] = p
 		if p.leasable {
-			v.order.ReplaceOrInsert(p)
+			v.order.insert(p)
 		}
 	}
 	return v
@@ -242,5 +242,87 @@ func TestViewAdoptsAReadMadeBesideTheRounds(t *testing.T) {
 	// room; b (3 of 3) has none.
 	if p := v.pick(Selector{}, "", now); p == nil || p.uid != "a" {
 		t.Errorf("pick after adopting = %v, want a", p)
+	}
+}
+
+func TestViewPicksWithinThePool(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	v := testView(
+		&viewProxy{uid: "a", leasable: true, pool: "p1", tiebreak: 1},
+		&viewProxy{uid: "b", leasable: true, pool: "p2", tiebreak: 2},
+		&viewProxy{uid: "c", leasable: true, tiebreak: 0},
+	)
+	if p := v.pick(Selector{Pool: "p2"}, "", now); p == nil || p.uid != "b" {
+		t.Fatalf("pick(pool p2) = %v, want b", p)
+	}
+	if p := v.pick(Selector{Pool: "p2"}, "", now); p != nil {
+		t.Fatalf("pick(pool p2) with b full = %v, want none", p)
+	}
+	if p := v.pick(Selector{}, "", now); p == nil || p.uid != "c" {
+		t.Fatalf("pick() = %v, want c, first in selection order", p)
+	}
+	if p := v.pick(Selector{Pool: "none"}, "", now); p != nil {
+		t.Fatalf("pick(an unknown pool) = %v, want none", p)
+	}
+	// b leaves pool p2 for p1 (a change read from the database): it is
+	// p1's candidate, no longer p2's.
+	v.settle("b", 0, 1)
+	v.horizon, v.readStarted = 5, now
+	v.adopt(&snapshot{changes: true, since: 5, horizon: 6, started: now.Add(time.Second),
+		all: map[string]*viewProxy{"b": {uid: "b", leasable: true, pool: "p1", capacity: 1, tiebreak: 2}}})
+	if _, ok := v.order.pools["p2"]; ok {
+		t.Error("pool p2 still has candidates")
+	}
+	if p := v.pick(Selector{Pool: "p1"}, "", now); p == nil || p.uid != "a" {
+		t.Fatalf("pick(pool p1) = %v, want a", p)
+	}
+	if p := v.pick(Selector{Pool: "p1"}, "", now); p == nil || p.uid != "b" {
+		t.Fatalf("pick(pool p1) = %v, want b, which moved there", p)
+	}
+}
+
+func TestViewAdoptsChangesOnly(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	v := testView(&viewProxy{uid: "a", leasable: true}, &viewProxy{uid: "b", leasable: true}, &viewProxy{uid: "c", leasable: true})
+	v.horizon, v.readStarted = 100, t0
+	v.setActive("c", 1, 7) // round 7 told us c holds 1
+	changes := func(started time.Time, since int64, all map[string]*viewProxy) *snapshot {
+		return &snapshot{changes: true, since: since, horizon: since + 10, settled: 6, started: started, all: all}
+	}
+	// Changes read from a later horizon than the view's leave a gap.
+	if v.adopt(changes(t0.Add(time.Second), 101, map[string]*viewProxy{"b": nil})) {
+		t.Fatal("changes from a later horizon adopted")
+	}
+	// a is now full, b deleted, d new; c's count from round 7 is newer
+	// than the read, begun when round 6 had settled.
+	if !v.adopt(changes(t0.Add(time.Second), 100, map[string]*viewProxy{
+		"a": {uid: "a", leasable: true, capacity: 1, active: 1},
+		"b": nil,
+		"c": {uid: "c", leasable: true, capacity: 1, active: 0},
+		"d": {uid: "d", leasable: true, capacity: 1, tiebreak: 9},
+	})) {
+		t.Fatal("changes not adopted")
+	}
+	if _, ok := v.all["b"]; ok {
+		t.Error("b, deleted, is still in the view")
+	}
+	if v.horizon != 110 {
+		t.Errorf("horizon %d, want the read's 110", v.horizon)
+	}
+	if c := v.all["c"]; c.active != 1 {
+		t.Errorf("c: active %d, want round 7's 1", c.active)
+	}
+	if p := v.pick(Selector{}, "", now); p == nil || p.uid != "d" {
+		t.Fatalf("pick = %v, want d, the only one with room", p)
+	}
+	if p := v.pick(Selector{}, "", now); p != nil {
+		t.Fatalf("pick = %v, want none", p)
+	}
+	// An older read is ignored.
+	if v.adopt(changes(t0, 110, map[string]*viewProxy{"a": {uid: "a", leasable: true, capacity: 1}})) {
+		t.Error("a read begun before the view's last one adopted")
 	}
 }

@@ -701,7 +701,14 @@ func (x *LeasableProxy) GetLastLeaseTime() *timestamppb.Timestamp {
 type ListProxiesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Which proxies to list.
-	Selector      *ProxySelector `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
+	Selector *ProxySelector `protobuf:"bytes,1,opt,name=selector,proto3" json:"selector,omitempty"`
+	// Most proxies to return, at most 1000. 0 returns every matching proxy
+	// in one reply, as before the listing had pages: past some 20,000
+	// proxies such a reply exceeds gRPC's default 4 MiB limit, so page.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first page. The
+	// selector must stay the same across pages.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -743,11 +750,29 @@ func (x *ListProxiesRequest) GetSelector() *ProxySelector {
 	return nil
 }
 
+func (x *ListProxiesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListProxiesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // Response of ListProxies.
 type ListProxiesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The leasable proxies matching the selector, ordered by name.
-	Proxies       []*LeasableProxy `protobuf:"bytes,1,rep,name=proxies,proto3" json:"proxies,omitempty"`
+	// The leasable proxies matching the selector of this page, ordered by
+	// name.
+	Proxies []*LeasableProxy `protobuf:"bytes,1,rep,name=proxies,proto3" json:"proxies,omitempty"`
+	// Token for the next page; empty on the last page (always empty when
+	// page_size is 0).
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -787,6 +812,13 @@ func (x *ListProxiesResponse) GetProxies() []*LeasableProxy {
 		return x.Proxies
 	}
 	return nil
+}
+
+func (x *ListProxiesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // Lease is a crawler's hold on one proxy.
@@ -2069,11 +2101,16 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\x0flast_lease_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rlastLeaseTime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa6\x01\n" +
 	"\x12ListProxiesRequest\x12:\n" +
-	"\bselector\x18\x01 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\"O\n" +
+	"\bselector\x18\x01 \x01(\v2\x1e.egress.lease.v1.ProxySelectorR\bselector\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xe8\a(\x00R\bpageSize\x12+\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\x80\bR\tpageToken\"w\n" +
 	"\x13ListProxiesResponse\x128\n" +
-	"\aproxies\x18\x01 \x03(\v2\x1e.egress.lease.v1.LeasableProxyR\aproxies\"\x86\x03\n" +
+	"\aproxies\x18\x01 \x03(\v2\x1e.egress.lease.v1.LeasableProxyR\aproxies\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x86\x03\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1b\n" +
