@@ -104,6 +104,12 @@ func TestPoolSelectionDrainingAndDemand(t *testing.T) {
 	}
 	web := &leasev1.ProxySelector{Pool: "web"}
 	webReports := demandReports(t, env, "web")
+	// The publisher's first report leaves out refusals counted before it
+	// (another replica reported them); a slow start must not make the
+	// refusal below that report's.
+	waittest.For(t, 30*time.Second, "a first report of web's demand", func() bool {
+		return webReports(func(*busv1.PoolDemandEvent) bool { return true })
+	})
 	got := map[string]string{} // proxy name -> lease id
 	for range 2 {
 		resp, r := c.Acquire(lt.Ctx(t), &leasev1.AcquireLeaseRequest{Selector: web})
