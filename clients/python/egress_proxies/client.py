@@ -238,10 +238,17 @@ class LeaseClient(_RestClient):
                 query.append((f"selector.{key}", selector[key]))
         for k, v in ((selector or {}).get("labels") or {}).items():
             query.append((f"selector.labels[{k}]", v))
-        path = "/v1/leasable-proxies"
-        if query:
-            path += "?" + urllib.parse.urlencode(query)
-        return self._call("GET", path).get("proxies", [])
+        # Pages of 1,000: one reply for a large pool would be huge.
+        query.append(("page_size", "1000"))
+        proxies: List[dict] = []
+        token = ""
+        while True:
+            page = query + ([("page_token", token)] if token else [])
+            resp = self._call("GET", "/v1/leasable-proxies?" + urllib.parse.urlencode(page))
+            proxies.extend(resp.get("proxies", []))
+            token = resp.get("next_page_token") or resp.get("nextPageToken") or ""
+            if not token:
+                return proxies
 
     def try_acquire(self, target_host: str = "", selector: Optional[Mapping] = None,
                     ttl: Optional[float] = None) -> "Lease":

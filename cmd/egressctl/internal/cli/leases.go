@@ -77,15 +77,27 @@ func leasesProxies(o *options) *cobra.Command {
 				return err
 			}
 			return call(o, o.leaseClient, func(ctx context.Context, client leasev1.LeaseServiceClient) error {
-				resp, err := client.ListProxies(ctx, &leasev1.ListProxiesRequest{
+				// Pages of 1,000: one reply for a large pool would pass
+				// gRPC's 4 MiB message limit.
+				req := &leasev1.ListProxiesRequest{
 					Selector: &leasev1.ProxySelector{Provider: provider, Region: region, Zone: zone, Labels: lbls},
-				})
-				if err != nil {
-					return err
+					PageSize: 1000,
 				}
-				return o.printMessages(messages(resp.GetProxies()), false, func(tw *tabwriter.Writer) {
+				var proxies []*leasev1.LeasableProxy
+				for {
+					resp, err := client.ListProxies(ctx, req)
+					if err != nil {
+						return err
+					}
+					proxies = append(proxies, resp.GetProxies()...)
+					if resp.GetNextPageToken() == "" {
+						break
+					}
+					req.PageToken = resp.GetNextPageToken()
+				}
+				return o.printMessages(messages(proxies), false, func(tw *tabwriter.Writer) {
 					fmt.Fprintln(tw, "PROXY\tPROVIDER\tADDRESS\tLEASES\tFREE")
-					for _, p := range resp.GetProxies() {
+					for _, p := range proxies {
 						a := p.GetAddress()
 						free := "unlimited"
 						if p.GetFreeCapacity() >= 0 {
