@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,6 +106,40 @@ func (t *Tx) LockByName(ctx context.Context, name string) (*lifecycle.Proxy, err
 	return r, err
 }
 
+// LockMany reads the proxies of uids that exist, by UID, and locks them
+// until the transaction ends. One query for them all, locking in UID
+// order, so concurrent transactions locking overlapping sets cannot
+// deadlock.
+func (t *Tx) LockMany(ctx context.Context, uids []string) (map[string]*lifecycle.Proxy, error) {
+	return t.lockAll(ctx, "uid = ANY($1::uuid[]) ORDER BY uid", uids, func(r *lifecycle.Proxy) string { return r.UID })
+}
+
+// LockByNames reads the proxies of names that exist, by name, and locks
+// them until the transaction ends, in one query, in name order.
+func (t *Tx) LockByNames(ctx context.Context, names []string) (map[string]*lifecycle.Proxy, error) {
+	return t.lockAll(ctx, "name = ANY($1::text[]) ORDER BY name", names, func(r *lifecycle.Proxy) string { return r.Name })
+}
+
+func (t *Tx) lockAll(ctx context.Context, where string, keys []string, key func(*lifecycle.Proxy) string) (map[string]*lifecycle.Proxy, error) {
+	out := make(map[string]*lifecycle.Proxy, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rows, err := t.tx.Query(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE "+where+" FOR UPDATE", keys)
+	if err != nil {
+		return nil, err
+	}
+	found, err := scanRows(t.keys, rows)
+	if err != nil {
+		return nil, err
+	}
+	t.locked(found...)
+	for _, r := range found {
+		out[key(r)] = r
+	}
+	return out, nil
+}
+
 // ClaimDue locks up to limit proxies whose reconcile is due, skipping rows
 // another transaction holds, so replicas share the queue without taking the
 // same proxy twice.
@@ -159,7 +194,10 @@ func (t *Tx) Delete(r *lifecycle.Proxy) {
 
 // flush writes the pending changes: revisions from the counter (whose row
 // lock orders commits), the rows, the change log and the notifications, in
-// one batch.
+// one batch. The rows are written a few statements for the whole
+// transaction (see rowWriter), not one per row: the counter's lock is held
+// until commit, so the time these statements take bounds every writer's
+// throughput.
 //
 // An update that changes nothing a client can see (a resync that found the
 // instance as it was: only the queue and the in-flight command moved) is
@@ -169,9 +207,15 @@ func (t *Tx) flush(ctx context.Context) error {
 	if len(t.pending) == 0 {
 		return nil
 	}
-	batch := &pgx.Batch{}
+	w := &rowWriter{}
 	due := false
-	var changed []pendingChange
+	// The changed rows' values are made (sealed, encoded) before the
+	// counter is taken: only their revision is set under its lock.
+	type staged struct {
+		pendingChange
+		args []any // nil for a delete
+	}
+	var changed []staged
 	for _, p := range t.pending {
 		r := p.row
 		if r.NextAttemptTime != nil && !r.NextAttemptTime.After(t.now.Add(time.Second)) {
@@ -180,40 +224,55 @@ func (t *Tx) flush(ctx context.Context) error {
 		if p.typ == proxyv1.ChangeType_CHANGE_TYPE_UPDATED {
 			if was, same := t.unchanged(r); same {
 				r.Revision, r.UpdateTime = was.revision, was.updateTime
-				if err := queueUpsert(batch, t.keys, r, false); err != nil {
+				args, err := rowArgs(t.keys, r)
+				if err != nil {
 					return err
 				}
+				w.upsert(r.UID, args, false)
 				continue
 			}
 		}
-		changed = append(changed, p)
+		r.UpdateTime = t.now
+		c := staged{pendingChange: p}
+		if p.typ != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
+			var err error
+			if c.args, err = rowArgs(t.keys, r); err != nil {
+				return err
+			}
+		}
+		changed = append(changed, c)
 	}
+	var log changeLog
+	var last int64
 	if len(changed) > 0 {
-		var last int64
 		if err := t.tx.QueryRow(ctx, "UPDATE orchestrator.revision SET value = value + $1 RETURNING value",
 			len(changed)).Scan(&last); err != nil {
 			return err
 		}
 		first := last - int64(len(changed)) + 1
-		for i, p := range changed {
-			r := p.row
+		for i, c := range changed {
+			r := c.row
 			r.Revision = first + int64(i)
-			r.UpdateTime = t.now
-			switch p.typ {
-			case proxyv1.ChangeType_CHANGE_TYPE_CREATED, proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
-				if err := queueUpsert(batch, t.keys, r, p.typ == proxyv1.ChangeType_CHANGE_TYPE_CREATED); err != nil {
-					return err
-				}
-			case proxyv1.ChangeType_CHANGE_TYPE_DELETED:
-				batch.Queue("DELETE FROM orchestrator.proxies WHERE uid = $1", r.UID)
+			if c.args == nil {
+				w.delete(r.UID)
+			} else {
+				c.args[revisionColumn] = r.Revision
+				w.upsert(r.UID, c.args, c.typ == proxyv1.ChangeType_CHANGE_TYPE_CREATED)
 			}
 			snap, err := proto.Marshal(r.Proto(false))
 			if err != nil {
 				return err
 			}
-			batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
-			VALUES ($1, $2, $3, $4, $5)`, r.Revision, r.UID, int16(p.typ), snap, t.now)
+			log.add(r.Revision, r.UID, c.typ, snap)
 		}
+	}
+	batch := &pgx.Batch{}
+	w.queue(batch)
+	if len(changed) > 0 {
+		batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
+			SELECT c.revision, c.uid, c.change_type, c.snapshot, $5
+			FROM unnest($1::bigint[], $2::uuid[], $3::smallint[], $4::bytea[]) AS c(revision, uid, change_type, snapshot)`,
+			log.revisions, log.uids, log.types, log.snapshots, t.now)
 		batch.Queue("SELECT pg_notify($1, $2)", ChangesChannel, strconv.FormatInt(last, 10))
 	}
 	if due {
@@ -225,6 +284,124 @@ func (t *Tx) flush(ctx context.Context) error {
 	}
 	return err
 }
+
+// changeLog is the change-log entries of one flush, column by column.
+type changeLog struct {
+	revisions []int64
+	uids      []string
+	types     []int16
+	snapshots [][]byte
+}
+
+func (l *changeLog) add(revision int64, uid string, typ proxyv1.ChangeType, snapshot []byte) {
+	l.revisions = append(l.revisions, revision)
+	l.uids = append(l.uids, uid)
+	l.types = append(l.types, int16(typ))
+	l.snapshots = append(l.snapshots, snapshot)
+}
+
+// rowWriter collects a transaction's row writes into runs of one kind
+// (insert, update or delete), each written by one statement over arrays of
+// the rows' columns. A run ends where the kind changes or a row comes back
+// (a row written twice in one transaction), so the statements apply in the
+// order the writes were made.
+type rowWriter struct {
+	runs []*rowRun
+}
+
+type rowKind int
+
+const (
+	insertRows rowKind = iota
+	updateRows
+	deleteRows
+)
+
+type rowRun struct {
+	kind rowKind
+	seen map[string]bool
+	// cols holds each column's values, one per row (deleteRows: uid only).
+	cols [][]any
+}
+
+func (w *rowWriter) run(kind rowKind, uid string) *rowRun {
+	if n := len(w.runs); n > 0 {
+		if last := w.runs[n-1]; last.kind == kind && !last.seen[uid] {
+			last.seen[uid] = true
+			return last
+		}
+	}
+	width := len(columnTypes)
+	if kind == deleteRows {
+		width = 1
+	}
+	r := &rowRun{kind: kind, seen: map[string]bool{uid: true}, cols: make([][]any, width)}
+	w.runs = append(w.runs, r)
+	return r
+}
+
+// upsert writes a row given as rowArgs.
+func (w *rowWriter) upsert(uid string, args []any, insert bool) {
+	kind := updateRows
+	if insert {
+		kind = insertRows
+	}
+	run := w.run(kind, uid)
+	for i, a := range args {
+		run.cols[i] = append(run.cols[i], a)
+	}
+}
+
+func (w *rowWriter) delete(uid string) {
+	run := w.run(deleteRows, uid)
+	run.cols[0] = append(run.cols[0], uid)
+}
+
+func (w *rowWriter) queue(b *pgx.Batch) {
+	for _, run := range w.runs {
+		arrays := make([]any, len(run.cols))
+		for i, c := range run.cols {
+			arrays[i] = c
+		}
+		switch run.kind {
+		case insertRows:
+			b.Queue(insertProxies, arrays...)
+		case updateRows:
+			b.Queue(updateProxies, arrays...)
+		case deleteRows:
+			b.Queue("DELETE FROM orchestrator.proxies WHERE uid = ANY($1::uuid[])", run.cols[0])
+		}
+	}
+}
+
+// revisionColumn is where revision is among columns (and rowArgs).
+const revisionColumn = 9
+
+// columnTypes are the SQL types of columns, in its order.
+var columnTypes = []string{"uuid", "text", "jsonb", "bytea", "smallint", "text", "text", "boolean", "bigint", "bigint",
+	"timestamptz", "timestamptz", "timestamptz", "smallint", "text", "text", "integer", "boolean", "text", "text",
+	"text", "text", "bigint", "timestamptz", "timestamptz",
+	"bigint", "bigint", "timestamptz", "integer", "uuid", "smallint",
+	"text", "timestamptz", "timestamptz", "timestamptz", "text", "bytea", "text",
+	"text", "timestamptz", "timestamptz", "bytea", "text", "timestamptz", "boolean"}
+
+// insertProxies and updateProxies write rows given as one array per
+// column (rowArgs' values, column by column).
+var insertProxies, updateProxies = func() (string, string) {
+	names := strings.Split(columns, ",")
+	arrays := make([]string, len(names))
+	sets := make([]string, 0, len(names)-1)
+	for i, n := range names {
+		names[i] = strings.TrimSpace(n)
+		arrays[i] = fmt.Sprintf("$%d::%s[]", i+1, columnTypes[i])
+		if i > 0 {
+			sets = append(sets, names[i]+" = u."+names[i])
+		}
+	}
+	from := "unnest(" + strings.Join(arrays, ", ") + ") AS u(" + strings.Join(names, ", ") + ")"
+	return "INSERT INTO orchestrator.proxies (" + columns + ") SELECT * FROM " + from,
+		"UPDATE orchestrator.proxies AS p SET " + strings.Join(sets, ", ") + " FROM " + from + " WHERE p.uid = u.uid"
+}()
 
 // sealCloudInit returns the spec as stored (without cloud-init) and the
 // cloud-init sealed with the active key for this row.
@@ -244,45 +421,31 @@ func sealCloudInit(keys *atrest.Keyring, r *lifecycle.Proxy) (spec, sealed []byt
 	return spec, sealed, keyID, err
 }
 
-func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *lifecycle.Proxy, insert bool) error {
+// rowArgs are r's values for columns, in its order.
+func rowArgs(keys *atrest.Keyring, r *lifecycle.Proxy) ([]any, error) {
 	labels, _ := json.Marshal(r.Labels)
 	if r.Labels == nil {
 		labels = []byte("{}")
 	}
 	spec, sealed, keyID, err := sealCloudInit(keys, r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	credSealed, credKey, credTime, err := sealCredentials(keys, r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var cmdID *string
 	if r.CommandID != "" {
 		cmdID = &r.CommandID
 	}
-	args := []any{r.UID, r.Name, labels, spec, int16(r.Spec.GetMode()), r.Spec.GetProvider(), r.SpecHash,
+	return []any{r.UID, r.Name, labels, spec, int16(r.Spec.GetMode()), r.Spec.GetProvider(), r.SpecHash,
 		r.SkipCleanup, r.Generation, r.Revision, r.CreateTime, r.UpdateTime, r.DeleteTime, int16(r.Phase),
 		r.ProviderID, r.IP, int32(r.Port), r.Healthy, string(r.Reason), r.Message, r.InstanceSpecHash,
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
 		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent,
-		sealed, keyID, r.Pool, r.DrainTime, r.DrainDeadline, credSealed, credKey, credTime, r.CredentialsStale}
-	if insert {
-		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
-			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36,$37,$38,$39,$40,$41,$42,$43,$44,$45)`, args...)
-		return nil
-	}
-	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
-		skip_cleanup=$8, generation=$9, revision=$10, create_time=$11, update_time=$12, delete_time=$13,
-		phase=$14, provider_id=$15, ip=$16, port=$17, healthy=$18, reason=$19, message=$20,
-		instance_spec_hash=$21, failed_spec_hash=$22, observed_generation=$23, phase_transition_time=$24,
-		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
-		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
-		command_issue_time=$34, stopped_since=$35, trace_parent=$36, cloud_init=$37, cloud_init_key=$38,
-		pool=$39, drain_time=$40, drain_deadline=$41, credentials=$42, credentials_key=$43, credentials_time=$44,
-		credentials_stale=$45 WHERE uid=$1`, args...)
-	return nil
+		sealed, keyID, r.Pool, r.DrainTime, r.DrainDeadline, credSealed, credKey, credTime, r.CredentialsStale}, nil
 }
 
 func isUniqueViolation(err error) bool {
