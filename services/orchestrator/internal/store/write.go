@@ -69,12 +69,20 @@ type pendingChange struct {
 // writes.
 func (t *Tx) Now() time.Time { return t.now }
 
+// beginWrite starts a writing transaction whose statements are planned
+// for their arguments on every execution. Prepared statements otherwise
+// settle on a generic plan after five runs, chosen for the table as it
+// was then: the batched UPDATE's, made while the table was small, joins
+// by reading every row (a hash join over a sequential scan) and keeps
+// doing so as the table grows. Sent with BEGIN, in the same round trip.
+const beginWrite = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan"
+
 // Write runs fn in a transaction and commits what it changed. A
 // serialization failure or deadlock reruns fn, up to five times.
 func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: beginWrite}, func(tx pgx.Tx) error {
 			t := &Tx{tx: tx, keys: s.keyring(), now: s.now().UTC().Truncate(time.Microsecond)}
 			if err := fn(t); err != nil {
 				return err
