@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,20 +68,12 @@ type pendingChange struct {
 // writes.
 func (t *Tx) Now() time.Time { return t.now }
 
-// beginWrite starts a writing transaction whose statements are planned
-// for their arguments on every execution. Prepared statements otherwise
-// settle on a generic plan after five runs, chosen for the table as it
-// was then: the batched UPDATE's, made while the table was small, joins
-// by reading every row (a hash join over a sequential scan) and keeps
-// doing so as the table grows. Sent with BEGIN, in the same round trip.
-const beginWrite = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan"
-
 // Write runs fn in a transaction and commits what it changed. A
 // serialization failure or deadlock reruns fn, up to five times.
 func (s *Store) Write(ctx context.Context, fn func(*Tx) error) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: beginWrite}, func(tx pgx.Tx) error {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			t := &Tx{tx: tx, keys: s.keyring(), now: s.now().UTC().Truncate(time.Microsecond)}
 			if err := fn(t); err != nil {
 				return err
@@ -202,10 +193,7 @@ func (t *Tx) Delete(r *lifecycle.Proxy) {
 
 // flush writes the pending changes: revisions from the counter (whose row
 // lock orders commits), the rows, the change log and the notifications, in
-// one batch. The rows are written a few statements for the whole
-// transaction (see rowWriter), not one per row: the counter's lock is held
-// until commit, so the time these statements take bounds every writer's
-// throughput.
+// one batch.
 //
 // An update that changes nothing a client can see (a resync that found the
 // instance as it was: only the queue and the in-flight command moved) is
@@ -215,15 +203,9 @@ func (t *Tx) flush(ctx context.Context) error {
 	if len(t.pending) == 0 {
 		return nil
 	}
-	w := &rowWriter{}
+	batch := &pgx.Batch{}
 	due := false
-	// The changed rows' values are made (sealed, encoded) before the
-	// counter is taken: only their revision is set under its lock.
-	type staged struct {
-		pendingChange
-		args []any // nil for a delete
-	}
-	var changed []staged
+	var changed []pendingChange
 	for _, p := range t.pending {
 		r := p.row
 		if r.NextAttemptTime != nil && !r.NextAttemptTime.After(t.now.Add(time.Second)) {
@@ -232,55 +214,40 @@ func (t *Tx) flush(ctx context.Context) error {
 		if p.typ == proxyv1.ChangeType_CHANGE_TYPE_UPDATED {
 			if was, same := t.unchanged(r); same {
 				r.Revision, r.UpdateTime = was.revision, was.updateTime
-				args, err := rowArgs(t.keys, r)
-				if err != nil {
+				if err := queueUpsert(batch, t.keys, r, false); err != nil {
 					return err
 				}
-				w.upsert(r.UID, args, false)
 				continue
 			}
 		}
-		r.UpdateTime = t.now
-		c := staged{pendingChange: p}
-		if p.typ != proxyv1.ChangeType_CHANGE_TYPE_DELETED {
-			var err error
-			if c.args, err = rowArgs(t.keys, r); err != nil {
-				return err
-			}
-		}
-		changed = append(changed, c)
+		changed = append(changed, p)
 	}
-	var log changeLog
-	var last int64
 	if len(changed) > 0 {
+		var last int64
 		if err := t.tx.QueryRow(ctx, "UPDATE orchestrator.revision SET value = value + $1 RETURNING value",
 			len(changed)).Scan(&last); err != nil {
 			return err
 		}
 		first := last - int64(len(changed)) + 1
-		for i, c := range changed {
-			r := c.row
+		for i, p := range changed {
+			r := p.row
 			r.Revision = first + int64(i)
-			if c.args == nil {
-				w.delete(r.UID)
-			} else {
-				c.args[revisionColumn] = r.Revision
-				w.upsert(r.UID, c.args, c.typ == proxyv1.ChangeType_CHANGE_TYPE_CREATED)
+			r.UpdateTime = t.now
+			switch p.typ {
+			case proxyv1.ChangeType_CHANGE_TYPE_CREATED, proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
+				if err := queueUpsert(batch, t.keys, r, p.typ == proxyv1.ChangeType_CHANGE_TYPE_CREATED); err != nil {
+					return err
+				}
+			case proxyv1.ChangeType_CHANGE_TYPE_DELETED:
+				batch.Queue("DELETE FROM orchestrator.proxies WHERE uid = $1", r.UID)
 			}
 			snap, err := proto.Marshal(r.Proto(false))
 			if err != nil {
 				return err
 			}
-			log.add(r.Revision, r.UID, c.typ, snap)
+			batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
+			VALUES ($1, $2, $3, $4, $5)`, r.Revision, r.UID, int16(p.typ), snap, t.now)
 		}
-	}
-	batch := &pgx.Batch{}
-	w.queue(batch)
-	if len(changed) > 0 {
-		batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
-			SELECT c.revision, c.uid, c.change_type, c.snapshot, $5
-			FROM unnest($1::bigint[], $2::uuid[], $3::smallint[], $4::bytea[]) AS c(revision, uid, change_type, snapshot)`,
-			log.revisions, log.uids, log.types, log.snapshots, t.now)
 		batch.Queue("SELECT pg_notify($1, $2)", ChangesChannel, strconv.FormatInt(last, 10))
 	}
 	if due {
@@ -292,124 +259,6 @@ func (t *Tx) flush(ctx context.Context) error {
 	}
 	return err
 }
-
-// changeLog is the change-log entries of one flush, column by column.
-type changeLog struct {
-	revisions []int64
-	uids      []string
-	types     []int16
-	snapshots [][]byte
-}
-
-func (l *changeLog) add(revision int64, uid string, typ proxyv1.ChangeType, snapshot []byte) {
-	l.revisions = append(l.revisions, revision)
-	l.uids = append(l.uids, uid)
-	l.types = append(l.types, int16(typ))
-	l.snapshots = append(l.snapshots, snapshot)
-}
-
-// rowWriter collects a transaction's row writes into runs of one kind
-// (insert, update or delete), each written by one statement over arrays of
-// the rows' columns. A run ends where the kind changes or a row comes back
-// (a row written twice in one transaction), so the statements apply in the
-// order the writes were made.
-type rowWriter struct {
-	runs []*rowRun
-}
-
-type rowKind int
-
-const (
-	insertRows rowKind = iota
-	updateRows
-	deleteRows
-)
-
-type rowRun struct {
-	kind rowKind
-	seen map[string]bool
-	// cols holds each column's values, one per row (deleteRows: uid only).
-	cols [][]any
-}
-
-func (w *rowWriter) run(kind rowKind, uid string) *rowRun {
-	if n := len(w.runs); n > 0 {
-		if last := w.runs[n-1]; last.kind == kind && !last.seen[uid] {
-			last.seen[uid] = true
-			return last
-		}
-	}
-	width := len(columnTypes)
-	if kind == deleteRows {
-		width = 1
-	}
-	r := &rowRun{kind: kind, seen: map[string]bool{uid: true}, cols: make([][]any, width)}
-	w.runs = append(w.runs, r)
-	return r
-}
-
-// upsert writes a row given as rowArgs.
-func (w *rowWriter) upsert(uid string, args []any, insert bool) {
-	kind := updateRows
-	if insert {
-		kind = insertRows
-	}
-	run := w.run(kind, uid)
-	for i, a := range args {
-		run.cols[i] = append(run.cols[i], a)
-	}
-}
-
-func (w *rowWriter) delete(uid string) {
-	run := w.run(deleteRows, uid)
-	run.cols[0] = append(run.cols[0], uid)
-}
-
-func (w *rowWriter) queue(b *pgx.Batch) {
-	for _, run := range w.runs {
-		arrays := make([]any, len(run.cols))
-		for i, c := range run.cols {
-			arrays[i] = c
-		}
-		switch run.kind {
-		case insertRows:
-			b.Queue(insertProxies, arrays...)
-		case updateRows:
-			b.Queue(updateProxies, arrays...)
-		case deleteRows:
-			b.Queue("DELETE FROM orchestrator.proxies WHERE uid = ANY($1::uuid[])", run.cols[0])
-		}
-	}
-}
-
-// revisionColumn is where revision is among columns (and rowArgs).
-const revisionColumn = 9
-
-// columnTypes are the SQL types of columns, in its order.
-var columnTypes = []string{"uuid", "text", "jsonb", "bytea", "smallint", "text", "text", "boolean", "bigint", "bigint",
-	"timestamptz", "timestamptz", "timestamptz", "smallint", "text", "text", "integer", "boolean", "text", "text",
-	"text", "text", "bigint", "timestamptz", "timestamptz",
-	"bigint", "bigint", "timestamptz", "integer", "uuid", "smallint",
-	"text", "timestamptz", "timestamptz", "timestamptz", "text", "bytea", "text",
-	"text", "timestamptz", "timestamptz", "bytea", "text", "timestamptz", "boolean"}
-
-// insertProxies and updateProxies write rows given as one array per
-// column (rowArgs' values, column by column).
-var insertProxies, updateProxies = func() (string, string) {
-	names := strings.Split(columns, ",")
-	arrays := make([]string, len(names))
-	sets := make([]string, 0, len(names)-1)
-	for i, n := range names {
-		names[i] = strings.TrimSpace(n)
-		arrays[i] = fmt.Sprintf("$%d::%s[]", i+1, columnTypes[i])
-		if i > 0 {
-			sets = append(sets, names[i]+" = u."+names[i])
-		}
-	}
-	from := "unnest(" + strings.Join(arrays, ", ") + ") AS u(" + strings.Join(names, ", ") + ")"
-	return "INSERT INTO orchestrator.proxies (" + columns + ") SELECT * FROM " + from,
-		"UPDATE orchestrator.proxies AS p SET " + strings.Join(sets, ", ") + " FROM " + from + " WHERE p.uid = u.uid"
-}()
 
 // sealCloudInit returns the spec as stored (without cloud-init) and the
 // cloud-init sealed with the active key for this row.
@@ -429,31 +278,45 @@ func sealCloudInit(keys *atrest.Keyring, r *lifecycle.Proxy) (spec, sealed []byt
 	return spec, sealed, keyID, err
 }
 
-// rowArgs are r's values for columns, in its order.
-func rowArgs(keys *atrest.Keyring, r *lifecycle.Proxy) ([]any, error) {
+func queueUpsert(b *pgx.Batch, keys *atrest.Keyring, r *lifecycle.Proxy, insert bool) error {
 	labels, _ := json.Marshal(r.Labels)
 	if r.Labels == nil {
 		labels = []byte("{}")
 	}
 	spec, sealed, keyID, err := sealCloudInit(keys, r)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	credSealed, credKey, credTime, err := sealCredentials(keys, r)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var cmdID *string
 	if r.CommandID != "" {
 		cmdID = &r.CommandID
 	}
-	return []any{r.UID, r.Name, labels, spec, int16(r.Spec.GetMode()), r.Spec.GetProvider(), r.SpecHash,
+	args := []any{r.UID, r.Name, labels, spec, int16(r.Spec.GetMode()), r.Spec.GetProvider(), r.SpecHash,
 		r.SkipCleanup, r.Generation, r.Revision, r.CreateTime, r.UpdateTime, r.DeleteTime, int16(r.Phase),
 		r.ProviderID, r.IP, int32(r.Port), r.Healthy, string(r.Reason), r.Message, r.InstanceSpecHash,
 		r.FailedSpecHash, r.ObservedGeneration, r.PhaseTransitionTime, r.HealthTransitionTime,
 		r.ProbeLatency.Microseconds(), r.HealthSequence, r.NextAttemptTime, r.Attempts, cmdID,
 		int16(r.CommandStep), r.CommandSpecHash, r.CommandDeadline, r.CommandIssueTime, r.StoppedSince, r.TraceParent,
-		sealed, keyID, r.Pool, r.DrainTime, r.DrainDeadline, credSealed, credKey, credTime, r.CredentialsStale}, nil
+		sealed, keyID, r.Pool, r.DrainTime, r.DrainDeadline, credSealed, credKey, credTime, r.CredentialsStale}
+	if insert {
+		b.Queue("INSERT INTO orchestrator.proxies ("+columns+`) VALUES
+			($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33,$34,$35,$36,$37,$38,$39,$40,$41,$42,$43,$44,$45)`, args...)
+		return nil
+	}
+	b.Queue(`UPDATE orchestrator.proxies SET name=$2, labels=$3, spec=$4, mode=$5, provider=$6, spec_hash=$7,
+		skip_cleanup=$8, generation=$9, revision=$10, create_time=$11, update_time=$12, delete_time=$13,
+		phase=$14, provider_id=$15, ip=$16, port=$17, healthy=$18, reason=$19, message=$20,
+		instance_spec_hash=$21, failed_spec_hash=$22, observed_generation=$23, phase_transition_time=$24,
+		health_transition_time=$25, probe_latency_us=$26, health_sequence=$27, next_attempt_time=$28,
+		attempts=$29, command_id=$30, command_step=$31, command_spec_hash=$32, command_deadline=$33,
+		command_issue_time=$34, stopped_since=$35, trace_parent=$36, cloud_init=$37, cloud_init_key=$38,
+		pool=$39, drain_time=$40, drain_deadline=$41, credentials=$42, credentials_key=$43, credentials_time=$44,
+		credentials_stale=$45 WHERE uid=$1`, args...)
+	return nil
 }
 
 func isUniqueViolation(err error) bool {

@@ -12,11 +12,11 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
-// A transaction's writes are stored a statement per run of one kind; a
-// row written twice in one transaction, and inserts, updates and deletes
-// mixed, end as they would one statement per write: the row as last
-// written, one change each, in the order made.
-func TestWriteManyRowsInOneTransaction(t *testing.T) {
+// LockByNames and LockMany lock a batch's proxies in one query and return
+// those that exist; the writes of the transaction (updates, a row written
+// twice, an insert, a delete) end as made: each row as last written, one
+// change each, in the order made.
+func TestLockManyAndWriteInOneTransaction(t *testing.T) {
 	t.Parallel()
 	h := orchtest.New(t)
 	ctx := context.Background()
