@@ -154,21 +154,20 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 	for attempt := 0; attempt < 3; attempt++ {
 		rows = make([]*lifecycle.Proxy, len(batch))
 		err = s.Store.Write(ctx, func(tx *store.Tx) error {
-			byName := map[string]*lifecycle.Proxy{}
+			names := make([]string, len(batch))
+			for i, c := range batch {
+				names[i] = c.req.GetName()
+			}
+			// The batch's existing proxies, locked in one query: byName
+			// then gains every proxy the batch creates.
+			byName, err := tx.LockByNames(ctx, names)
+			if err != nil {
+				return err
+			}
 			for i, c := range batch {
 				c.out, c.created, c.err = nil, false, nil
 				name := c.req.GetName()
-				existing, ok := byName[name]
-				if !ok {
-					r, err := tx.LockByName(ctx, name)
-					switch {
-					case errors.Is(err, store.ErrNotFound):
-					case err != nil:
-						return err
-					default:
-						existing = r
-					}
-				}
+				existing := byName[name]
 				switch {
 				case existing == nil:
 				case existing.Deleting():

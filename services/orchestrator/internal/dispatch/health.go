@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -56,21 +55,20 @@ func (d *Dispatcher) applyHealth(ctx context.Context, msgs []jetstream.Msg) {
 	}
 	slices.SortStableFunc(items, func(a, b item) int { return strings.Compare(a.tr.GetProxyUid(), b.tr.GetProxyUid()) })
 	err := d.Store.Write(ctx, func(tx *store.Tx) error {
-		rows := map[string]*lifecycle.Proxy{}
+		uids := make([]string, len(items))
+		for i, it := range items {
+			uids[i] = it.tr.GetProxyUid()
+		}
+		rows, err := tx.LockMany(ctx, uids)
+		if err != nil {
+			return err
+		}
 		changed := map[string]bool{}
 		for _, it := range items {
 			uid := it.tr.GetProxyUid()
 			r, ok := rows[uid]
 			if !ok {
-				var err error
-				r, err = tx.Lock(ctx, uid)
-				if errors.Is(err, store.ErrNotFound) {
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				rows[uid] = r
+				continue
 			}
 			if lifecycle.ApplyHealth(r, it.tr, tx.Now()) {
 				changed[uid] = true

@@ -26,12 +26,29 @@ func (d *Dispatcher) RunOutbox(ctx context.Context) error {
 	return s.Run(ctx, d.outbox)
 }
 
+// cursorSaveInterval is how often, at most, the outbox stores its cursor
+// while changes keep coming (when they stop it stores it at once): each
+// store is a commit of its own, and a commit per batch competed with the
+// writers' commits for the WAL. A new holder of the outbox resends what
+// was published after the stored cursor; consumers ignore revisions they
+// have.
+const cursorSaveInterval = time.Second
+
 func (d *Dispatcher) outbox(ctx context.Context) error {
 	conn := d.Store.Pool()
-	var cursor int64
+	var cursor, saved int64
 	var refreshed time.Time
 	if err := conn.QueryRow(ctx, "SELECT revision, refresh_time FROM orchestrator.event_cursor").Scan(&cursor, &refreshed); err != nil {
 		return err
+	}
+	saved = cursor
+	savedAt := time.Now()
+	save := func() error {
+		if _, err := conn.Exec(ctx, "UPDATE orchestrator.event_cursor SET revision = $1", cursor); err != nil {
+			return err
+		}
+		saved, savedAt = cursor, time.Now()
+		return nil
 	}
 	for ctx.Err() == nil {
 		wake := d.Changes.Wait()
@@ -57,12 +74,19 @@ func (d *Dispatcher) outbox(ctx context.Context) error {
 				return err
 			}
 			cursor = changes[len(changes)-1].Revision
-			if _, err := conn.Exec(ctx, "UPDATE orchestrator.event_cursor SET revision = $1", cursor); err != nil {
-				return err
-			}
 			d.Metrics.EventsPublished.Add(float64(len(changes)))
+			if time.Since(savedAt) >= cursorSaveInterval {
+				if err := save(); err != nil {
+					return err
+				}
+			}
 			if len(changes) == 1000 {
 				continue
+			}
+		}
+		if len(changes) == 0 && cursor != saved {
+			if err := save(); err != nil {
+				return err
 			}
 		}
 		if time.Since(refreshed) >= d.eventRefresh() {

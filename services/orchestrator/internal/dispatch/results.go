@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"time"
 
@@ -76,8 +75,9 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 			it.span.End()
 		}
 	}()
-	// Lock rows in UID order so concurrent batches cannot deadlock.
-	slices.SortFunc(items, func(a, b decoded) int {
+	// Apply a proxy's results in UID order (LockMany locks in that order
+	// too), the order of the messages kept among one proxy's results.
+	slices.SortStableFunc(items, func(a, b decoded) int {
 		switch {
 		case a.res.GetProxyUid() < b.res.GetProxyUid():
 			return -1
@@ -89,7 +89,14 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 	var cmds []outgoing
 	err := d.Store.Write(ctx, func(tx *store.Tx) error {
 		cmds = nil
-		rows := map[string]*lifecycle.Proxy{}
+		uids := make([]string, len(items))
+		for i, it := range items {
+			uids[i] = it.res.GetProxyUid()
+		}
+		rows, err := tx.LockMany(ctx, uids)
+		if err != nil {
+			return err
+		}
 		traced := map[string]context.Context{} // each proxy's last applied result's span
 		changed := map[string]bool{}
 		released := map[string]bool{}
@@ -101,16 +108,8 @@ func (d *Dispatcher) applyResults(ctx context.Context, msgs []jetstream.Msg) {
 			}
 			r, ok := rows[uid]
 			if !ok {
-				var err error
-				r, err = tx.Lock(ctx, uid)
-				if errors.Is(err, store.ErrNotFound) {
-					d.Log.Debug("result for a proxy that no longer exists", "proxy_uid", uid, "command", res.GetCommandId())
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				rows[uid] = r
+				d.Log.Debug("result for a proxy that no longer exists", "proxy_uid", uid, "command", res.GetCommandId())
+				continue
 			}
 			issued := r.CommandIssueTime
 			switch d.Machine.Apply(r, res, tx.Now()) {

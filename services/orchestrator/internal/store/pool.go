@@ -339,14 +339,22 @@ func (t *Tx) WritePool(ctx context.Context, p *PoolRow, typ proxyv1.ChangeType) 
 
 // DrainingAlone lists the draining proxies that belong to no pool and are
 // not being deleted (an admin drained them; no pool controller looks after
-// them).
+// them), from the index of draining proxies. Sequential scans are off for
+// it: without statistics on drain_time (a table that has just grown) the
+// planner takes nearly every row for draining and reads the whole table,
+// after every change.
 func (s *Store) DrainingAlone(ctx context.Context) ([]*lifecycle.Proxy, error) {
-	rows, err := s.pool.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
-		WHERE pool = '' AND drain_time IS NOT NULL AND delete_time IS NULL ORDER BY name`)
-	if err != nil {
-		return nil, err
-	}
-	return scanRows(s.keyring(), rows)
+	var out []*lifecycle.Proxy
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: "BEGIN READ ONLY; SET LOCAL enable_seqscan = off"}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT "+columns+` FROM orchestrator.proxies
+			WHERE pool = '' AND drain_time IS NOT NULL AND delete_time IS NULL ORDER BY name`)
+		if err != nil {
+			return err
+		}
+		out, err = scanRows(s.keyring(), rows)
+		return err
+	})
+	return out, err
 }
 
 func ts(t *time.Time) *timestamppb.Timestamp {

@@ -105,6 +105,40 @@ func (t *Tx) LockByName(ctx context.Context, name string) (*lifecycle.Proxy, err
 	return r, err
 }
 
+// LockMany reads the proxies of uids that exist, by UID, and locks them
+// until the transaction ends. One query for them all, locking in UID
+// order, so concurrent transactions locking overlapping sets cannot
+// deadlock.
+func (t *Tx) LockMany(ctx context.Context, uids []string) (map[string]*lifecycle.Proxy, error) {
+	return t.lockAll(ctx, "uid = ANY($1::uuid[]) ORDER BY uid", uids, func(r *lifecycle.Proxy) string { return r.UID })
+}
+
+// LockByNames reads the proxies of names that exist, by name, and locks
+// them until the transaction ends, in one query, in name order.
+func (t *Tx) LockByNames(ctx context.Context, names []string) (map[string]*lifecycle.Proxy, error) {
+	return t.lockAll(ctx, "name = ANY($1::text[]) ORDER BY name", names, func(r *lifecycle.Proxy) string { return r.Name })
+}
+
+func (t *Tx) lockAll(ctx context.Context, where string, keys []string, key func(*lifecycle.Proxy) string) (map[string]*lifecycle.Proxy, error) {
+	out := make(map[string]*lifecycle.Proxy, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rows, err := t.tx.Query(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE "+where+" FOR UPDATE", keys)
+	if err != nil {
+		return nil, err
+	}
+	found, err := scanRows(t.keys, rows)
+	if err != nil {
+		return nil, err
+	}
+	t.locked(found...)
+	for _, r := range found {
+		out[key(r)] = r
+	}
+	return out, nil
+}
+
 // ClaimDue locks up to limit proxies whose reconcile is due, skipping rows
 // another transaction holds, so replicas share the queue without taking the
 // same proxy twice.
