@@ -6,8 +6,12 @@ package proxysynctest
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -65,4 +69,30 @@ func (l *Listing) ListProxies(_ context.Context, req *proxyv1.ListProxiesRequest
 	}
 	resp.Revision = l.revision.Load()
 	return resp, nil
+}
+
+// BenchSizes are the pool sizes a resync benchmark runs at: the positive
+// numbers in BENCH_RESYNC_SIZES, or 10,000.
+func BenchSizes(tb testing.TB) []int {
+	v := os.Getenv("BENCH_RESYNC_SIZES")
+	if v == "" {
+		return []int{10000}
+	}
+	var sizes []int
+	for _, f := range strings.Fields(v) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			tb.Fatalf("BENCH_RESYNC_SIZES: %q is not a positive number", f)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
+}
+
+// HeapInUse is the live Go heap after a collection.
+func HeapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse)
 }

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,18 +23,7 @@ import (
 // at a newer revision with the same proxies (the periodic resync). Reports
 // seconds per resync and the Go heap the fleet and engine hold, per proxy.
 func BenchmarkResync(b *testing.B) {
-	sizes := []int{10000}
-	if v := os.Getenv("BENCH_RESYNC_SIZES"); v != "" {
-		sizes = nil
-		for _, f := range strings.Fields(v) {
-			n, err := strconv.Atoi(f)
-			if err != nil || n <= 0 {
-				b.Fatalf("BENCH_RESYNC_SIZES: %q is not a positive number", f)
-			}
-			sizes = append(sizes, n)
-		}
-	}
-	for _, n := range sizes {
+	for _, n := range proxysynctest.BenchSizes(b) {
 		b.Run(fmt.Sprintf("proxies=%d", n), func(b *testing.B) {
 			proxies := make([]*proxyv1.Proxy, n)
 			for i := range proxies {
@@ -50,7 +36,7 @@ func BenchmarkResync(b *testing.B) {
 			proxies = nil
 			for i := 0; i < b.N; i++ {
 				l.SetRevision(int64(n) + 1)
-				heapBefore := heapInUse()
+				heapBefore := proxysynctest.HeapInUse()
 				eng := engine.New(engine.Config{
 					Probe: func(context.Context, engine.Spec) probe.Result {
 						return probe.Result{OK: true, Reason: probe.ReasonSucceeded}
@@ -74,7 +60,7 @@ func BenchmarkResync(b *testing.B) {
 					b.Fatal(err)
 				}
 				newer := time.Since(start)
-				heap := heapInUse() - heapBefore
+				heap := proxysynctest.HeapInUse() - heapBefore
 				cancel()
 				<-done
 				runtime.KeepAlive(f)
@@ -84,12 +70,4 @@ func BenchmarkResync(b *testing.B) {
 			}
 		})
 	}
-}
-
-// heapInUse is the live Go heap after a collection.
-func heapInUse() int64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapInuse)
 }

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -32,18 +29,7 @@ import (
 // heap the service holds after them, per proxy (the mirror itself is in
 // PostgreSQL).
 func BenchmarkResync(b *testing.B) {
-	sizes := []int{10000}
-	if v := os.Getenv("BENCH_RESYNC_SIZES"); v != "" {
-		sizes = nil
-		for _, f := range strings.Fields(v) {
-			n, err := strconv.Atoi(f)
-			if err != nil || n <= 0 {
-				b.Fatalf("BENCH_RESYNC_SIZES: %q is not a positive number", f)
-			}
-			sizes = append(sizes, n)
-		}
-	}
-	for _, n := range sizes {
+	for _, n := range proxysynctest.BenchSizes(b) {
 		b.Run(fmt.Sprintf("proxies=%d", n), func(b *testing.B) {
 			ctx := context.Background()
 			db, err := pgxpool.New(ctx, lt.Database(b))
@@ -70,7 +56,7 @@ func BenchmarkResync(b *testing.B) {
 				log := slog.New(slog.DiscardHandler)
 				syncer := mirror.New(st, nil, mirror.Config{Lister: l, ResyncTimeout: 10 * time.Minute},
 					metrics.New(prometheus.NewRegistry(), st, log), log)
-				heapBefore := heapInUse()
+				heapBefore := proxysynctest.HeapInUse()
 				start := time.Now()
 				if err := syncer.Resync(ctx); err != nil {
 					b.Fatal(err)
@@ -92,7 +78,7 @@ func BenchmarkResync(b *testing.B) {
 				if err := db.QueryRow(ctx, `SELECT count(*) FROM lease.proxies WHERE leasable`).Scan(&leasable); err != nil || leasable != n {
 					b.Fatalf("%d leasable proxies after the resync (%v), want %d", leasable, err, n)
 				}
-				heap := heapInUse() - heapBefore
+				heap := proxysynctest.HeapInUse() - heapBefore
 				runtime.KeepAlive(syncer)
 				b.ReportMetric(first.Seconds(), "s/first-resync")
 				b.ReportMetric(again.Seconds(), "s/same-revision-resync")
@@ -101,12 +87,4 @@ func BenchmarkResync(b *testing.B) {
 			}
 		})
 	}
-}
-
-// heapInUse is the live Go heap after a collection.
-func heapInUse() int64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapInuse)
 }

@@ -60,7 +60,10 @@ INSERT INTO lease.proxies AS o (uid, name, provider, region, zone, labels, host,
                                 ready, healthy, health_time, deleted, max_leases, revision, tiebreak, update_time,
                                 pool, draining)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
-ON CONFLICT (uid) DO UPDATE SET
+` + applyConflictSQL
+
+// applyConflictSQL is what a snapshot does to the stored row of its UID.
+const applyConflictSQL = `ON CONFLICT (uid) DO UPDATE SET
 	name = EXCLUDED.name, provider = EXCLUDED.provider, region = EXCLUDED.region, zone = EXCLUDED.zone,
 	labels = EXCLUDED.labels, host = EXCLUDED.host, port = EXCLUDED.port, provider_id = EXCLUDED.provider_id,
 	ready = EXCLUDED.ready, deleted = EXCLUDED.deleted, max_leases = EXCLUDED.max_leases,
@@ -207,20 +210,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 -- Rows stored at this revision or a newer one are left before the insert:
 -- another replica's resync of the same listing locks nothing.
 WHERE NOT EXISTS (SELECT 1 FROM lease.proxies s WHERE s.uid = u.uid AND s.revision >= $15)
-ON CONFLICT (uid) DO UPDATE SET
-	name = EXCLUDED.name, provider = EXCLUDED.provider, region = EXCLUDED.region, zone = EXCLUDED.zone,
-	labels = EXCLUDED.labels, host = EXCLUDED.host, port = EXCLUDED.port, provider_id = EXCLUDED.provider_id,
-	ready = EXCLUDED.ready, deleted = EXCLUDED.deleted, max_leases = EXCLUDED.max_leases,
-	revision = EXCLUDED.revision, update_time = EXCLUDED.update_time,
-	applied = nextval('lease.proxy_applied'),
-	pool = EXCLUDED.pool, draining = EXCLUDED.draining,
-	healthy = CASE WHEN o.provider_id <> EXCLUDED.provider_id OR o.health_time IS NULL
-	                    OR EXCLUDED.health_time >= o.health_time
-	               THEN EXCLUDED.healthy ELSE o.healthy END,
-	health_time = CASE WHEN o.provider_id <> EXCLUDED.provider_id OR o.health_time IS NULL
-	                        OR EXCLUDED.health_time >= o.health_time
-	                   THEN EXCLUDED.health_time ELSE o.health_time END
-WHERE o.revision < EXCLUDED.revision`
+` + applyConflictSQL
 
 func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revision int64) (applied int, err error) {
 	// One row per proxy: a statement cannot update a row twice. The last
