@@ -78,18 +78,31 @@ const applyConflictSQL = `ON CONFLICT (uid) DO UPDATE SET
 	                   THEN EXCLUDED.health_time ELSE o.health_time END
 WHERE o.revision < EXCLUDED.revision`
 
-func (s *Store) applyArgs(p ProxyState, revision int64) []any {
-	labels := "{}"
+// columnValues is what a snapshot stores in the columns whose type differs
+// from its own field's.
+type columnValues struct {
+	labels    string // JSON
+	port      int32
+	maxLeases *int32
+	tiebreak  int64
+}
+
+func columns(p ProxyState) columnValues {
+	c := columnValues{labels: "{}", port: int32(p.Port), tiebreak: Tiebreak(p.UID)}
 	if len(p.Labels) > 0 {
-		labels = Selector{Labels: p.Labels}.labelsJSON()
+		c.labels = Selector{Labels: p.Labels}.labelsJSON()
 	}
-	var maxLeases *int32
 	if p.MaxLeases != nil {
 		v := int32(min(*p.MaxLeases, 1<<31-1))
-		maxLeases = &v
+		c.maxLeases = &v
 	}
-	return []any{p.UID, p.Name, p.Provider, p.Region, p.Zone, labels, p.Host, int32(p.Port), p.ProviderID,
-		p.Ready, p.Healthy, p.HealthTime, p.Deleted, maxLeases, revision, Tiebreak(p.UID), s.cfg.Now().UTC(),
+	return c
+}
+
+func (s *Store) applyArgs(p ProxyState, revision int64) []any {
+	c := columns(p)
+	return []any{p.UID, p.Name, p.Provider, p.Region, p.Zone, c.labels, p.Host, c.port, p.ProviderID,
+		p.Ready, p.Healthy, p.HealthTime, p.Deleted, c.maxLeases, revision, c.tiebreak, s.cfg.Now().UTC(),
 		p.Pool, p.Draining}
 }
 
@@ -212,6 +225,27 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 WHERE NOT EXISTS (SELECT 1 FROM lease.proxies s WHERE s.uid = u.uid AND s.revision >= $15)
 ` + applyConflictSQL
 
+// pageColumns is a resync page as applyPageSQL's arrays, one element per
+// proxy.
+type pageColumns struct {
+	uid, name, provider, region, zone, labels, host, providerID, pool []string
+	port                                                              []int32
+	maxLeases                                                         []*int32
+	ready, healthy, deleted, draining                                 []bool
+	healthTime                                                        []*time.Time
+	tiebreak                                                          []int64
+}
+
+func (pc *pageColumns) add(p ProxyState) {
+	c := columns(p)
+	pc.uid, pc.name, pc.provider = append(pc.uid, p.UID), append(pc.name, p.Name), append(pc.provider, p.Provider)
+	pc.region, pc.zone, pc.labels = append(pc.region, p.Region), append(pc.zone, p.Zone), append(pc.labels, c.labels)
+	pc.host, pc.port, pc.providerID = append(pc.host, p.Host), append(pc.port, c.port), append(pc.providerID, p.ProviderID)
+	pc.ready, pc.healthy, pc.healthTime = append(pc.ready, p.Ready), append(pc.healthy, p.Healthy), append(pc.healthTime, p.HealthTime)
+	pc.deleted, pc.maxLeases, pc.tiebreak = append(pc.deleted, p.Deleted), append(pc.maxLeases, c.maxLeases), append(pc.tiebreak, c.tiebreak)
+	pc.pool, pc.draining = append(pc.pool, p.Pool), append(pc.draining, p.Draining)
+}
+
 func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revision int64) (applied int, err error) {
 	// One row per proxy: a statement cannot update a row twice. The last
 	// snapshot of a UID in the page wins.
@@ -219,29 +253,16 @@ func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revision i
 	for i, p := range proxies {
 		last[p.UID] = i
 	}
-	n := len(last)
-	var (
-		uid, name, provider, region, zone, labels, host, providerID, pool = make([]string, 0, n), make([]string, 0, n),
-			make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n),
-			make([]string, 0, n), make([]string, 0, n)
-		port, maxLeases                = make([]int32, 0, n), make([]*int32, 0, n)
-		ready, healthy, deleted, drain = make([]bool, 0, n), make([]bool, 0, n), make([]bool, 0, n), make([]bool, 0, n)
-		healthTime                     = make([]*time.Time, 0, n)
-		tiebreak                       = make([]int64, 0, n)
-	)
+	var pc pageColumns
 	for i, p := range proxies {
-		if last[p.UID] != i {
-			continue
+		if last[p.UID] == i {
+			pc.add(p)
 		}
-		a := s.applyArgs(p, revision)
-		uid, name, provider, region, zone = append(uid, p.UID), append(name, p.Name), append(provider, p.Provider), append(region, p.Region), append(zone, p.Zone)
-		labels, host, port, providerID = append(labels, a[5].(string)), append(host, p.Host), append(port, a[7].(int32)), append(providerID, p.ProviderID)
-		ready, healthy, healthTime, deleted = append(ready, p.Ready), append(healthy, p.Healthy), append(healthTime, p.HealthTime), append(deleted, p.Deleted)
-		maxLeases, tiebreak, pool, drain = append(maxLeases, a[13].(*int32)), append(tiebreak, a[15].(int64)), append(pool, p.Pool), append(drain, p.Draining)
 	}
 	err = retry(ctx, func() error {
-		tag, err := s.pool.Exec(ctx, applyPageSQL, uid, name, provider, region, zone, labels, host, port, providerID,
-			ready, healthy, healthTime, deleted, maxLeases, revision, s.cfg.Now().UTC(), tiebreak, pool, drain)
+		tag, err := s.pool.Exec(ctx, applyPageSQL, pc.uid, pc.name, pc.provider, pc.region, pc.zone, pc.labels,
+			pc.host, pc.port, pc.providerID, pc.ready, pc.healthy, pc.healthTime, pc.deleted, pc.maxLeases,
+			revision, s.cfg.Now().UTC(), pc.tiebreak, pc.pool, pc.draining)
 		applied = int(tag.RowsAffected())
 		return err
 	})
