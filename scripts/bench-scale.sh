@@ -59,8 +59,8 @@ for part in $PARTS; do
 		(cd services/health && go test -run '^$' -bench 'BenchmarkProbeAt1Hz/proxies=1000' -benchtime "${HEALTH_SECONDS}x" -cpu 1 -timeout 20m ./internal/bench/ | grep -E '^Benchmark|^ok|FAIL')
 		;;
 	resync)
-		echo "== resync: lease and health each resync N proxies from an orchestrator answering from memory (BenchmarkResync, N = $RESYNC_SIZES); load average $(load)"
-		(cd services/lease && BENCH_RESYNC_SIZES="$RESYNC_SIZES" go test -run '^$' -bench BenchmarkResync -benchtime 1x -timeout 30m ./internal/mirror/ | grep -E '^Benchmark|^ok|FAIL')
+		echo "== resync: lease and health each resync N proxies from an orchestrator answering from memory (BenchmarkResync), and the lease follows N creation events (BenchmarkFollow), N = $RESYNC_SIZES; load average $(load)"
+		(cd services/lease && BENCH_RESYNC_SIZES="$RESYNC_SIZES" go test -run '^$' -bench 'BenchmarkResync|BenchmarkFollow' -benchtime 1x -timeout 30m ./internal/mirror/ | grep -E '^Benchmark|^ok|FAIL')
 		(cd services/health && BENCH_RESYNC_SIZES="$RESYNC_SIZES" go test -run '^$' -bench BenchmarkResync -benchtime 1x -timeout 30m ./internal/fleet/ | grep -E '^Benchmark|^ok|FAIL')
 		;;
 	*)

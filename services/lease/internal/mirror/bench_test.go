@@ -11,7 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
+	"github.com/egress-proxies/egress-proxies/pkg/bus"
+	"github.com/egress-proxies/egress-proxies/pkg/natstest"
 	"github.com/egress-proxies/egress-proxies/pkg/proxysync/proxysynctest"
 	lt "github.com/egress-proxies/egress-proxies/services/lease/internal/leasetest"
 	"github.com/egress-proxies/egress-proxies/services/lease/internal/metrics"
@@ -84,6 +87,81 @@ func BenchmarkResync(b *testing.B) {
 				b.ReportMetric(again.Seconds(), "s/same-revision-resync")
 				b.ReportMetric(newer.Seconds(), "s/newer-revision-resync")
 				b.ReportMetric(float64(heap)/float64(n), "heap-B/proxy")
+			}
+		})
+	}
+}
+
+// BenchmarkFollow: N proxies' creation events (BENCH_RESYNC_SIZES, default
+// "10000"), already in the stream, applied by a syncer following it from
+// the start, as a replica does after a converge of N proxies: reports the
+// events applied per second.
+func BenchmarkFollow(b *testing.B) {
+	for _, n := range proxysynctest.BenchSizes(b) {
+		b.Run(fmt.Sprintf("proxies=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			db, err := pgxpool.New(ctx, lt.Database(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			for i := 0; i < b.N; i++ {
+				nsrv := natstest.New(b)
+				names := bus.Names{Prefix: "follow"}
+				js := nsrv.JetStream(b)
+				if err := bus.EnsureStreams(ctx, js, names); err != nil {
+					b.Fatal(err)
+				}
+				for j := range n {
+					uid := fmt.Sprintf("%08x-0000-4000-8000-%012x", j, j)
+					msg, err := bus.Message(ctx, names.ProxyEventSubject(uid), &busv1.ProxyEvent{
+						Revision: int64(j + 1), Type: proxyv1.ChangeType_CHANGE_TYPE_CREATED, Proxy: lt.Proxy(uid, fmt.Sprintf("proxy-%06d", j)),
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := js.PublishMsgAsync(msg); err != nil {
+						b.Fatal(err)
+					}
+					if j%1000 == 999 || j == n-1 {
+						// At most a thousand unacknowledged: the client
+						// refuses to run further ahead.
+						select {
+						case <-js.PublishAsyncComplete():
+						case <-time.After(time.Minute):
+							b.Fatal("publishing the events timed out")
+						}
+					}
+				}
+				if _, err := db.Exec(ctx, `TRUNCATE lease.proxies CASCADE`); err != nil {
+					b.Fatal(err)
+				}
+				st := store.New(db, store.Config{DefaultMaxLeases: 1})
+				log := slog.New(slog.DiscardHandler)
+				syncer := mirror.New(st, js, mirror.Config{Names: names}, metrics.New(prometheus.NewRegistry(), st, log), log)
+				rctx, cancel := context.WithCancel(ctx)
+				done := make(chan struct{})
+				start := time.Now()
+				go func() { defer close(done); _ = syncer.Run(rctx) }()
+				for {
+					var leasable int
+					if err := db.QueryRow(ctx, `SELECT count(*) FROM lease.proxies WHERE leasable`).Scan(&leasable); err != nil {
+						b.Fatal(err)
+					}
+					if leasable == n {
+						break
+					}
+					if time.Since(start) > 30*time.Minute {
+						b.Fatalf("%d of %d proxies applied after 30 minutes", leasable, n)
+					}
+					time.Sleep(50 * time.Millisecond) // polling the mirror
+				}
+				took := time.Since(start)
+				cancel()
+				<-done
+				nsrv.Stop()
+				b.ReportMetric(float64(n)/took.Seconds(), "events/s")
+				b.ReportMetric(took.Seconds(), "s/all-applied")
 			}
 		})
 	}

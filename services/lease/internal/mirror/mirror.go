@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -131,12 +132,19 @@ func (s *Syncer) consume(ctx context.Context) error {
 			s.RequestResync("consumer error on " + kind)
 		}
 	}
-	pc, err := proxies.Consume(func(m jetstream.Msg) { s.handleProxy(ctx, m) }, bus.ConsumeOpts(jetstream.ConsumeErrHandler(errHandler("proxy events")))...)
+	// Decoded events queue for appliers that take what has queued up as
+	// one batch; they end with ctx, after the consumers stopped.
+	proxyEvents, healthEvents := make(chan proxyEvent, eventBatch), make(chan healthEvent, eventBatch)
+	var appliers sync.WaitGroup
+	defer appliers.Wait()
+	appliers.Go(func() { applyInBatches(ctx, proxyEvents, s.applyProxies) })
+	appliers.Go(func() { applyInBatches(ctx, healthEvents, s.applyHealths) })
+	pc, err := proxies.Consume(func(m jetstream.Msg) { s.handleProxy(ctx, m, proxyEvents) }, bus.ConsumeOpts(jetstream.ConsumeErrHandler(errHandler("proxy events")))...)
 	if err != nil {
 		return fmt.Errorf("consuming proxy events: %w", err)
 	}
 	defer pc.Stop()
-	hc, err := health.Consume(func(m jetstream.Msg) { s.handleHealth(ctx, m) }, bus.ConsumeOpts(jetstream.ConsumeErrHandler(errHandler("health events")))...)
+	hc, err := health.Consume(func(m jetstream.Msg) { s.handleHealth(ctx, m, healthEvents) }, bus.ConsumeOpts(jetstream.ConsumeErrHandler(errHandler("health events")))...)
 	if err != nil {
 		return fmt.Errorf("consuming health events: %w", err)
 	}
@@ -145,7 +153,20 @@ func (s *Syncer) consume(ctx context.Context) error {
 	return nil
 }
 
-func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
+// eventBatch is the most proxy events applied in one statement.
+const eventBatch = 512
+
+// proxyEvent is a decoded proxy event on its way to the database.
+type proxyEvent struct {
+	ctx      context.Context // carries the event's trace
+	state    store.ProxyState
+	revision int64
+	typ      proxyv1.ChangeType
+}
+
+// handleProxy decodes a proxy event and queues it for applyEvents; one it
+// cannot apply is dropped or skipped here.
+func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg, events chan<- proxyEvent) {
 	var ev busv1.ProxyEvent
 	mctx, err := bus.Decode(ctx, m, &ev)
 	if err != nil {
@@ -166,33 +187,108 @@ func (s *Syncer) handleProxy(ctx context.Context, m jetstream.Msg) {
 		s.log.Warn("WARNING: dropping an invalid proxy event", "subject", m.Subject(), "revision", ev.GetRevision(), "error", err)
 		return
 	}
-	applied, err := s.st.ApplyProxy(mctx, p, ev.GetRevision())
+	select {
+	case events <- proxyEvent{ctx: mctx, state: p, revision: ev.GetRevision(), typ: ev.GetType()}:
+	case <-ctx.Done():
+	}
+}
+
+// applyInBatches hands queued events to apply until ctx ends: whatever
+// has queued up (at most eventBatch) at once, so that following a
+// converge of many proxies costs a statement and a commit per batch, not
+// per event. A proxy's events arrive in order, and a batch keeps the
+// newest of each; revisions and sequences make applying in batches, and
+// beside other replicas, safe.
+func applyInBatches[E any](ctx context.Context, events <-chan E, apply func(context.Context, []E)) {
+	batch := make([]E, 0, eventBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-events:
+			batch = append(batch[:0], ev)
+		}
+	more:
+		for len(batch) < eventBatch {
+			select {
+			case ev := <-events:
+				batch = append(batch, ev)
+			default:
+				break more
+			}
+		}
+		apply(ctx, batch)
+	}
+}
+
+func (s *Syncer) applyProxies(ctx context.Context, batch []proxyEvent) {
+	states, revisions := make([]store.ProxyState, len(batch)), make([]int64, len(batch))
+	for i, ev := range batch {
+		states[i], revisions[i] = ev.state, ev.revision
+	}
+	applied, err := s.st.ApplyProxies(ctx, states, revisions)
+	if store.Rejected(err) {
+		// A snapshot PostgreSQL refuses: one at a time, so that it alone
+		// is skipped.
+		for _, ev := range batch {
+			s.applyOne(ctx, ev)
+		}
+		return
+	}
+	if err != nil {
+		s.met.Events.WithLabelValues("proxy", "error").Add(float64(len(batch)))
+		if ctx.Err() == nil {
+			s.log.Error("applying proxy events failed", "events", len(batch), "error", err)
+			s.RequestResync("proxy events could not be applied")
+		}
+		return
+	}
+	for i, ev := range batch {
+		s.proxyApplied(ev, applied[i])
+	}
+}
+
+func (s *Syncer) applyOne(ctx context.Context, ev proxyEvent) {
+	applied, err := s.st.ApplyProxy(ev.ctx, ev.state, ev.revision)
 	if store.Rejected(err) {
 		// The same snapshot fails every time: a resync would fail on it
 		// too. Skip it, and keep the proxy out of the mirror meanwhile.
 		s.met.Events.WithLabelValues("proxy", "skipped").Inc()
-		s.skip(mctx, "event", p.UID, p.Name, ev.GetRevision(), deleted, err)
+		s.skip(ev.ctx, "event", ev.state.UID, ev.state.Name, ev.revision, ev.state.Deleted, err)
 		return
 	}
 	if err != nil {
 		s.met.Events.WithLabelValues("proxy", "error").Inc()
 		if ctx.Err() == nil {
-			s.log.Error("applying a proxy event failed", "proxy_uid", p.UID, "revision", ev.GetRevision(), "error", err)
+			s.log.Error("applying a proxy event failed", "proxy_uid", ev.state.UID, "revision", ev.revision, "error", err)
 			s.RequestResync("a proxy event could not be applied")
 		}
 		return
 	}
+	s.proxyApplied(ev, applied)
+}
+
+// proxyApplied counts an event the database took (or found stale) and tells
+// the lease view.
+func (s *Syncer) proxyApplied(ev proxyEvent, applied bool) {
 	if !applied {
 		s.met.Events.WithLabelValues("proxy", "stale").Inc()
 		return
 	}
-	s.changed(p.UID)
+	s.changed(ev.state.UID)
 	s.met.Events.WithLabelValues("proxy", "applied").Inc()
-	s.log.DebugContext(mctx, "proxy event applied", "proxy_uid", p.UID, "proxy_name", p.Name, "revision", ev.GetRevision(),
-		"type", ev.GetType().String(), "ready", p.Ready, "healthy", p.Healthy)
+	s.log.DebugContext(ev.ctx, "proxy event applied", "proxy_uid", ev.state.UID, "proxy_name", ev.state.Name, "revision", ev.revision,
+		"type", ev.typ.String(), "ready", ev.state.Ready, "healthy", ev.state.Healthy)
 }
 
-func (s *Syncer) handleHealth(ctx context.Context, m jetstream.Msg) {
+// healthEvent is a decoded health transition on its way to the database.
+type healthEvent struct {
+	ctx context.Context // carries the event's trace
+	t   store.HealthTransition
+}
+
+// handleHealth decodes a health event and queues it for applyHealths.
+func (s *Syncer) handleHealth(ctx context.Context, m jetstream.Msg, events chan<- healthEvent) {
 	var ev busv1.HealthTransitionEvent
 	mctx, err := bus.Decode(ctx, m, &ev)
 	if err != nil {
@@ -210,29 +306,66 @@ func (s *Syncer) handleHealth(ctx context.Context, m jetstream.Msg) {
 	if t.GetTransitionTime() != nil {
 		when = t.GetTransitionTime().AsTime()
 	}
-	applied, err := s.st.ApplyHealth(mctx, store.HealthTransition{
-		Sequence: t.GetSequence(), ProxyUID: t.GetProxyUid(), ProviderID: t.GetProviderId(), Healthy: t.GetHealthy(), Time: when,
-	})
+	ht := store.HealthTransition{Sequence: t.GetSequence(), ProxyUID: t.GetProxyUid(), ProviderID: t.GetProviderId(), Healthy: t.GetHealthy(), Time: when}
+	select {
+	case events <- healthEvent{ctx: mctx, t: ht}:
+	case <-ctx.Done():
+	}
+}
+
+func (s *Syncer) applyHealths(ctx context.Context, batch []healthEvent) {
+	ts := make([]store.HealthTransition, len(batch))
+	for i, ev := range batch {
+		ts[i] = ev.t
+	}
+	applied, err := s.st.ApplyHealths(ctx, ts)
+	if store.Rejected(err) {
+		// A transition PostgreSQL refuses: one at a time, so that it
+		// alone is skipped.
+		for _, ev := range batch {
+			s.applyHealth(ctx, ev)
+		}
+		return
+	}
+	if err != nil {
+		s.met.Events.WithLabelValues("health", "error").Add(float64(len(batch)))
+		if ctx.Err() == nil {
+			s.log.Error("applying health events failed", "events", len(batch), "error", err)
+			s.RequestResync("health events could not be applied")
+		}
+		return
+	}
+	for i, ev := range batch {
+		s.healthApplied(ev, applied[i])
+	}
+}
+
+func (s *Syncer) applyHealth(ctx context.Context, ev healthEvent) {
+	applied, err := s.st.ApplyHealth(ev.ctx, ev.t)
 	if store.Rejected(err) {
 		s.met.Events.WithLabelValues("health", "skipped").Inc()
 		s.met.Skipped.WithLabelValues("event").Inc()
-		s.log.Warn("WARNING: skipping a health event that cannot be applied", "proxy_uid", t.GetProxyUid(), "sequence", t.GetSequence(), "error", err)
+		s.log.Warn("WARNING: skipping a health event that cannot be applied", "proxy_uid", ev.t.ProxyUID, "sequence", ev.t.Sequence, "error", err)
 		return
 	}
 	if err != nil {
 		s.met.Events.WithLabelValues("health", "error").Inc()
 		if ctx.Err() == nil {
-			s.log.Error("applying a health event failed", "proxy_uid", t.GetProxyUid(), "sequence", t.GetSequence(), "error", err)
+			s.log.Error("applying a health event failed", "proxy_uid", ev.t.ProxyUID, "sequence", ev.t.Sequence, "error", err)
 			s.RequestResync("a health event could not be applied")
 		}
 		return
 	}
+	s.healthApplied(ev, applied)
+}
+
+func (s *Syncer) healthApplied(ev healthEvent, applied bool) {
 	if !applied {
 		s.met.Events.WithLabelValues("health", "stale").Inc()
 		return
 	}
 	s.met.Events.WithLabelValues("health", "applied").Inc()
-	s.log.DebugContext(mctx, "health transition applied", "proxy_uid", t.GetProxyUid(), "sequence", t.GetSequence(), "healthy", t.GetHealthy())
+	s.log.DebugContext(ev.ctx, "health transition applied", "proxy_uid", ev.t.ProxyUID, "sequence", ev.t.Sequence, "healthy", ev.t.Healthy)
 }
 
 // Resync lists every proxy from the orchestrator and applies the listing:

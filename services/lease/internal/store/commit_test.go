@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -684,5 +685,97 @@ func TestReadChangesFollowsTheLog(t *testing.T) {
 	if int64(res.Changes) != logged || early != 0 || left == 0 {
 		t.Errorf("sweep purged %d of the %d entries before the horizon; %d left, %d of them before it; want all purged and the later change kept",
 			res.Changes, logged, left, early)
+	}
+}
+
+// Events are applied in batches, each snapshot at its own revision: the
+// newest snapshot of a proxy in the batch is the one stored, a snapshot
+// older than the stored one changes nothing, and a row PostgreSQL refuses
+// fails the whole batch as Rejected with nothing stored.
+func TestApplyProxiesBatch(t *testing.T) {
+	t.Parallel()
+	st, _ := startStore(t, testDatabase(t), Config{})
+	ctx := context.Background()
+	a := ProxyState{UID: "00000000-0000-4000-8000-0000000000c1", Name: "a", Provider: "p", Host: "10.0.0.1", Port: 3128, Ready: true, Healthy: true}
+	b := a
+	b.UID, b.Name = "00000000-0000-4000-8000-0000000000c2", "b"
+	if _, err := st.ApplyProxy(ctx, b, 20); err != nil {
+		t.Fatal(err)
+	}
+	aNewer := a
+	aNewer.Name = "a-newer"
+	bOlder := b
+	bOlder.Name = "b-older"
+	applied, err := st.ApplyProxies(ctx, []ProxyState{aNewer, a, bOlder}, []int64{12, 11, 19})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, false, false}; !slices.Equal(applied, want) {
+		t.Errorf("applied %v, want %v (a's newest stored, its older one and b's stale one not)", applied, want)
+	}
+	name := func(uid string) (name string, revision int64) {
+		if err := st.pool.QueryRow(ctx, `SELECT name, revision FROM lease.proxies WHERE uid = $1`, uid).Scan(&name, &revision); err != nil {
+			t.Fatal(err)
+		}
+		return name, revision
+	}
+	if n, r := name(a.UID); n != "a-newer" || r != 12 {
+		t.Errorf("a is %q at revision %d, want a-newer at 12", n, r)
+	}
+	if n, r := name(b.UID); n != "b" || r != 20 {
+		t.Errorf("b is %q at revision %d, want b at 20 (the older event ignored)", n, r)
+	}
+
+	bad := a
+	bad.UID, bad.Zone = "00000000-0000-4000-8000-0000000000c3", "eu-1\x00"
+	aLater := a
+	aLater.Name = "a-later"
+	if _, err := st.ApplyProxies(ctx, []ProxyState{aLater, bad}, []int64{13, 13}); !Rejected(err) {
+		t.Fatalf("a batch with an unstorable row: %v, want a Rejected error", err)
+	}
+	if n, _ := name(a.UID); n != "a-newer" {
+		t.Errorf("a is %q after the refused batch, want it unchanged", n)
+	}
+}
+
+// Health transitions are applied in batches: the latest transition of a
+// proxy in the batch is the one stored; one for another instance, or older
+// than the stored one, changes nothing.
+func TestApplyHealthsBatch(t *testing.T) {
+	t.Parallel()
+	st, _ := startStore(t, testDatabase(t), Config{})
+	ctx := context.Background()
+	a := ProxyState{UID: "00000000-0000-4000-8000-0000000000d1", Name: "a", Provider: "p", Host: "10.0.0.1", Port: 3128, Ready: true, ProviderID: "i-a"}
+	b := a
+	b.UID, b.Name, b.ProviderID = "00000000-0000-4000-8000-0000000000d2", "b", "i-b"
+	for _, p := range []ProxyState{a, b} {
+		if _, err := st.ApplyProxy(ctx, p, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	applied, err := st.ApplyHealths(ctx, []HealthTransition{
+		{Sequence: 2, ProxyUID: a.UID, ProviderID: "i-a", Healthy: true, Time: at},
+		{Sequence: 1, ProxyUID: a.UID, ProviderID: "i-a", Healthy: false, Time: at.Add(-time.Second)},
+		{Sequence: 5, ProxyUID: b.UID, ProviderID: "i-old", Healthy: true, Time: at},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, false, false}; !slices.Equal(applied, want) {
+		t.Errorf("applied %v, want %v (a's latest, not its older one nor b's of another instance)", applied, want)
+	}
+	healthy := func(uid string) bool {
+		var h bool
+		if err := st.pool.QueryRow(ctx, `SELECT healthy FROM lease.proxies WHERE uid = $1`, uid).Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	if !healthy(a.UID) || healthy(b.UID) {
+		t.Errorf("healthy: a %v, b %v; want a healthy, b unchanged", healthy(a.UID), healthy(b.UID))
+	}
+	if applied, err := st.ApplyHealths(ctx, []HealthTransition{{Sequence: 2, ProxyUID: a.UID, ProviderID: "i-a", Healthy: false, Time: at}}); err != nil || applied[0] {
+		t.Errorf("the same sequence again: applied %v, %v; want nothing", applied, err)
 	}
 }

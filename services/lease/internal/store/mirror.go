@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"strings"
 	"time"
 
@@ -151,6 +152,52 @@ func (s *Store) ApplyHealth(ctx context.Context, t HealthTransition) (applied bo
 	return applied, nil
 }
 
+// ApplyHealths stores health transitions as ApplyHealth does, in one
+// statement; applied[i] says whether ts[i] was stored (false too for one
+// that a later transition of the same proxy in the batch replaced).
+func (s *Store) ApplyHealths(ctx context.Context, ts []HealthTransition) (applied []bool, err error) {
+	// One row per proxy: a statement cannot update a row twice.
+	latest := make(map[string]int, len(ts))
+	for i, t := range ts {
+		if j, ok := latest[t.ProxyUID]; !ok || t.Sequence >= ts[j].Sequence {
+			latest[t.ProxyUID] = i
+		}
+	}
+	n := len(latest)
+	uid, providerID, healthy, when, sequence := make([]string, 0, n), make([]string, 0, n), make([]bool, 0, n), make([]time.Time, 0, n), make([]int64, 0, n)
+	for i, t := range ts {
+		if latest[t.ProxyUID] == i {
+			uid, providerID, healthy = append(uid, t.ProxyUID), append(providerID, t.ProviderID), append(healthy, t.Healthy)
+			when, sequence = append(when, t.Time.UTC()), append(sequence, t.Sequence)
+		}
+	}
+	var stored []string
+	err = retry(ctx, func() error {
+		rows, err := s.pool.Query(ctx, `
+			UPDATE lease.proxies p SET healthy = u.healthy, health_time = u.time, health_sequence = u.sequence, update_time = $6
+			FROM unnest($1::text[], $2::text[], $3::boolean[], $4::timestamptz[], $5::bigint[])
+			     AS u(uid, provider_id, healthy, time, sequence)
+			WHERE p.uid = u.uid AND p.provider_id = u.provider_id AND p.health_sequence < u.sequence
+			  AND (p.health_time IS NULL OR p.health_time <= u.time)
+			RETURNING p.uid`,
+			uid, providerID, healthy, when, sequence, s.cfg.Now().UTC())
+		if err != nil {
+			return err
+		}
+		stored, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("applying %d health transitions: %w", len(ts), err)
+	}
+	applied = make([]bool, len(ts))
+	for _, u := range stored {
+		applied[latest[u]] = true
+	}
+	s.Invalidate()
+	return applied, nil
+}
+
 // Withdraw makes a proxy whose snapshot at revision could not be stored
 // unleasable: not Ready (and deleted when deleted is set) until a newer
 // snapshot that can be stored arrives. It changes nothing when the
@@ -185,9 +232,17 @@ func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revisio
 	if len(proxies) == 0 {
 		return 0, nil, nil
 	}
-	applied, err = s.applyBatch(ctx, proxies, revision)
-	if err == nil || !Rejected(err) {
-		return applied, nil, err
+	stored, err := s.applyBatch(ctx, proxies, []int64{revision})
+	if err == nil {
+		for _, ok := range stored {
+			if ok {
+				applied++
+			}
+		}
+		return applied, nil, nil
+	}
+	if !Rejected(err) {
+		return 0, nil, fmt.Errorf("applying a resync page at revision %d: %w", revision, err)
 	}
 	applied = 0
 	for _, p := range proxies {
@@ -204,26 +259,29 @@ func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revisio
 	return applied, rejected, nil
 }
 
-// applyPageSQL is applySQL over a whole page in one statement: each
-// column an array, a row per element. One statement rather than a
-// pipeline of a statement per proxy: PostgreSQL then looks up, compares
-// and writes the page's rows in one executor pass, which is what makes a
-// resync of 100,000 proxies a matter of seconds.
+// applyPageSQL is applySQL over many snapshots in one statement (a resync
+// page, or a batch of events), each at its own revision: each column an
+// array, a row per element. One statement rather than a pipeline of a
+// statement per proxy: PostgreSQL then looks up, compares and writes the
+// rows in one executor pass and one commit, which is what makes a resync
+// of 100,000 proxies, or following their events, a matter of seconds.
 const applyPageSQL = `
 INSERT INTO lease.proxies AS o (uid, name, provider, region, zone, labels, host, port, provider_id,
                                 ready, healthy, health_time, deleted, max_leases, revision, tiebreak, update_time,
                                 pool, draining)
 SELECT u.uid, u.name, u.provider, u.region, u.zone, u.labels::jsonb, u.host, u.port, u.provider_id,
-       u.ready, u.healthy, u.health_time, u.deleted, u.max_leases, $15, u.tiebreak, $16, u.pool, u.draining
+       u.ready, u.healthy, u.health_time, u.deleted, u.max_leases, u.revision, u.tiebreak, $16, u.pool, u.draining
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::integer[],
             $9::text[], $10::boolean[], $11::boolean[], $12::timestamptz[], $13::boolean[], $14::integer[],
-            $17::bigint[], $18::text[], $19::boolean[])
+            $15::bigint[], $17::bigint[], $18::text[], $19::boolean[])
      AS u(uid, name, provider, region, zone, labels, host, port, provider_id, ready, healthy, health_time,
-          deleted, max_leases, tiebreak, pool, draining)
+          deleted, max_leases, revision, tiebreak, pool, draining)
 -- Rows stored at this revision or a newer one are left before the insert:
--- another replica's resync of the same listing locks nothing.
-WHERE NOT EXISTS (SELECT 1 FROM lease.proxies s WHERE s.uid = u.uid AND s.revision >= $15)
-` + applyConflictSQL
+-- another replica's resync of the same listing, or its copy of the same
+-- events, locks nothing.
+WHERE NOT EXISTS (SELECT 1 FROM lease.proxies s WHERE s.uid = u.uid AND s.revision >= u.revision)
+` + applyConflictSQL + `
+RETURNING o.uid`
 
 // pageColumns is a resync page as applyPageSQL's arrays, one element per
 // proxy.
@@ -233,11 +291,12 @@ type pageColumns struct {
 	maxLeases                                                         []*int32
 	ready, healthy, deleted, draining                                 []bool
 	healthTime                                                        []*time.Time
-	tiebreak                                                          []int64
+	revision, tiebreak                                                []int64
 }
 
-func (pc *pageColumns) add(p ProxyState) {
+func (pc *pageColumns) add(p ProxyState, revision int64) {
 	c := columns(p)
+	pc.revision = append(pc.revision, revision)
 	pc.uid, pc.name, pc.provider = append(pc.uid, p.UID), append(pc.name, p.Name), append(pc.provider, p.Provider)
 	pc.region, pc.zone, pc.labels = append(pc.region, p.Region), append(pc.zone, p.Zone), append(pc.labels, c.labels)
 	pc.host, pc.port, pc.providerID = append(pc.host, p.Host), append(pc.port, c.port), append(pc.providerID, p.ProviderID)
@@ -246,30 +305,71 @@ func (pc *pageColumns) add(p ProxyState) {
 	pc.pool, pc.draining = append(pc.pool, p.Pool), append(pc.draining, p.Draining)
 }
 
-func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revision int64) (applied int, err error) {
-	// One row per proxy: a statement cannot update a row twice. The last
-	// snapshot of a UID in the page wins.
-	last := make(map[string]int, len(proxies))
+// applyBatch stores each snapshot at its revision (revisions[i], or
+// revisions[0] for all when it has one element) unless as new a one is
+// stored, in one statement; applied[i] says whether proxies[i] was stored
+// (false too for a snapshot that a newer one of the same proxy in the
+// batch replaced).
+func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revisions []int64) (applied []bool, err error) {
+	revision := func(i int) int64 {
+		if len(revisions) == 1 {
+			return revisions[0]
+		}
+		return revisions[i]
+	}
+	// One row per proxy: a statement cannot update a row twice. The
+	// newest snapshot of a UID in the batch wins (the last of equals).
+	newest := make(map[string]int, len(proxies))
 	for i, p := range proxies {
-		last[p.UID] = i
+		if j, ok := newest[p.UID]; !ok || revision(i) >= revision(j) {
+			newest[p.UID] = i
+		}
 	}
 	var pc pageColumns
 	for i, p := range proxies {
-		if last[p.UID] == i {
-			pc.add(p)
+		if newest[p.UID] == i {
+			pc.add(p, revision(i))
 		}
 	}
+	var stored []string
 	err = retry(ctx, func() error {
-		tag, err := s.pool.Exec(ctx, applyPageSQL, pc.uid, pc.name, pc.provider, pc.region, pc.zone, pc.labels,
+		rows, err := s.pool.Query(ctx, applyPageSQL, pc.uid, pc.name, pc.provider, pc.region, pc.zone, pc.labels,
 			pc.host, pc.port, pc.providerID, pc.ready, pc.healthy, pc.healthTime, pc.deleted, pc.maxLeases,
-			revision, s.cfg.Now().UTC(), pc.tiebreak, pc.pool, pc.draining)
-		applied = int(tag.RowsAffected())
+			pc.revision, s.cfg.Now().UTC(), pc.tiebreak, pc.pool, pc.draining)
+		if err != nil {
+			return err
+		}
+		stored, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("applying a resync page at revision %d: %w", revision, err)
+		return nil, err
+	}
+	applied = make([]bool, len(proxies))
+	for _, uid := range stored {
+		applied[newest[uid]] = true
 	}
 	s.Invalidate()
+	return applied, nil
+}
+
+// ApplyProxies stores snapshots from events, proxies[i] at revisions[i],
+// each unless as new a one is stored, in one statement; applied[i] says
+// whether proxies[i] was stored (false too for a snapshot that a newer one
+// of the same proxy in the batch replaced). When PostgreSQL rejects a
+// row's values nothing is stored, and the error says so (Rejected): apply
+// the snapshots one at a time to find it.
+func (s *Store) ApplyProxies(ctx context.Context, proxies []ProxyState, revisions []int64) (applied []bool, err error) {
+	if len(proxies) != len(revisions) {
+		return nil, fmt.Errorf("applying proxies: %d snapshots and %d revisions", len(proxies), len(revisions))
+	}
+	if len(proxies) == 0 {
+		return nil, nil
+	}
+	applied, err = s.applyBatch(ctx, proxies, revisions)
+	if err != nil {
+		return nil, fmt.Errorf("applying %d proxy events: %w", len(proxies), err)
+	}
 	return applied, nil
 }
 
