@@ -29,7 +29,11 @@ import (
 type Lease struct {
 	ID        string
 	ProxyName string
+	ProxyUID  string
 	Pool      string
+	// ClientID is the client the lease service granted it to: the
+	// gateway's own.
+	ClientID string
 	// Addr is host:port of the proxy; User its credentials, nil when the
 	// proxy demands none.
 	Addr string
@@ -52,6 +56,10 @@ type Lease struct {
 	// of its session together: one of them (the one without Joined)
 	// counts a move.
 	Joined bool
+
+	// sel is the reservoir selector whose request a lease acquired on a
+	// miss serves.
+	sel *selector
 }
 
 // Session reports whether the lease is a session's.
@@ -85,6 +93,9 @@ type Leaser struct {
 	// Calls, when set, observes each call's duration in seconds by call
 	// (acquire, renew, release, report).
 	Calls prometheus.ObserverVec
+	// Reservoir, when set, answers the requests without a session from
+	// leases held ahead.
+	Reservoir *Reservoir
 
 	sessions batcher
 }
@@ -139,6 +150,9 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 			return l.acquireSession(context.WithoutCancel(ctx), req)
 		})
 	}
+	if l.Reservoir != nil {
+		return l.Reservoir.acquire(ctx, req)
+	}
 	return l.acquire(ctx, req)
 }
 
@@ -178,10 +192,14 @@ func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) 
 		return nil, errors.New("lease service: the lease carries no proxy address")
 	}
 	out := &Lease{
-		ID: pl.GetLeaseId(), ProxyName: pl.GetProxyName(), Pool: pl.GetPool(),
+		ID: pl.GetLeaseId(), ProxyName: pl.GetProxyName(), ProxyUID: pl.GetProxyUid(), Pool: pl.GetPool(), ClientID: pl.GetClientId(),
 		Addr:       net.JoinHostPort(a.GetHost(), strconv.Itoa(int(a.GetPort()))),
 		SessionKey: pl.GetSessionKey(), TTL: req.GetTtl().AsDuration(),
 		AcquireTime: pl.GetAcquireTime().AsTime(),
+	}
+	if l.Reservoir != nil {
+		// The watch of the gateway's ended leases follows this client.
+		l.Reservoir.Fleet.LearnClient(out.ClientID)
 	}
 	if c := resp.GetCredentials(); c.GetUsername() != "" {
 		out.User = url.UserPassword(c.GetUsername(), c.GetPassword())
@@ -209,6 +227,11 @@ func (l *Leaser) Renew(ctx context.Context, lease *Lease) error {
 // until its lifetime passes without a request), in the background of the
 // request: the client already has its answer.
 func (l *Leaser) Release(lease *Lease) {
+	if l.Reservoir != nil {
+		// A reservoir lease goes back to it; any other is released.
+		l.Reservoir.giveBack(lease)
+		return
+	}
 	l.ReleaseID(lease.ID)
 }
 
@@ -242,12 +265,16 @@ func (l *Leaser) Report(ctx context.Context, leaseID string, outcome leasev1.Out
 		req.Scope = leasev1.CooldownScope_COOLDOWN_SCOPE_GLOBAL
 	}
 	start := time.Now()
-	_, err := l.Client.ReportOutcome(cctx, req)
+	resp, err := l.Client.ReportOutcome(cctx, req)
 	l.observe("report", start)
 	if err != nil {
 		l.Log.Warn("reporting an outcome failed", "lease_id", leaseID, "outcome", outcome.String(), "error", status.Convert(err).Message())
+		return err
 	}
-	return err
+	if l.Reservoir != nil && resp.GetCooldown() != nil {
+		l.Reservoir.reported(leaseID, resp.GetCooldown())
+	}
+	return nil
 }
 
 // SessionLease returns the live lease of a client's session, acquiring
