@@ -124,7 +124,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TunnelMaxLifetime, "tunnel-max-lifetime", c.TunnelMaxLifetime, "a tunnel this old is closed; 0: never")
 	fs.IntVar(&c.MaxTunnels, "max-tunnels", c.MaxTunnels, "tunnels open at once in all (503 beyond); 0: no limit")
 	fs.IntVar(&c.MaxClientTunnels, "max-client-tunnels", c.MaxClientTunnels, "tunnels open at once per client (429 beyond); 0: no limit")
-	fs.BoolVar(&c.Reservoir, "lease-reservoir", c.Reservoir, "hold leases ahead per selector for requests and tunnels without a session, used while the fleet view (WatchLeases) is in place; false: every one acquires its own")
+	fs.BoolVar(&c.Reservoir, "lease-reservoir", c.Reservoir, "hold leases ahead per selector for requests and tunnels without a session and cache each session's lease, used while the fleet view (WatchLeases) is in place; false: every request and tunnel asks the lease service")
 	fs.IntVar(&c.ReservoirHeadroom, "lease-reservoir-headroom", c.ReservoirHeadroom, "leases a selector's reservoir holds beyond its recent peak of concurrent use")
 	fs.DurationVar(&c.ReservoirIdle, "lease-reservoir-idle", c.ReservoirIdle, "how long a reservoir lease beyond the recent peak stays idle before it is released")
 	fs.DurationVar(&c.ConfirmInterval, "lease-confirm-interval", c.ConfirmInterval, "how often each reservoir lease is renewed; one not confirmed within twice it is not used, so a proxy that became unleasable is used at most about this long after the lease service knows")

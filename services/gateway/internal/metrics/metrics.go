@@ -38,9 +38,9 @@ type Metrics struct {
 	// by call (acquire, renew, release, report): an acquire is on the
 	// critical path of every request and tunnel.
 	LeaseCalls *prometheus.HistogramVec
-	// LeaseCache counts the requests and tunnels without a session by how
-	// they got their lease: hit (a reservoir lease, no call), miss (the
-	// reservoir had none that qualified: acquired for the request) and
+	// LeaseCache counts the requests and tunnels by how they got their
+	// lease: hit (a reservoir lease or a session's cached one, no call),
+	// miss (nothing cached qualified: acquired for the request) and
 	// fallback (the fleet view is not trusted: acquired for the request).
 	LeaseCache *prometheus.CounterVec
 	// ReservoirLeases is the leases the reservoir holds, idle and in use.
@@ -94,7 +94,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"call"}),
 		LeaseCache: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_gateway_lease_cache_total",
-			Help: "Leases of requests and tunnels without a session, by result: hit (from the reservoir, no lease call), miss (acquired for the request), fallback (acquired for the request: the fleet view is not trusted).",
+			Help: "Leases of requests and tunnels, by result: hit (from the reservoir or the session cache, no lease call), miss (acquired for the request), fallback (acquired for the request: the fleet view is not trusted).",
 		}, []string{"result"}),
 		ReservoirLeases: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "egress_gateway_lease_reservoir_leases",

@@ -140,6 +140,12 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 		// A session's concurrent requests share one acquire: the lease
 		// service answers a session's acquires one after another with the
 		// same lease, so one call per request only queues.
+		if l.Reservoir != nil {
+			if lease := l.Reservoir.session(req); lease != nil {
+				l.Reservoir.count("hit")
+				return lease, nil
+			}
+		}
 		key, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 		if err != nil {
 			return nil, err
@@ -159,6 +165,7 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 // acquireSession acquires a session's lease, starting the session anew
 // when its lease has lived SessionMaxAge.
 func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
+	sent := time.Now()
 	lease, err := l.acquire(ctx, req)
 	if err != nil {
 		return nil, err
@@ -167,7 +174,18 @@ func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRe
 		time.Since(lease.AcquireTime) > l.SessionMaxAge {
 		// The session has lived its longest: end it and start anew.
 		l.Release(lease)
-		return l.acquire(ctx, req)
+		sent = time.Now()
+		if lease, err = l.acquire(ctx, req); err != nil {
+			return nil, err
+		}
+	}
+	if l.Reservoir != nil && lease.Session() {
+		if trusted, _ := l.Reservoir.Fleet.Trusted(); trusted {
+			l.Reservoir.count("miss")
+		} else {
+			l.Reservoir.count("fallback")
+		}
+		l.Reservoir.sessionAcquired(req, lease, sent)
 	}
 	return lease, nil
 }
@@ -237,6 +255,10 @@ func (l *Leaser) Release(lease *Lease) {
 
 // ReleaseID ends a lease by id.
 func (l *Leaser) ReleaseID(id string) {
+	if l.Reservoir != nil {
+		// A session ended here is not answered from the cache meanwhile.
+		l.Reservoir.Ended(id)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.CallTimeout)
 	defer cancel()
 	defer l.observe("release", time.Now())

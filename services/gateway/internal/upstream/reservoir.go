@@ -46,6 +46,10 @@ type Reservoir struct {
 	// missed is the proxy uid of each lease acquired on a miss and in
 	// use, by lease id: a report on it updates the cooldowns at once too.
 	missed map[string]string
+	// sessions is each session's lease by its acquire request (no
+	// target); sessionOf its key by lease id.
+	sessions  map[string]*sessionEntry
+	sessionOf map[string]string
 }
 
 // selector is one selector's leases and its recent use.
@@ -201,6 +205,7 @@ func (r *Reservoir) forget(h *held) {
 func (r *Reservoir) Ended(leaseID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.sessionEnded(leaseID)
 	h := r.held[leaseID]
 	if h == nil {
 		return
@@ -218,6 +223,9 @@ func (r *Reservoir) reported(leaseID string, cd *leasev1.Cooldown) {
 	uid, ok := r.missed[leaseID]
 	if h := r.held[leaseID]; h != nil {
 		uid, ok = h.lease.ProxyUID, true
+	}
+	if key, isSession := r.sessionOf[leaseID]; isSession && r.sessions[key] != nil {
+		uid, ok = r.sessions[key].lease.ProxyUID, true
 	}
 	r.mu.Unlock()
 	if ok && cd.GetExpireTime() != nil {
@@ -271,6 +279,7 @@ func (r *Reservoir) step(ctx context.Context, now time.Time, tick time.Duration)
 			renew = append(renew, h)
 		}
 	}
+	sessions := r.sessionsToRenew(now, tick)
 	for key, s := range r.selectors {
 		target := r.target(s)
 		// The oldest idle leases go first, once idle long enough.
@@ -291,6 +300,9 @@ func (r *Reservoir) step(ctx context.Context, now time.Time, tick time.Duration)
 	r.mu.Unlock()
 	for _, h := range renew {
 		go r.confirm(ctx, h)
+	}
+	for _, e := range sessions {
+		go r.confirmSession(ctx, e)
 	}
 	for _, id := range release {
 		go r.Leaser.ReleaseID(id)

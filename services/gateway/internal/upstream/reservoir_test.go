@@ -31,6 +31,7 @@ type leaseCalls struct {
 	released map[string]bool
 	refuse   map[string]codes.Code // by lease id
 	proxyOf  map[string]string
+	sessions map[string]*leasev1.Lease
 }
 
 func newLeaseCalls(proxies ...string) *leaseCalls {
@@ -41,14 +42,27 @@ func (c *leaseCalls) AcquireLease(_ context.Context, req *leasev1.AcquireLeaseRe
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.acquires++
+	if l := c.sessions[req.GetSessionKey()]; l != nil {
+		if _, refused := c.refuse[l.GetLeaseId()]; !refused {
+			return &leasev1.AcquireLeaseResponse{Lease: l, Session: &leasev1.Session{Result: leasev1.SessionResult_SESSION_RESULT_EXISTING}}, nil
+		}
+	}
 	p := c.proxies[c.n%len(c.proxies)]
 	c.n++
 	id := fmt.Sprintf("lease-%d", c.n)
 	c.proxyOf[id] = p
-	return &leasev1.AcquireLeaseResponse{Lease: &leasev1.Lease{
+	l := &leasev1.Lease{
 		LeaseId: id, ClientId: "gw", ProxyUid: "uid-" + p, ProxyName: p, TargetHost: req.GetTargetHost(),
-		Address: &leasev1.ProxyAddress{Host: "127.0.0.1", Port: 3128}, AcquireTime: timestamppb.Now(),
-	}}, nil
+		Address: &leasev1.ProxyAddress{Host: "127.0.0.1", Port: 3128}, AcquireTime: timestamppb.Now(), SessionKey: req.GetSessionKey(),
+	}
+	if req.GetSessionKey() != "" {
+		if c.sessions == nil {
+			c.sessions = map[string]*leasev1.Lease{}
+		}
+		c.sessions[req.GetSessionKey()] = l
+		return &leasev1.AcquireLeaseResponse{Lease: l, Session: &leasev1.Session{Result: leasev1.SessionResult_SESSION_RESULT_NEW}}, nil
+	}
+	return &leasev1.AcquireLeaseResponse{Lease: l}, nil
 }
 
 func (c *leaseCalls) RenewLease(_ context.Context, req *leasev1.RenewLeaseRequest, _ ...grpc.CallOption) (*leasev1.RenewLeaseResponse, error) {
@@ -310,4 +324,71 @@ func TestReservoirFallsBackWhileTheWatchIsDown(t *testing.T) {
 		t.Errorf("a lease confirmed before the watch came back was used: %v", got)
 	}
 	r.drain()
+}
+
+// A session's request is answered from its cached lease without a call
+// while it is confirmed; a cooldown of its proxy for the target, a
+// refused renewal or the watch saying the lease ended sends the next
+// request to the lease service.
+func TestSessionCache(t *testing.T) {
+	t.Parallel()
+	calls := newLeaseCalls("p1", "p2")
+	r := testReservoir(calls)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	sess := func(target string) *Lease {
+		t.Helper()
+		w := want(target)
+		w.Options.Session = "s1"
+		l, err := r.Leaser.Acquire(ctx, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	first := sess("shop.example")
+	before := calls.acquired()
+	for range 5 {
+		if l := sess("shop.example"); l.ID != first.ID || l.Moved() {
+			t.Fatalf("session request got %+v, want the session's lease %s", l, first.ID)
+		}
+	}
+	if calls.acquired() != before {
+		t.Fatalf("cached session requests made %d acquires", calls.acquired()-before)
+	}
+	// Used, so renewed in the background and still answered after twice
+	// the confirm interval.
+	entry := func() *sessionEntry {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.sessions[r.sessionOf[first.ID]]
+	}
+	acquired := entry().confirmed
+	waitFor(t, "the used session to be renewed", func() bool {
+		sess("shop.example")
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		e := r.sessions[r.sessionOf[first.ID]]
+		return e != nil && e.confirmed.After(acquired)
+	})
+	if calls.acquired() != before {
+		t.Fatalf("a cached session renewed in the background made %d acquires", calls.acquired()-before)
+	}
+	// A cooldown of its proxy for another target: that target's request
+	// goes to the lease service; this one's does not.
+	r.Fleet.Cooldowns.Set(first.ProxyUID, "other.example", time.Now().Add(time.Minute))
+	before = calls.acquired()
+	sess("other.example")
+	if calls.acquired() != before+1 {
+		t.Errorf("a request to a target its proxy cools down for made %d acquires, want 1", calls.acquired()-before)
+	}
+	// The watch says the lease ended: the next request acquires.
+	r.Ended(first.ID)
+	before = calls.acquired()
+	sess("shop.example")
+	if calls.acquired() != before+1 {
+		t.Errorf("after the lease ended, %d acquires, want 1", calls.acquired()-before)
+	}
 }
