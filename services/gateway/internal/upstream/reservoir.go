@@ -50,6 +50,8 @@ type Reservoir struct {
 	// target); sessionOf its key by lease id.
 	sessions  map[string]*sessionEntry
 	sessionOf map[string]string
+	// closed: Run ended; leases given back are released.
+	closed bool
 }
 
 // selector is one selector's leases and its recent use.
@@ -172,9 +174,12 @@ func (r *Reservoir) giveBack(lease *Lease) {
 	}
 	h.sel.active--
 	h.inUse = false
-	if h.ended {
+	if h.ended || r.closed {
 		r.forget(h)
 		r.mu.Unlock()
+		if !h.ended {
+			r.Leaser.ReleaseID(lease.ID)
+		}
 		return
 	}
 	h.idleSince = time.Now()
@@ -288,7 +293,7 @@ func (r *Reservoir) step(ctx context.Context, now time.Time, tick time.Duration)
 			release = append(release, h.lease.ID)
 			r.forget(h)
 		}
-		if n := target - s.size - s.acquiring; trusted && n > 0 && now.After(s.growAfter) {
+		if n := target - s.size - s.acquiring; trusted && !r.closed && n > 0 && now.After(s.growAfter) {
 			n = min(n, 8)
 			s.acquiring += n
 			grows = append(grows, grow{s, n})
@@ -357,6 +362,10 @@ func (r *Reservoir) grow(ctx context.Context, s *selector) {
 		s.growAfter = time.Now().Add(r.IdleTime)
 		return
 	}
+	if r.closed {
+		go r.Leaser.ReleaseID(lease.ID)
+		return
+	}
 	h := &held{lease: lease, sel: s, confirmed: sent, idleSince: time.Now()}
 	r.held[lease.ID] = h
 	s.size++
@@ -367,9 +376,10 @@ func (r *Reservoir) grow(ctx context.Context, s *selector) {
 }
 
 // drain releases every idle lease (at shutdown); leases in use are
-// released when their requests end.
+// released when their requests end, and none is acquired ahead again.
 func (r *Reservoir) drain() {
 	r.mu.Lock()
+	r.closed = true
 	var ids []string
 	for _, h := range r.held {
 		if !h.inUse {

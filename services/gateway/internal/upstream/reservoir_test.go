@@ -392,3 +392,30 @@ func TestSessionCache(t *testing.T) {
 		t.Errorf("after the lease ended, %d acquires, want 1", calls.acquired()-before)
 	}
 }
+
+// At shutdown the idle leases are released at once, and a lease in use is
+// released when its request gives it back.
+func TestReservoirReleasesEverythingAtShutdown(t *testing.T) {
+	t.Parallel()
+	calls := newLeaseCalls("p1", "p2")
+	r := testReservoir(calls)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	l, _ := r.Leaser.Acquire(ctx, want("shop.example"))
+	r.Leaser.Release(l)
+	waitFor(t, "the reservoir to grow", func() bool { return r.idleCount() == 2 })
+	inUse, err := r.Leaser.Acquire(ctx, want("shop.example"))
+	if err != nil || r.results(t, "hit") != 1 {
+		t.Fatalf("take: %v, hits %v", err, r.results(t, "hit"))
+	}
+	cancel()
+	<-done
+	if r.heldCount() != 1 || calls.wasReleased(inUse.ID) {
+		t.Fatalf("after shutdown: %d held, in-use lease released %v; want the idle one released only", r.heldCount(), calls.wasReleased(inUse.ID))
+	}
+	r.Leaser.Release(inUse)
+	if r.heldCount() != 0 || !calls.wasReleased(inUse.ID) {
+		t.Fatalf("the lease given back after shutdown: %d held, released %v", r.heldCount(), calls.wasReleased(inUse.ID))
+	}
+}
