@@ -119,10 +119,12 @@ var table = map[string]Rule{
 	leasev1.LeaseService_ReleaseLease_FullMethodName:  rule(LeaseLimit, Admin, Crawler),
 	leasev1.LeaseService_ReportOutcome_FullMethodName: rule(LeaseLimit, Admin, Crawler),
 	// Every client's leases and the cooldowns, for operators (the web
-	// console); crawlers never list other clients' leases.
+	// console); crawlers never list other clients' leases. The gateway
+	// (service) watches the changes and lists the cooldowns to lease
+	// from its own cache of the fleet.
 	leasev1.LeaseService_ListLeases_FullMethodName:    rule(NoLimit, Admin, Viewer),
-	leasev1.LeaseService_ListCooldowns_FullMethodName: rule(NoLimit, Admin, Viewer),
-	leasev1.LeaseService_WatchLeases_FullMethodName:   rule(NoLimit, Admin, Viewer),
+	leasev1.LeaseService_ListCooldowns_FullMethodName: rule(NoLimit, Admin, Viewer, Service),
+	leasev1.LeaseService_WatchLeases_FullMethodName:   rule(NoLimit, Admin, Viewer, Service),
 
 	// The health service.
 	healthv1.HealthService_GetProxyHealth_FullMethodName:    rule(NoLimit, Admin, Viewer),

@@ -231,7 +231,9 @@ func TestGateway(t *testing.T) {
 	s := newSuite(t)
 	s.startProvisioner("prov-1")
 	s.startOrchestrator()
-	s.startLease()
+	// Proxies of capacity 8: each gateway replica holds leases ahead
+	// (its reservoir), a capacity unit each.
+	s.startLease("--default-max-leases=8")
 	healthProc, _ := s.startHealth("health-1")
 	s.createProxies("gw", 4)
 	s.waitAll("gw", 4, "Ready and healthy", 3*time.Minute, ready)
@@ -431,6 +433,75 @@ p.start()
 			resp, _ := getVia(t, crawler, plain.URL+"/other-target")
 			return resp.StatusCode == 200 && banned[resp.Header.Get("X-Egress-Proxy")]
 		})
+	})
+
+	t.Run("a cooldown reported elsewhere keeps a replica's reservoir away within a second", func(t *testing.T) {
+		// Four at once, twice: replica A's reservoir holds leases on
+		// several proxies.
+		for range 2 {
+			var wg sync.WaitGroup
+			for i := range 4 {
+				wg.Go(func() {
+					resp, _ := getVia(t, crawler, fmt.Sprintf("%s/warm%d", plain.URL, i))
+					if resp.StatusCode != 200 {
+						t.Errorf("warm-up request: %d", resp.StatusCode)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		hits := func() string {
+			return proctest.MetricLine(t, gwA.api.HTTP, `egress_gateway_lease_cache_total{result="hit"}`)
+		}
+		waittest.For(t, 10*time.Second, "replica A to answer from its reservoir", func() bool {
+			resp, _ := getVia(t, crawler, plain.URL+"/warm")
+			return resp.StatusCode == 200 && !strings.HasSuffix(hits(), " 0")
+		})
+		// Which proxies A's reservoir serves plain from.
+		served := map[string]bool{}
+		for i := range 8 {
+			resp, _ := getVia(t, crawler, fmt.Sprintf("%s/which%d", plain.URL, i))
+			served[resp.Header.Get("X-Egress-Proxy")] = true
+		}
+		var victim string
+		for name := range served {
+			victim = name
+		}
+		// Another client reports a ban of victim for the third site,
+		// straight to the lease service.
+		third := newPlainSite(t, "127.0.0.3")
+		direct := leasev1.NewLeaseServiceClient(s.conn(s.lease.GRPC, crawlerToken))
+		l, err := direct.AcquireLease(ctx(t, 10*time.Second), &leasev1.AcquireLeaseRequest{
+			Selector: &leasev1.ProxySelector{Labels: map[string]string{"id": victim}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := direct.ReportOutcome(ctx(t, 10*time.Second), &leasev1.ReportOutcomeRequest{LeaseId: l.GetLease().GetLeaseId(),
+			Outcome: leasev1.Outcome_OUTCOME_BANNED, TargetHost: "127.0.0.3"}); err != nil {
+			t.Fatal(err)
+		}
+		reported := time.Now()
+		if _, err := direct.ReleaseLease(ctx(t, 10*time.Second), &leasev1.ReleaseLeaseRequest{LeaseId: l.GetLease().GetLeaseId()}); err != nil {
+			t.Fatal(err)
+		}
+		// Within a second of the report, replica A sends nothing for the
+		// third site through victim, and still sends plain through it.
+		victimServesPlain := false
+		for i := range 12 {
+			start := time.Now()
+			resp, _ := getVia(t, crawler, fmt.Sprintf("%s/third%d", third.URL, i))
+			if resp.StatusCode != 200 {
+				t.Fatalf("request %d to the third site: %d", i, resp.StatusCode)
+			}
+			if resp.Header.Get("X-Egress-Proxy") == victim && start.Sub(reported) > time.Second {
+				t.Fatalf("request %d to the third site went through %s %v after its ban was reported", i, victim, start.Sub(reported))
+			}
+			resp, _ = getVia(t, crawler, fmt.Sprintf("%s/plain%d", plain.URL, i))
+			victimServesPlain = victimServesPlain || resp.Header.Get("X-Egress-Proxy") == victim
+		}
+		if !victimServesPlain {
+			t.Errorf("%s, banned for the third site only, served no request to another", victim)
+		}
 	})
 
 	t.Run("the admin API: sessions, ending one, a tunnel's report", func(t *testing.T) {

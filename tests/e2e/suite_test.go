@@ -91,7 +91,7 @@ func newSuite(t *testing.T) *suite {
 	s.providers = s.write("providers.yaml", fmt.Sprintf(
 		"providers:\n  - name: local\n    type: local\n    local: {stateDir: %q, network: %q}\n", s.stateDir, network))
 	s.tokens = s.write("tokens", "ops "+opsToken+" admin\ncrawler-a "+crawlerToken+" crawler\n"+
-		"dashboard "+viewerToken+" viewer\nsuite "+serviceToken+" service\ngateway "+gatewayToken+" crawler\n")
+		"dashboard "+viewerToken+" viewer\nsuite "+serviceToken+" service\ngateway "+gatewayToken+" crawler,service\n")
 	s.svcFile = s.write("service-token", serviceToken+"\n")
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
@@ -216,9 +216,9 @@ func (s *suite) startOrchestrator() *proctest.Process {
 	return p
 }
 
-func (s *suite) startLease() *proctest.Process {
-	p, a := servicetest.Start(s.t, "../../services/lease", append(append(s.common(), s.peer("orchestrator")...),
-		"--orchestrator-addr="+s.orchestrator.GRPC, "--resync-interval=5s"))
+func (s *suite) startLease(extra ...string) *proctest.Process {
+	p, a := servicetest.Start(s.t, "../../services/lease", append(append(append(s.common(), s.peer("orchestrator")...),
+		"--orchestrator-addr="+s.orchestrator.GRPC, "--resync-interval=5s"), extra...))
 	s.lease = a
 	return p
 }

@@ -92,7 +92,7 @@ func TestGatewayBench(t *testing.T) {
 		}
 		return p
 	}
-	tokens := write("tokens", "gateway "+gatewayToken+" crawler\nbench "+crawlerToken+" crawler\n")
+	tokens := write("tokens", "gateway "+gatewayToken+" crawler,service\nbench "+crawlerToken+" crawler\n")
 	gwTokenFile := write("gateway-token", gatewayToken+"\n")
 
 	// The lease service, over a database and a NATS server of its own.

@@ -29,8 +29,9 @@ import (
 
 // Config is the gateway's own configuration.
 type Config struct {
-	// Lease reaches the lease service with the gateway's own token (role
-	// crawler): every lease the gateway takes is the gateway's.
+	// Lease reaches the lease service with the gateway's own token (roles
+	// crawler, to lease, and service, to watch the lease changes and list
+	// the cooldowns): every lease the gateway takes is the gateway's.
 	Lease service.Client
 	// ProxyListen and SocksListen are the crawler-facing listeners.
 	ProxyListen string
@@ -59,6 +60,13 @@ type Config struct {
 	MaxTunnels        int
 	MaxClientTunnels  int
 	AuthFailures      int
+	// Reservoir turns on the leases held ahead for requests without a
+	// session; ReservoirHeadroom, ReservoirIdle and ConfirmInterval shape
+	// it (docs/gateway.md, Scaling).
+	Reservoir         bool
+	ReservoirHeadroom int
+	ReservoirIdle     time.Duration
+	ConfirmInterval   time.Duration
 }
 
 // DefaultConfig is the configuration with every default.
@@ -85,6 +93,10 @@ func DefaultConfig() *Config {
 		MaxTunnels:        10000,
 		MaxClientTunnels:  1000,
 		AuthFailures:      30,
+		Reservoir:         true,
+		ReservoirHeadroom: 2,
+		ReservoirIdle:     3 * time.Second,
+		ConfirmInterval:   time.Second,
 	}
 }
 
@@ -112,6 +124,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TunnelMaxLifetime, "tunnel-max-lifetime", c.TunnelMaxLifetime, "a tunnel this old is closed; 0: never")
 	fs.IntVar(&c.MaxTunnels, "max-tunnels", c.MaxTunnels, "tunnels open at once in all (503 beyond); 0: no limit")
 	fs.IntVar(&c.MaxClientTunnels, "max-client-tunnels", c.MaxClientTunnels, "tunnels open at once per client (429 beyond); 0: no limit")
+	fs.BoolVar(&c.Reservoir, "lease-reservoir", c.Reservoir, "hold leases ahead per selector for requests and tunnels without a session and cache each session's lease, used while the fleet view (WatchLeases) is in place; false: every request and tunnel asks the lease service")
+	fs.IntVar(&c.ReservoirHeadroom, "lease-reservoir-headroom", c.ReservoirHeadroom, "leases a selector's reservoir holds beyond its recent peak of concurrent use")
+	fs.DurationVar(&c.ReservoirIdle, "lease-reservoir-idle", c.ReservoirIdle, "how long a reservoir lease beyond the recent peak stays idle before it is released")
+	fs.DurationVar(&c.ConfirmInterval, "lease-confirm-interval", c.ConfirmInterval, "how often each reservoir lease is renewed; one not confirmed within twice it is not used, so a proxy that became unleasable is used at most about this long after the lease service knows")
 	fs.IntVar(&c.AuthFailures, "auth-failures-per-minute", c.AuthFailures, "failed credentials a source address may send per minute before its every attempt is refused (429) for a while")
 }
 
@@ -131,6 +147,10 @@ func (c *Config) check() error {
 		return errors.New("--max-header-bytes must be at least 1024")
 	case c.MaxTunnels < 0 || c.MaxClientTunnels < 0:
 		return errors.New("--max-tunnels and --max-client-tunnels must not be negative")
+	case c.Reservoir && (c.ConfirmInterval < 100*time.Millisecond || c.ConfirmInterval > c.LeaseTTL/3):
+		return errors.New("--lease-confirm-interval must lie between 100ms and a third of --lease-ttl")
+	case c.Reservoir && (c.ReservoirHeadroom < 0 || c.ReservoirIdle <= 0):
+		return errors.New("--lease-reservoir-headroom must not be negative and --lease-reservoir-idle must be positive")
 	case c.ReadHeaderTimeout <= 0 || c.LeaseCallTimeout <= 0 || c.DialTimeout <= 0 || c.HandshakeTimeout <= 0:
 		return errors.New("--read-header-timeout, --lease-call-timeout, --upstream-dial-timeout and --upstream-handshake-timeout must be positive")
 	}
@@ -166,11 +186,29 @@ func (c *Config) Setup(ctx context.Context, s *service.Service, authn *auth.Auth
 		DialTimeout: c.DialTimeout, HandshakeTimeout: c.HandshakeTimeout, ResponseHeaderTimeout: c.ResponseTimeout,
 		IdleConnTimeout: c.UpstreamIdle, MaxIdlePerProxy: c.MaxIdlePerProxy,
 	}
+	leaseClient := leasev1.NewLeaseServiceClient(conn)
+	leaser := &upstream.Leaser{
+		Client: leaseClient, TTL: c.LeaseTTL, SessionLifetime: c.SessionLifetime,
+		SessionMaxAge: c.SessionMaxAge, CallTimeout: c.LeaseCallTimeout, Log: s.Log, Calls: m.LeaseCalls,
+	}
+	// The reservoir releases its idle leases at shutdown, before the
+	// connection closes.
+	drained := make(chan struct{})
+	if c.Reservoir {
+		fleet := upstream.NewFleet(leaseClient, c.LeaseCallTimeout, s.Log)
+		res := &upstream.Reservoir{
+			Leaser: leaser, Fleet: fleet, Headroom: c.ReservoirHeadroom, IdleTime: c.ReservoirIdle,
+			ConfirmInterval: c.ConfirmInterval, Results: m.LeaseCache, Size: m.ReservoirLeases,
+		}
+		fleet.Ended = res.Ended
+		leaser.Reservoir = res
+		s.Go(func(ctx context.Context) error { fleet.Run(ctx); return nil })
+		s.Go(func(ctx context.Context) error { defer close(drained); res.Run(ctx); return nil })
+	} else {
+		close(drained)
+	}
 	core := &tunnel.Core{
-		Leaser: &upstream.Leaser{
-			Client: leasev1.NewLeaseServiceClient(conn), TTL: c.LeaseTTL, SessionLifetime: c.SessionLifetime,
-			SessionMaxAge: c.SessionMaxAge, CallTimeout: c.LeaseCallTimeout, Log: s.Log, Calls: m.LeaseCalls,
-		},
+		Leaser: leaser,
 		Dialer: dialer, Sessions: session.NewRegistry(), Metrics: m,
 		Limits:  access.NewLimits(c.MaxTunnels, c.MaxClientTunnels),
 		Retries: c.Retries, IdleTimeout: c.TunnelIdleTimeout, MaxLifetime: c.TunnelMaxLifetime, Log: s.Log,
@@ -215,6 +253,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service, authn *auth.Auth
 	s.Go(func(ctx context.Context) error {
 		<-ctx.Done()
 		dialer.Close()
+		<-drained
 		return conn.Close()
 	})
 	return g, nil

@@ -38,6 +38,13 @@ type Metrics struct {
 	// by call (acquire, renew, release, report): an acquire is on the
 	// critical path of every request and tunnel.
 	LeaseCalls *prometheus.HistogramVec
+	// LeaseCache counts the requests and tunnels by how they got their
+	// lease: hit (a reservoir lease or a session's cached one, no call),
+	// miss (nothing cached qualified: acquired for the request) and
+	// fallback (the fleet view is not trusted: acquired for the request).
+	LeaseCache *prometheus.CounterVec
+	// ReservoirLeases is the leases the reservoir holds, idle and in use.
+	ReservoirLeases prometheus.Gauge
 }
 
 // New creates the metrics and registers them on reg.
@@ -85,8 +92,20 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of calls to the lease service, by call (acquire, renew, release, report).",
 			Buckets: []float64{.0005, .001, .002, .004, .008, .016, .032, .064, .128, .256, .512, 1, 2.5, 5},
 		}, []string{"call"}),
+		LeaseCache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_gateway_lease_cache_total",
+			Help: "Leases of requests and tunnels, by result: hit (from the reservoir or the session cache, no lease call), miss (acquired for the request), fallback (acquired for the request: the fleet view is not trusted).",
+		}, []string{"result"}),
+		ReservoirLeases: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "egress_gateway_lease_reservoir_leases",
+			Help: "Leases the reservoir holds ahead, idle and in use.",
+		}),
 	}
-	reg.MustRegister(m.Requests, m.Bytes, m.TunnelDuration, m.ActiveTunnels, m.AuthFailures, m.Refusals, m.Retries, m.SessionMoves, m.Rules, m.LeaseCalls)
+	reg.MustRegister(m.Requests, m.Bytes, m.TunnelDuration, m.ActiveTunnels, m.AuthFailures, m.Refusals, m.Retries, m.SessionMoves, m.Rules, m.LeaseCalls,
+		m.LeaseCache, m.ReservoirLeases)
+	for _, r := range []string{"hit", "miss", "fallback"} {
+		m.LeaseCache.WithLabelValues(r)
+	}
 	for _, k := range []string{"connect", "socks5"} {
 		m.ActiveTunnels.WithLabelValues(k)
 	}

@@ -29,7 +29,11 @@ import (
 type Lease struct {
 	ID        string
 	ProxyName string
+	ProxyUID  string
 	Pool      string
+	// ClientID is the client the lease service granted it to: the
+	// gateway's own.
+	ClientID string
 	// Addr is host:port of the proxy; User its credentials, nil when the
 	// proxy demands none.
 	Addr string
@@ -52,6 +56,10 @@ type Lease struct {
 	// of its session together: one of them (the one without Joined)
 	// counts a move.
 	Joined bool
+
+	// sel is the reservoir selector whose request a lease acquired on a
+	// miss serves.
+	sel *selector
 }
 
 // Session reports whether the lease is a session's.
@@ -85,6 +93,9 @@ type Leaser struct {
 	// Calls, when set, observes each call's duration in seconds by call
 	// (acquire, renew, release, report).
 	Calls prometheus.ObserverVec
+	// Reservoir, when set, answers the requests without a session from
+	// leases held ahead.
+	Reservoir *Reservoir
 
 	sessions batcher
 }
@@ -129,6 +140,12 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 		// A session's concurrent requests share one acquire: the lease
 		// service answers a session's acquires one after another with the
 		// same lease, so one call per request only queues.
+		if l.Reservoir != nil {
+			if lease := l.Reservoir.session(req); lease != nil {
+				l.Reservoir.count("hit")
+				return lease, nil
+			}
+		}
 		key, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 		if err != nil {
 			return nil, err
@@ -139,12 +156,16 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 			return l.acquireSession(context.WithoutCancel(ctx), req)
 		})
 	}
+	if l.Reservoir != nil {
+		return l.Reservoir.acquire(ctx, req)
+	}
 	return l.acquire(ctx, req)
 }
 
 // acquireSession acquires a session's lease, starting the session anew
 // when its lease has lived SessionMaxAge.
 func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
+	sent := time.Now()
 	lease, err := l.acquire(ctx, req)
 	if err != nil {
 		return nil, err
@@ -153,7 +174,18 @@ func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRe
 		time.Since(lease.AcquireTime) > l.SessionMaxAge {
 		// The session has lived its longest: end it and start anew.
 		l.Release(lease)
-		return l.acquire(ctx, req)
+		sent = time.Now()
+		if lease, err = l.acquire(ctx, req); err != nil {
+			return nil, err
+		}
+	}
+	if l.Reservoir != nil && lease.Session() {
+		if trusted, _ := l.Reservoir.Fleet.Trusted(); trusted {
+			l.Reservoir.count("miss")
+		} else {
+			l.Reservoir.count("fallback")
+		}
+		l.Reservoir.sessionAcquired(req, lease, sent)
 	}
 	return lease, nil
 }
@@ -178,10 +210,14 @@ func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) 
 		return nil, errors.New("lease service: the lease carries no proxy address")
 	}
 	out := &Lease{
-		ID: pl.GetLeaseId(), ProxyName: pl.GetProxyName(), Pool: pl.GetPool(),
+		ID: pl.GetLeaseId(), ProxyName: pl.GetProxyName(), ProxyUID: pl.GetProxyUid(), Pool: pl.GetPool(), ClientID: pl.GetClientId(),
 		Addr:       net.JoinHostPort(a.GetHost(), strconv.Itoa(int(a.GetPort()))),
 		SessionKey: pl.GetSessionKey(), TTL: req.GetTtl().AsDuration(),
 		AcquireTime: pl.GetAcquireTime().AsTime(),
+	}
+	if l.Reservoir != nil {
+		// The watch of the gateway's ended leases follows this client.
+		l.Reservoir.Fleet.LearnClient(out.ClientID)
 	}
 	if c := resp.GetCredentials(); c.GetUsername() != "" {
 		out.User = url.UserPassword(c.GetUsername(), c.GetPassword())
@@ -209,11 +245,20 @@ func (l *Leaser) Renew(ctx context.Context, lease *Lease) error {
 // until its lifetime passes without a request), in the background of the
 // request: the client already has its answer.
 func (l *Leaser) Release(lease *Lease) {
+	if l.Reservoir != nil {
+		// A reservoir lease goes back to it; any other is released.
+		l.Reservoir.giveBack(lease)
+		return
+	}
 	l.ReleaseID(lease.ID)
 }
 
 // ReleaseID ends a lease by id.
 func (l *Leaser) ReleaseID(id string) {
+	if l.Reservoir != nil {
+		// A session ended here is not answered from the cache meanwhile.
+		l.Reservoir.Ended(id)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.CallTimeout)
 	defer cancel()
 	defer l.observe("release", time.Now())
@@ -242,12 +287,16 @@ func (l *Leaser) Report(ctx context.Context, leaseID string, outcome leasev1.Out
 		req.Scope = leasev1.CooldownScope_COOLDOWN_SCOPE_GLOBAL
 	}
 	start := time.Now()
-	_, err := l.Client.ReportOutcome(cctx, req)
+	resp, err := l.Client.ReportOutcome(cctx, req)
 	l.observe("report", start)
 	if err != nil {
 		l.Log.Warn("reporting an outcome failed", "lease_id", leaseID, "outcome", outcome.String(), "error", status.Convert(err).Message())
+		return err
 	}
-	return err
+	if l.Reservoir != nil && resp.GetCooldown() != nil {
+		l.Reservoir.reported(leaseID, resp.GetCooldown())
+	}
+	return nil
 }
 
 // SessionLease returns the live lease of a client's session, acquiring

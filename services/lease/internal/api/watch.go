@@ -2,6 +2,7 @@ package api
 
 import (
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -92,6 +93,9 @@ func (f *Feed) deliver(m *nats.Msg) {
 	defer f.mu.Unlock()
 	for w := range f.watchers {
 		for _, c := range ev.GetChanges() {
+			if !w.wants(c) {
+				continue
+			}
 			select {
 			case w.ch <- c:
 				continue
@@ -119,6 +123,19 @@ type watcher struct {
 	ch   chan *leasev1.WatchLeasesResponse
 	done chan struct{}
 	err  error
+	// types and clientID are the watch's filters; empty: every change.
+	types    []leasev1.LeaseChangeType
+	clientID string
+}
+
+// wants reports whether c passes the watcher's filters. They apply
+// before its buffer, so changes the watcher does not want never count
+// against it.
+func (w *watcher) wants(c *leasev1.WatchLeasesResponse) bool {
+	if w.clientID != "" && c.GetLease().GetClientId() != w.clientID {
+		return false
+	}
+	return len(w.types) == 0 || slices.Contains(w.types, c.GetType())
 }
 
 func (w *watcher) end(err error) {
@@ -126,11 +143,12 @@ func (w *watcher) end(err error) {
 	close(w.done)
 }
 
-func (f *Feed) watch() (*watcher, error) {
+func (f *Feed) watch(req *leasev1.WatchLeasesRequest) (*watcher, error) {
 	if !f.nc.IsConnected() {
 		return nil, status.Error(codes.Unavailable, "lease changes are unavailable: this replica is not connected to NATS; retry")
 	}
-	w := &watcher{ch: make(chan *leasev1.WatchLeasesResponse, watchBuffer), done: make(chan struct{})}
+	w := &watcher{ch: make(chan *leasev1.WatchLeasesResponse, watchBuffer), done: make(chan struct{}),
+		types: req.GetTypes(), clientID: req.GetClientId()}
 	f.mu.Lock()
 	f.watchers[w] = struct{}{}
 	f.mu.Unlock()
@@ -144,11 +162,11 @@ func (f *Feed) unwatch(w *watcher) {
 }
 
 // WatchLeases implements leasev1.LeaseServiceServer.
-func (s *Server) WatchLeases(_ *leasev1.WatchLeasesRequest, stream leasev1.LeaseService_WatchLeasesServer) error {
+func (s *Server) WatchLeases(req *leasev1.WatchLeasesRequest, stream leasev1.LeaseService_WatchLeasesServer) error {
 	if s.Feed == nil {
 		return status.Error(codes.Unavailable, "lease changes are unavailable on this replica")
 	}
-	w, err := s.Feed.watch()
+	w, err := s.Feed.watch(req)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,9 +34,15 @@ func viewer(t *testing.T, env *lt.Env) leasev1.LeaseServiceClient {
 // watch opens WatchLeases and waits until it is in place.
 func watch(t *testing.T, c leasev1.LeaseServiceClient) leasev1.LeaseService_WatchLeasesClient {
 	t.Helper()
+	return watchWith(t, c, &leasev1.WatchLeasesRequest{})
+}
+
+// watchWith is watch with the request's filters.
+func watchWith(t *testing.T, c leasev1.LeaseServiceClient, req *leasev1.WatchLeasesRequest) leasev1.LeaseService_WatchLeasesClient {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	w, err := c.WatchLeases(ctx, &leasev1.WatchLeasesRequest{})
+	w, err := c.WatchLeases(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,5 +191,69 @@ func TestListAndWatchLeasesAcrossReplicas(t *testing.T) {
 	a.NATS.Stop()
 	if _, err := w.Recv(); status.Code(err) != codes.Unavailable {
 		t.Errorf("watch during a NATS outage: %v, want UNAVAILABLE", err)
+	}
+}
+
+// A watch filtered by change type and client receives only those changes
+// (the gateway's use: a service token, its own lease ends); a filter of
+// an unknown type is refused naming the field.
+func TestWatchLeasesFilters(t *testing.T) {
+	t.Parallel()
+	env := lt.Start(t, lt.Options{})
+	env.Apply(t, lt.Proxy(uidA, "proxy-a"), 1)
+	env.Apply(t, lt.Proxy(uidB, "proxy-b"), 2)
+	conn, err := grpc.NewClient(env.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(auth.BearerToken(lt.GatewayToken)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	gw := leasev1.NewLeaseServiceClient(conn)
+	ctx := lt.Ctx(t)
+
+	ended := watchWith(t, gw, &leasev1.WatchLeasesRequest{ClientId: "crawler-a", Types: []leasev1.LeaseChangeType{
+		leasev1.LeaseChangeType_LEASE_CHANGE_TYPE_RELEASED, leasev1.LeaseChangeType_LEASE_CHANGE_TYPE_EXPIRED}})
+	reported := watchWith(t, gw, &leasev1.WatchLeasesRequest{Types: []leasev1.LeaseChangeType{leasev1.LeaseChangeType_LEASE_CHANGE_TYPE_REPORTED}})
+
+	// crawler-b's changes and crawler-a's acquire and report pass the
+	// first watch by; only crawler-a's release reaches it.
+	a, b := env.Client("grpc", "crawler-a"), env.Client("grpc", "crawler-b")
+	lb := mustAcquire(t, b, &leasev1.AcquireLeaseRequest{})
+	if _, r := b.Report(ctx, &leasev1.ReportOutcomeRequest{LeaseId: lb.GetLeaseId(), Outcome: leasev1.Outcome_OUTCOME_BANNED, TargetHost: "shop.example"}); r.Code() != codes.OK {
+		t.Fatal(r.Status)
+	}
+	if _, r := b.Release(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: lb.GetLeaseId()}); r.Code() != codes.OK {
+		t.Fatal(r.Status)
+	}
+	la := mustAcquire(t, a, &leasev1.AcquireLeaseRequest{})
+	if _, r := a.Release(ctx, &leasev1.ReleaseLeaseRequest{LeaseId: la.GetLeaseId()}); r.Code() != codes.OK {
+		t.Fatal(r.Status)
+	}
+	if c := next(t, ended, leasev1.LeaseChangeType_LEASE_CHANGE_TYPE_RELEASED).GetLease(); c.GetLeaseId() != la.GetLeaseId() {
+		t.Errorf("filtered watch got the release of %v, want crawler-a's %s", c, la.GetLeaseId())
+	}
+	// The report watch sees every client's reports, and nothing else.
+	rep := next(t, reported, leasev1.LeaseChangeType_LEASE_CHANGE_TYPE_REPORTED)
+	if rep.GetLease().GetLeaseId() != lb.GetLeaseId() || rep.GetCooldown().GetCooldown().GetTargetHost() != "shop.example" {
+		t.Errorf("report change %v", rep)
+	}
+	// The service role lists the cooldowns, to follow the watch.
+	if cools, err := gw.ListCooldowns(ctx, &leasev1.ListCooldownsRequest{}); err != nil || len(cools.GetCooldowns()) != 1 {
+		t.Errorf("ListCooldowns with the service role = %v, %v", cools, err)
+	}
+
+	w, err := gw.WatchLeases(ctx, &leasev1.WatchLeasesRequest{Types: []leasev1.LeaseChangeType{99}})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "types") {
+		t.Errorf("unknown change type: %v, want INVALID_ARGUMENT naming types", err)
+	}
+	w, err = gw.WatchLeases(ctx, &leasev1.WatchLeasesRequest{Types: []leasev1.LeaseChangeType{leasev1.LeaseChangeType_LEASE_CHANGE_TYPE_UNSPECIFIED}})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "types") {
+		t.Errorf("unspecified change type: %v, want INVALID_ARGUMENT naming types", err)
 	}
 }

@@ -87,8 +87,13 @@ var Tokens = map[string]string{"crawler-a": "token-a-0123456789", "crawler-b": "
 // client's leases and watches them.
 const ViewerToken = "token-ops-0123456789"
 
-// TokenFile writes the token file of Tokens, each client a crawler, and
-// of ViewerToken, and returns its path.
+// GatewayToken is the token of client "gateway", a crawler and a
+// service, as the gateway leases: it leases, watches the changes and
+// lists the cooldowns.
+const GatewayToken = "token-gateway-0123456789"
+
+// TokenFile writes the token file of Tokens, each client a crawler, of
+// ViewerToken and of GatewayToken, and returns its path.
 func TokenFile(t testing.TB) string {
 	t.Helper()
 	var b strings.Builder
@@ -96,6 +101,7 @@ func TokenFile(t testing.TB) string {
 		fmt.Fprintf(&b, "%s %s crawler\n", id, tok)
 	}
 	fmt.Fprintf(&b, "ops %s viewer\n", ViewerToken)
+	fmt.Fprintf(&b, "gateway %s crawler,service\n", GatewayToken)
 	f := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(f, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)

@@ -1950,7 +1950,11 @@ func (x *ListCooldownsResponse) GetNextPageToken() string {
 
 // Request of WatchLeases.
 type WatchLeasesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only changes of these types; empty for every type.
+	Types []LeaseChangeType `protobuf:"varint,1,rep,packed,name=types,proto3,enum=egress.lease.v1.LeaseChangeType" json:"types,omitempty"`
+	// Only changes of the leases of this client; empty for every client's.
+	ClientId      string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1983,6 +1987,20 @@ func (x *WatchLeasesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use WatchLeasesRequest.ProtoReflect.Descriptor instead.
 func (*WatchLeasesRequest) Descriptor() ([]byte, []int) {
 	return file_egress_lease_v1_lease_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WatchLeasesRequest) GetTypes() []LeaseChangeType {
+	if x != nil {
+		return x.Types
+	}
+	return nil
+}
+
+func (x *WatchLeasesRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
 }
 
 // One message of WatchLeases: a change of one lease.
@@ -2202,8 +2220,10 @@ const file_egress_lease_v1_lease_proto_rawDesc = "" +
 	"\bcooldown\x18\x04 \x01(\v2\x19.egress.lease.v1.CooldownR\bcooldown\"}\n" +
 	"\x15ListCooldownsResponse\x12<\n" +
 	"\tcooldowns\x18\x01 \x03(\v2\x1e.egress.lease.v1.ProxyCooldownR\tcooldowns\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x14\n" +
-	"\x12WatchLeasesRequest\"\xf2\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x88\x01\n" +
+	"\x12WatchLeasesRequest\x12G\n" +
+	"\x05types\x18\x01 \x03(\x0e2 .egress.lease.v1.LeaseChangeTypeB\x0f\xbaH\f\x92\x01\t\"\a\x82\x01\x04\x10\x01 \x00R\x05types\x12)\n" +
+	"\tclient_id\x18\x02 \x01(\tB\f\xbaH\tr\a\x88\x92'\x01\x18\xfd\x01R\bclientId\"\xf2\x01\n" +
 	"\x13WatchLeasesResponse\x124\n" +
 	"\x04type\x18\x01 \x01(\x0e2 .egress.lease.v1.LeaseChangeTypeR\x04type\x12,\n" +
 	"\x05lease\x18\x02 \x01(\v2\x16.egress.lease.v1.LeaseR\x05lease\x12:\n" +
@@ -2334,31 +2354,32 @@ var file_egress_lease_v1_lease_proto_depIdxs = []int32{
 	11, // 25: egress.lease.v1.ListLeasesResponse.leases:type_name -> egress.lease.v1.Lease
 	7,  // 26: egress.lease.v1.ProxyCooldown.cooldown:type_name -> egress.lease.v1.Cooldown
 	25, // 27: egress.lease.v1.ListCooldownsResponse.cooldowns:type_name -> egress.lease.v1.ProxyCooldown
-	4,  // 28: egress.lease.v1.WatchLeasesResponse.type:type_name -> egress.lease.v1.LeaseChangeType
-	11, // 29: egress.lease.v1.WatchLeasesResponse.lease:type_name -> egress.lease.v1.Lease
-	25, // 30: egress.lease.v1.WatchLeasesResponse.cooldown:type_name -> egress.lease.v1.ProxyCooldown
-	31, // 31: egress.lease.v1.WatchLeasesResponse.change_time:type_name -> google.protobuf.Timestamp
-	9,  // 32: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
-	12, // 33: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
-	16, // 34: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
-	18, // 35: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
-	20, // 36: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
-	22, // 37: egress.lease.v1.LeaseService.ListLeases:input_type -> egress.lease.v1.ListLeasesRequest
-	24, // 38: egress.lease.v1.LeaseService.ListCooldowns:input_type -> egress.lease.v1.ListCooldownsRequest
-	27, // 39: egress.lease.v1.LeaseService.WatchLeases:input_type -> egress.lease.v1.WatchLeasesRequest
-	10, // 40: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
-	13, // 41: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
-	17, // 42: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
-	19, // 43: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
-	21, // 44: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
-	23, // 45: egress.lease.v1.LeaseService.ListLeases:output_type -> egress.lease.v1.ListLeasesResponse
-	26, // 46: egress.lease.v1.LeaseService.ListCooldowns:output_type -> egress.lease.v1.ListCooldownsResponse
-	28, // 47: egress.lease.v1.LeaseService.WatchLeases:output_type -> egress.lease.v1.WatchLeasesResponse
-	40, // [40:48] is the sub-list for method output_type
-	32, // [32:40] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	4,  // 28: egress.lease.v1.WatchLeasesRequest.types:type_name -> egress.lease.v1.LeaseChangeType
+	4,  // 29: egress.lease.v1.WatchLeasesResponse.type:type_name -> egress.lease.v1.LeaseChangeType
+	11, // 30: egress.lease.v1.WatchLeasesResponse.lease:type_name -> egress.lease.v1.Lease
+	25, // 31: egress.lease.v1.WatchLeasesResponse.cooldown:type_name -> egress.lease.v1.ProxyCooldown
+	31, // 32: egress.lease.v1.WatchLeasesResponse.change_time:type_name -> google.protobuf.Timestamp
+	9,  // 33: egress.lease.v1.LeaseService.ListProxies:input_type -> egress.lease.v1.ListProxiesRequest
+	12, // 34: egress.lease.v1.LeaseService.AcquireLease:input_type -> egress.lease.v1.AcquireLeaseRequest
+	16, // 35: egress.lease.v1.LeaseService.RenewLease:input_type -> egress.lease.v1.RenewLeaseRequest
+	18, // 36: egress.lease.v1.LeaseService.ReleaseLease:input_type -> egress.lease.v1.ReleaseLeaseRequest
+	20, // 37: egress.lease.v1.LeaseService.ReportOutcome:input_type -> egress.lease.v1.ReportOutcomeRequest
+	22, // 38: egress.lease.v1.LeaseService.ListLeases:input_type -> egress.lease.v1.ListLeasesRequest
+	24, // 39: egress.lease.v1.LeaseService.ListCooldowns:input_type -> egress.lease.v1.ListCooldownsRequest
+	27, // 40: egress.lease.v1.LeaseService.WatchLeases:input_type -> egress.lease.v1.WatchLeasesRequest
+	10, // 41: egress.lease.v1.LeaseService.ListProxies:output_type -> egress.lease.v1.ListProxiesResponse
+	13, // 42: egress.lease.v1.LeaseService.AcquireLease:output_type -> egress.lease.v1.AcquireLeaseResponse
+	17, // 43: egress.lease.v1.LeaseService.RenewLease:output_type -> egress.lease.v1.RenewLeaseResponse
+	19, // 44: egress.lease.v1.LeaseService.ReleaseLease:output_type -> egress.lease.v1.ReleaseLeaseResponse
+	21, // 45: egress.lease.v1.LeaseService.ReportOutcome:output_type -> egress.lease.v1.ReportOutcomeResponse
+	23, // 46: egress.lease.v1.LeaseService.ListLeases:output_type -> egress.lease.v1.ListLeasesResponse
+	26, // 47: egress.lease.v1.LeaseService.ListCooldowns:output_type -> egress.lease.v1.ListCooldownsResponse
+	28, // 48: egress.lease.v1.LeaseService.WatchLeases:output_type -> egress.lease.v1.WatchLeasesResponse
+	41, // [41:49] is the sub-list for method output_type
+	33, // [33:41] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_egress_lease_v1_lease_proto_init() }

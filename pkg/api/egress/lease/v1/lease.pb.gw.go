@@ -352,11 +352,19 @@ func local_request_LeaseService_ListCooldowns_0(ctx context.Context, marshaler r
 	return msg, metadata, err
 }
 
+var filter_LeaseService_WatchLeases_0 = &utilities.DoubleArray{Encoding: map[string]int{}, Base: []int(nil), Check: []int(nil)}
+
 func request_LeaseService_WatchLeases_0(ctx context.Context, marshaler runtime.Marshaler, client LeaseServiceClient, req *http.Request, pathParams map[string]string) (LeaseService_WatchLeasesClient, runtime.ServerMetadata, error) {
 	var (
 		protoReq WatchLeasesRequest
 		metadata runtime.ServerMetadata
 	)
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_LeaseService_WatchLeases_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
 	}
