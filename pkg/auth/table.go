@@ -28,8 +28,9 @@ const (
 	Crawler Role = "crawler"
 	// Service is what one service of the suite needs of another: lease
 	// resyncs its pool from the orchestrator's ListProxies/WatchProxies,
-	// health checks the provisioners' backends, and only services call the
-	// provisioners' ProvisionerService.
+	// health checks the provisioners' backends, the gateway leases and
+	// follows the lease changes, and only services call the provisioners'
+	// ProvisionerService.
 	Service Role = "service"
 )
 
@@ -112,12 +113,13 @@ var table = map[string]Rule{
 	proxyv1.ProxyPoolService_ListProxyPools_FullMethodName:  rule(NoLimit, Admin, Viewer),
 	proxyv1.ProxyPoolService_WatchProxyPools_FullMethodName: rule(NoLimit, Admin, Viewer),
 
-	// The lease service.
+	// The lease service. The gateway (service) leases on behalf of the
+	// crawlers it serves.
 	leasev1.LeaseService_ListProxies_FullMethodName:   rule(NoLimit, Admin, Viewer, Crawler),
-	leasev1.LeaseService_AcquireLease_FullMethodName:  rule(LeaseLimit, Admin, Crawler),
-	leasev1.LeaseService_RenewLease_FullMethodName:    rule(LeaseLimit, Admin, Crawler),
-	leasev1.LeaseService_ReleaseLease_FullMethodName:  rule(LeaseLimit, Admin, Crawler),
-	leasev1.LeaseService_ReportOutcome_FullMethodName: rule(LeaseLimit, Admin, Crawler),
+	leasev1.LeaseService_AcquireLease_FullMethodName:  rule(LeaseLimit, Admin, Crawler, Service),
+	leasev1.LeaseService_RenewLease_FullMethodName:    rule(LeaseLimit, Admin, Crawler, Service),
+	leasev1.LeaseService_ReleaseLease_FullMethodName:  rule(LeaseLimit, Admin, Crawler, Service),
+	leasev1.LeaseService_ReportOutcome_FullMethodName: rule(LeaseLimit, Admin, Crawler, Service),
 	// Every client's leases and the cooldowns, for operators (the web
 	// console); crawlers never list other clients' leases. The gateway
 	// (service) watches the changes and lists the cooldowns to lease
