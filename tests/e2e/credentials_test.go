@@ -33,6 +33,16 @@ import (
 // came through).
 func (s *suite) proxyStatus(t *testing.T, host string, port uint32, user *url.Userinfo) int {
 	t.Helper()
+	code, err := s.tryProxyStatus(host, port, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code
+}
+
+// tryProxyStatus is proxyStatus, with an error when the proxy gave no
+// answer (unreachable, or the connection failed before its answer).
+func (s *suite) tryProxyStatus(host string, port uint32, user *url.Userinfo) (int, error) {
 	pool := s.site.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
 	connect := 0
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
@@ -46,12 +56,12 @@ func (s *suite) proxyStatus(t *testing.T, host string, port uint32, user *url.Us
 	resp, err := client.Get(s.site.URL + "/probe")
 	if err != nil {
 		if connect != 0 {
-			return connect
+			return connect, nil
 		}
-		t.Fatalf("fetch through %s:%d: %v", host, port, err)
+		return 0, fmt.Errorf("fetch through %s:%d: %w", host, port, err)
 	}
 	resp.Body.Close()
-	return resp.StatusCode
+	return resp.StatusCode, nil
 }
 
 // TestProxyCredentials: real squids on the local backend demand the
@@ -161,6 +171,12 @@ func TestProxyCredentials(t *testing.T) {
 	// the instance's htpasswd file is made to admit someone else, and squid
 	// (told to re-read its configuration) refuses health's probes.
 	refuseProxyCredentials(t, filepath.Join(s.stateDir, p.GetUid()))
+	// Squid reopens its port while it reconfigures, and may admit the
+	// credentials it had cached until their credentialsttl (1m) passes.
+	waittest.For(t, 90*time.Second, "squid refusing the proxy's credentials", func() bool {
+		code, err := s.tryProxyStatus(host, port, url.UserPassword(c2.GetUsername(), c2.GetPassword()))
+		return err == nil && code == http.StatusProxyAuthRequired
+	})
 	s.waitAll("cred", 1, "unhealthy once squid refuses the credentials", 60*time.Second, func(p *proxyv1.Proxy) bool {
 		return p.GetStatus().GetPhase() == proxyv1.ProxyPhase_PROXY_PHASE_RUNNING && p.GetStatus().GetReason() == "Unhealthy"
 	})
@@ -184,7 +200,8 @@ func startHealthWithCredentials(s *suite, replica string) (*proctest.Process, se
 
 // refuseProxyCredentials makes the local instance in dir admit only a
 // stranger: its htpasswd file is rewritten and its squid reconfigured
-// (SIGHUP), which drops the credentials it had admitted.
+// (SIGHUP). Credentials squid admitted shortly before may still pass
+// until its credentialsttl ends.
 func refuseProxyCredentials(t *testing.T, dir string) {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(dir, "instance.json"))
