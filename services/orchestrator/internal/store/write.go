@@ -119,12 +119,23 @@ func (t *Tx) LockByNames(ctx context.Context, names []string) (map[string]*lifec
 	return t.lockAll(ctx, "name = ANY($1::text[]) ORDER BY name", names, func(r *lifecycle.Proxy) string { return r.Name })
 }
 
+// plannedPerCall runs a statement as an unnamed prepared statement, so
+// PostgreSQL plans it for its arguments and the table as it is at the
+// call. A statement over an array of keys (= ANY($1)) prepared once per
+// connection gets, after five runs, a generic plan that never changes
+// until the table is analyzed; one made while the table was small (a new
+// installation, a test database, a table growing faster than autovacuum
+// analyzes it) scans the whole table for each batch: 43-95 ms a batch at
+// 40,000 proxies (EXPLAIN ANALYZE, docs/benchmarks/scale.md run 10),
+// against well under a millisecond through the index.
+const plannedPerCall = pgx.QueryExecModeCacheDescribe
+
 func (t *Tx) lockAll(ctx context.Context, where string, keys []string, key func(*lifecycle.Proxy) string) (map[string]*lifecycle.Proxy, error) {
 	out := make(map[string]*lifecycle.Proxy, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
-	rows, err := t.tx.Query(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE "+where+" FOR UPDATE", keys)
+	rows, err := t.tx.Query(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE "+where+" FOR UPDATE", plannedPerCall, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +171,7 @@ func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*lifecycle.Proxy, error
 
 // Known reports which of uids belong to a stored proxy.
 func (t *Tx) Known(ctx context.Context, uids []string) (map[string]bool, error) {
-	rows, err := t.tx.Query(ctx, "SELECT uid::text FROM orchestrator.proxies WHERE uid = ANY($1::uuid[])", uids)
+	rows, err := t.tx.Query(ctx, "SELECT uid::text FROM orchestrator.proxies WHERE uid = ANY($1::uuid[])", plannedPerCall, uids)
 	if err != nil {
 		return nil, err
 	}
