@@ -22,10 +22,12 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/auth"
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 	"github.com/egress-proxies/egress-proxies/pkg/telemetry"
+	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/dispatch"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/lifecycle"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/spec"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
@@ -49,6 +51,10 @@ type Server struct {
 	// Log takes the WARNINGs about proxies without credentials; slog's
 	// default when nil.
 	Log *slog.Logger
+	// FirstCommands, when set, decides each new proxy's first command in
+	// the transaction that creates it and publishes it after the commit,
+	// so a new proxy needs no claim; without it new proxies wait for one.
+	FirstCommands FirstCommands
 
 	initOnce sync.Once
 	createQ  chan *pendingCreate
@@ -103,6 +109,17 @@ func (s *Server) CreateProxy(ctx context.Context, req *proxyv1.CreateProxyReques
 	return &proxyv1.CreateProxyResponse{Proxy: c.out, Created: c.created}, nil
 }
 
+// FirstCommands decides and publishes new proxies' first commands
+// (dispatch.Dispatcher).
+type FirstCommands interface {
+	// DecideNew decides p, created by the calling transaction, and
+	// returns the command to publish after the commit (nil for none).
+	DecideNew(p *lifecycle.Proxy, now time.Time) *busv1.Command
+	// PublishNew publishes the commands of a committed transaction that
+	// started at start.
+	PublishNew(ctx context.Context, start time.Time, cmds []dispatch.NewCommand)
+}
+
 type pendingCreate struct {
 	req  *proxyv1.CreateProxyRequest
 	want *proxyv1.ProxySpec
@@ -124,9 +141,19 @@ func (s *Server) creates() chan *pendingCreate {
 
 // Run writes queued creates until ctx ends: it takes whatever queued up
 // while the previous batch committed (at most MaxCreateBatch) and writes it
-// in one transaction.
+// in one transaction. The batch's first commands are published while the
+// next batch is written.
 func (s *Server) Run(ctx context.Context) error {
 	q := s.creates()
+	published := make(chan firstCommands, 1)
+	var publishing sync.WaitGroup
+	publishing.Go(func() {
+		for f := range published {
+			s.FirstCommands.PublishNew(ctx, f.start, f.cmds)
+		}
+	})
+	defer publishing.Wait()
+	defer close(published)
 	for {
 		var batch []*pendingCreate
 		select {
@@ -144,16 +171,27 @@ func (s *Server) Run(ctx context.Context) error {
 				break drain
 			}
 		}
-		s.writeCreates(ctx, batch)
+		if f := s.writeCreates(ctx, batch); len(f.cmds) > 0 {
+			published <- f
+		}
 	}
 }
 
-func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
+// firstCommands are the first commands of a committed batch of creates.
+type firstCommands struct {
+	start time.Time
+	cmds  []dispatch.NewCommand
+}
+
+func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) firstCommands {
 	var rows []*lifecycle.Proxy
+	var first firstCommands
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		rows = make([]*lifecycle.Proxy, len(batch))
+		first = firstCommands{start: time.Now()}
 		err = s.Store.Write(ctx, func(tx *store.Tx) error {
+			first.cmds = first.cmds[:0]
 			names := make([]string, len(batch))
 			for i, c := range batch {
 				names[i] = c.req.GetName()
@@ -187,6 +225,17 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 				byName[name] = r
 				rows[i] = r
 				c.created = true
+				if s.FirstCommands != nil {
+					// The proxy as decided is the change after its
+					// creation: the caller and every watcher see it
+					// created (PENDING), then decided, as when a claim
+					// decided it.
+					decided := *r
+					if cmd := s.FirstCommands.DecideNew(&decided, tx.Now()); cmd != nil {
+						tx.Update(&decided)
+						first.cmds = append(first.cmds, dispatch.NewCommand{Command: cmd, TraceParent: decided.TraceParent})
+					}
+				}
 			}
 			return nil
 		})
@@ -203,6 +252,10 @@ func (s *Server) writeCreates(ctx context.Context, batch []*pendingCreate) {
 		}
 		close(c.done)
 	}
+	if err != nil {
+		return firstCommands{}
+	}
+	return first
 }
 
 // withoutEndpointCredentials is want as a proxy stores it: its endpoint

@@ -226,7 +226,7 @@ func (c *Config) Setup(ctx context.Context, s *service.Service) error {
 		Deadline: c.Timing.GetDeadline, Log: s.Log, Metrics: gc.NewMetrics(s.Metrics),
 	}
 	d.Handlers = map[busv1.CommandPurpose]dispatch.ResultHandler{busv1.CommandPurpose_COMMAND_PURPOSE_ORPHAN_GC: collector}
-	srv := &api.Server{Store: st, Providers: provs, Changes: changes, Log: s.Log.With("component", "api")}
+	srv := &api.Server{Store: st, Providers: provs, Changes: changes, Log: s.Log.With("component", "api"), FirstCommands: d}
 	proxyv1.RegisterProxyServiceServer(s.GRPC, srv)
 	s.Go(srv.Run)
 	s.MountREST(proxyv1.RegisterProxyServiceHandler)

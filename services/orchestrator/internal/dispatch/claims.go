@@ -12,23 +12,34 @@ import (
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/store"
 )
 
+// maxClaimGrowth bounds how far a claim grows while proxies are due
+// faster than claims of ClaimBatch take them: to this many times
+// ClaimBatch.
+const maxClaimGrowth = 8
+
 // RunClaims claims due proxies (FOR UPDATE SKIP LOCKED, so replicas never
 // take the same one), decides each, stores them and publishes the commands
-// after commit, until ctx ends.
+// after commit, until ctx ends. A claim that found as many due proxies as
+// it took is followed at once by one twice its size (up to
+// maxClaimGrowth×ClaimBatch), so a backlog takes fewer commits; a claim
+// that found fewer sets the size back to ClaimBatch.
 func (d *Dispatcher) RunClaims(ctx context.Context) error {
 	batch := d.ClaimBatch
 	if batch <= 0 {
 		batch = 64
 	}
+	size := batch
 	for ctx.Err() == nil {
 		wake := d.Work.Wait()
-		n, err := d.claimOnce(ctx, batch)
+		n, err := d.claimOnce(ctx, size)
 		if err != nil && ctx.Err() == nil {
 			d.Log.Warn("claiming work failed", "error", err)
 		}
-		if n == batch {
+		if n == size {
+			size = min(2*size, maxClaimGrowth*batch)
 			continue // more may be due
 		}
+		size = batch
 		select {
 		case <-ctx.Done():
 		case <-wake:

@@ -107,7 +107,8 @@ func New(t testing.TB) *Harness {
 	t.Cleanup(pg.Close)
 	h.Keys = Keyring(t)
 	h.Store = store.New(pg, store.WithKeyring(h.Keys))
-	h.API = &api.Server{Store: h.Store, Providers: providers.Static(provs), Changes: store.NewSignal(), WatchPoll: 50 * time.Millisecond}
+	h.API = &api.Server{Store: h.Store, Providers: providers.Static(provs), Changes: store.NewSignal(), WatchPoll: 50 * time.Millisecond,
+		FirstCommands: &firstCommands{h: h}}
 	gs := grpctest.NewServer(t)
 	proxyv1.RegisterProxyServiceServer(gs, h.API)
 	proxyv1.RegisterProxyPoolServiceServer(gs, &api.PoolServer{Server: h.API})
@@ -176,6 +177,34 @@ func (h *Harness) StartReplica() (stop func()) {
 	}
 	h.t.Cleanup(stop)
 	return stop
+}
+
+// firstCommands decides and publishes the harness API's first commands
+// with h's Timing as it is at the first create (tests change it after New).
+type firstCommands struct {
+	h    *Harness
+	once sync.Once
+	d    *dispatch.Dispatcher
+}
+
+func (f *firstCommands) dispatcher() *dispatch.Dispatcher {
+	f.once.Do(func() {
+		log := slog.New(slog.NewTextHandler(f.h.Logs, nil))
+		f.d = &dispatch.Dispatcher{
+			Store: f.h.Store, JS: f.h.JS, Names: f.h.Names, Log: log,
+			Machine: &lifecycle.Machine{Timing: f.h.Timing, Configured: f.h.configured, Log: log, Installation: Installation},
+			Metrics: dispatch.NewMetrics(prometheus.NewRegistry()),
+		}
+	})
+	return f.d
+}
+
+func (f *firstCommands) DecideNew(p *lifecycle.Proxy, now time.Time) *busv1.Command {
+	return f.dispatcher().DecideNew(p, now)
+}
+
+func (f *firstCommands) PublishNew(ctx context.Context, start time.Time, cmds []dispatch.NewCommand) {
+	f.dispatcher().PublishNew(ctx, start, cmds)
 }
 
 func (h *Harness) configured(name string) bool {

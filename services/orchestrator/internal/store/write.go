@@ -119,12 +119,23 @@ func (t *Tx) LockByNames(ctx context.Context, names []string) (map[string]*lifec
 	return t.lockAll(ctx, "name = ANY($1::text[]) ORDER BY name", names, func(r *lifecycle.Proxy) string { return r.Name })
 }
 
+// plannedPerCall runs a statement as an unnamed prepared statement, so
+// PostgreSQL plans it for its arguments and the table as it is at the
+// call. A statement over an array of keys (= ANY($1)) prepared once per
+// connection gets, after five runs, a generic plan that never changes
+// until the table is analyzed; one made while the table was small (a new
+// installation, a test database, a table growing faster than autovacuum
+// analyzes it) scans the whole table for each batch: 43-95 ms a batch at
+// 40,000 proxies (EXPLAIN ANALYZE, docs/benchmarks/scale.md run 10),
+// against well under a millisecond through the index.
+const plannedPerCall = pgx.QueryExecModeCacheDescribe
+
 func (t *Tx) lockAll(ctx context.Context, where string, keys []string, key func(*lifecycle.Proxy) string) (map[string]*lifecycle.Proxy, error) {
 	out := make(map[string]*lifecycle.Proxy, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
-	rows, err := t.tx.Query(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE "+where+" FOR UPDATE", keys)
+	rows, err := t.tx.Query(ctx, "SELECT "+columns+" FROM orchestrator.proxies WHERE "+where+" FOR UPDATE", plannedPerCall, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +171,7 @@ func (t *Tx) ClaimDue(ctx context.Context, limit int) ([]*lifecycle.Proxy, error
 
 // Known reports which of uids belong to a stored proxy.
 func (t *Tx) Known(ctx context.Context, uids []string) (map[string]bool, error) {
-	rows, err := t.tx.Query(ctx, "SELECT uid::text FROM orchestrator.proxies WHERE uid = ANY($1::uuid[])", uids)
+	rows, err := t.tx.Query(ctx, "SELECT uid::text FROM orchestrator.proxies WHERE uid = ANY($1::uuid[])", plannedPerCall, uids)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +187,9 @@ func (t *Tx) Known(ctx context.Context, uids []string) (map[string]bool, error) 
 }
 
 // Insert stores a new proxy. A name that exists fails with ErrExists when
-// the transaction commits.
+// the transaction commits. An Update of the same proxy (another
+// *lifecycle.Proxy of its UID) later in the transaction is logged as the
+// next change, and the row is written once, as updated.
 func (t *Tx) Insert(r *lifecycle.Proxy) {
 	t.pending = append(t.pending, pendingChange{row: r, typ: proxyv1.ChangeType_CHANGE_TYPE_CREATED})
 }
@@ -206,9 +219,15 @@ func (t *Tx) flush(ctx context.Context) error {
 	batch := &pgx.Batch{}
 	due := false
 	var changed []pendingChange
-	for _, p := range t.pending {
+	lastOf := make(map[string]int, len(t.pending))
+	for i, p := range t.pending {
+		lastOf[p.row.UID] = i
+	}
+	for i, p := range t.pending {
 		r := p.row
-		if r.NextAttemptTime != nil && !r.NextAttemptTime.After(t.now.Add(time.Second)) {
+		// Only a row's last state is stored: a new proxy decided in its
+		// create transaction is not due.
+		if lastOf[r.UID] == i && r.NextAttemptTime != nil && !r.NextAttemptTime.After(t.now.Add(time.Second)) {
 			due = true
 		}
 		if p.typ == proxyv1.ChangeType_CHANGE_TYPE_UPDATED {
@@ -229,13 +248,27 @@ func (t *Tx) flush(ctx context.Context) error {
 			return err
 		}
 		first := last - int64(len(changed)) + 1
+		// A row created and changed again in this transaction (a new
+		// proxy and its first decision) is inserted once, as it is last;
+		// each of its changes is logged.
+		lastChanged := make(map[string]int, len(changed))
+		for i, p := range changed {
+			lastChanged[p.row.UID] = i
+		}
+		unwritten := map[string]bool{}
 		for i, p := range changed {
 			r := p.row
 			r.Revision = first + int64(i)
 			r.UpdateTime = t.now
 			switch p.typ {
 			case proxyv1.ChangeType_CHANGE_TYPE_CREATED, proxyv1.ChangeType_CHANGE_TYPE_UPDATED:
-				if err := queueUpsert(batch, t.keys, r, p.typ == proxyv1.ChangeType_CHANGE_TYPE_CREATED); err != nil {
+				insert := p.typ == proxyv1.ChangeType_CHANGE_TYPE_CREATED || unwritten[r.UID]
+				if lastChanged[r.UID] != i && insert {
+					unwritten[r.UID] = true
+					break
+				}
+				delete(unwritten, r.UID)
+				if err := queueUpsert(batch, t.keys, r, insert); err != nil {
 					return err
 				}
 			case proxyv1.ChangeType_CHANGE_TYPE_DELETED:
