@@ -20,6 +20,7 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/pkg/proxysync"
+	"github.com/egress-proxies/egress-proxies/pkg/proxysync/proxysynctest"
 	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
@@ -38,7 +39,9 @@ import (
 // and API, with the in-process NATS server and the answering provisioner,
 // which are idle then). Last it lists every proxy through the API as a
 // resync does (pkg/proxysync, pages of 1,000) and reports how long that
-// took (s-to-list-all).
+// took (s-to-list-all). heap-B/proxy is the growth of the process's live
+// Go heap over the converge, per proxy: an upper bound on the
+// orchestrator's share.
 func BenchmarkConverge(b *testing.B) {
 	sizes := []int{1000, 10000}
 	if env := os.Getenv("BENCH_CONVERGE_SIZES"); env != "" {
@@ -82,6 +85,7 @@ func converge(b *testing.B, n int) {
 	client := proxyv1.NewProxyServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
 	ctx := context.Background()
 
+	heapBefore := proxysynctest.HeapInUse()
 	b.ResetTimer()
 	start := time.Now()
 	names := make(chan string)
@@ -126,6 +130,10 @@ func converge(b *testing.B, n int) {
 	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")
 	b.ReportMetric(float64(n)/created.Seconds(), "creates/s")
 	b.ReportMetric(total.Seconds(), "s-to-converge")
+	// An upper bound on what the orchestrator holds per proxy: the whole
+	// process's live heap, the NATS server and the answering backend in
+	// it too.
+	b.ReportMetric(float64(proxysynctest.HeapInUse()-heapBefore)/float64(n), "heap-B/proxy")
 	if secs, _ := strconv.Atoi(os.Getenv("BENCH_STEADY_SECONDS")); secs > 0 {
 		c0, w0 := cpuTime(), time.Now()
 		t := time.NewTimer(time.Duration(secs) * time.Second)
