@@ -23,8 +23,11 @@ var binary = provisionertest.Binary{Package: ".", Service: "provisioner-kvm"}
 // endpoint is at address (env's sshd, or an address standing for a broken
 // one).
 func kvmBlock(env *libvirttest.Env, address string) string {
+	// A short step timeout: a host connection that stops answering is
+	// dropped and the call retried well within the suite's deadlines.
 	return fmt.Sprintf(`kvm:
   domainType: qemu
+  stepTimeout: 20s
   images: {tiny: {url: %q, sha256: %s, firmware: bios}}
   machineTypes: {small: {vcpus: 1, memoryMiB: 128, diskSizeGb: 1}}
   hosts:

@@ -195,7 +195,7 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	var out *provisionerv1.Instance
 	var basePath string
 	// Looking up and building move kilobytes and start a process: a
-	// libvirt call that has not answered within stepTimeout never will,
+	// libvirt call that has not answered within the step timeout never will,
 	// and the dropped connection lets the next attempt resume. Only a
 	// base image's download may take longer.
 	err = be.step(ctx, p.host, name, "looking up", func(ctx context.Context, api libvirtAPI) error {
@@ -231,17 +231,15 @@ func (be *Backend) Create(ctx context.Context, req *provisionerv1.CreateInstance
 	return out, nil
 }
 
-// stepTimeout bounds each step of a Create but a base image's download.
-const stepTimeout = 90 * time.Second
-
-// step runs fn on host's connection within stepTimeout; running out of it
-// is Transient, saying what was being done to which domain.
+// step runs fn on host's connection within the configured stepTimeout;
+// running out of it is Transient, saying what was being done to which
+// domain.
 func (be *Backend) step(ctx context.Context, h Host, name, doing string, fn func(ctx context.Context, api libvirtAPI) error) error {
-	sctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	sctx, cancel := context.WithTimeout(ctx, be.cfg.StepTimeout)
 	defer cancel()
 	err := be.hosts.call(sctx, h, func(api libvirtAPI) error { return fn(sctx, api) })
 	if err != nil && errors.Is(sctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-		return errclass.New(errclass.Transient, "%s domain %s on host %s took over %s; the connection was dropped and the next attempt resumes", doing, name, h.Name, stepTimeout).
+		return errclass.New(errclass.Transient, "%s domain %s on host %s took over %s; the connection was dropped and the next attempt resumes", doing, name, h.Name, be.cfg.StepTimeout).
 			WithMetadata("host", h.Name, "domain", name)
 	}
 	return err

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Config is the kvm block of a provider in the providers YAML.
@@ -36,6 +37,10 @@ type Config struct {
 	// MaxConcurrentPerHost bounds the operations that run at once against
 	// one host, so a burst of creates cannot flood one hypervisor.
 	MaxConcurrentPerHost int `yaml:"maxConcurrentPerHost"`
+	// StepTimeout bounds each step of a Create but a base image's
+	// download; a host connection whose call has not answered by then is
+	// dropped and the step is Transient.
+	StepTimeout time.Duration `yaml:"stepTimeout"`
 }
 
 // Host is one libvirt host.
@@ -90,6 +95,7 @@ const (
 	DefaultPool                 = "default"
 	DefaultConsoleLogDir        = "/var/log/libvirt/qemu"
 	DefaultMaxConcurrentPerHost = 4
+	DefaultStepTimeout          = 90 * time.Second
 )
 
 // identifier is the rule for names pasted into identifiers: a host name
@@ -114,6 +120,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxConcurrentPerHost == 0 {
 		c.MaxConcurrentPerHost = DefaultMaxConcurrentPerHost
+	}
+	if c.StepTimeout == 0 {
+		c.StepTimeout = DefaultStepTimeout
 	}
 	hosts := make([]Host, len(c.Hosts))
 	for i, h := range c.Hosts {
@@ -245,6 +254,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConcurrentPerHost <= 0 {
 		add("maxConcurrentPerHost: want above zero")
+	}
+	if c.StepTimeout < time.Second || c.StepTimeout > 30*time.Minute {
+		add("stepTimeout %s: want between 1s and 30m", c.StepTimeout)
 	}
 	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package kvm
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/egress-proxies/egress-proxies/pkg/providers"
 )
@@ -37,7 +38,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	h := cfg.Hosts[0]
 	img := cfg.Images["debian-13"]
-	if cfg.DiskSizeGB != 10 || cfg.DomainType != "kvm" || !*cfg.InstallGuestAgent || cfg.MaxConcurrentPerHost != 4 ||
+	if cfg.DiskSizeGB != 10 || cfg.DomainType != "kvm" || !*cfg.InstallGuestAgent || cfg.MaxConcurrentPerHost != 4 || cfg.StepTimeout != 90*time.Second ||
 		h.Socket != "/var/run/libvirt/libvirt-sock" || h.Pool != "default" || h.ConsoleLogDir != "/var/log/libvirt/qemu" ||
 		img.Format != "qcow2" || img.Firmware != "uefi" || cfg.InsecureIgnoreHostKey {
 		t.Errorf("defaults = %+v", cfg)
@@ -69,6 +70,7 @@ func TestConfigRejects(t *testing.T) {
 		{"zero vcpus", strings.Replace(minimalBlock, "vcpus: 1", "vcpus: 0", 1), "machineTypes.small.vcpus"},
 		{"bad domain type", minimalBlock + "      domainType: xen\n", `domainType "xen"`},
 		{"negative per-host bound", minimalBlock + "      maxConcurrentPerHost: -1\n", "maxConcurrentPerHost"},
+		{"step timeout too short", minimalBlock + "      stepTimeout: 10ms\n", "stepTimeout"},
 		{"no hosts", strings.Split(minimalBlock, "      hosts:")[0], "hosts: at least one host"},
 	}
 	for _, tc := range tests {
