@@ -600,3 +600,31 @@ func TestProviderMarkOverTheFake(t *testing.T) {
 		t.Error("the adopted legacy domain was not started")
 	}
 }
+
+// A lookup of the cached base that never returns (its libvirt connection
+// stopped answering) costs the Create that made it one step timeout; the
+// next Create looks up afresh instead of joining the call still stuck.
+func TestStuckCacheLookupIsNotJoined(t *testing.T) {
+	t.Parallel()
+	api := newFakeAPI("default")
+	be, _ := fakeBackend(t, api, newImageServer(t), func(c *Config) { c.StepTimeout = time.Second })
+	if _, err := be.Create(context.Background(), req("first")); err != nil {
+		t.Fatal(err)
+	}
+	stuck := make(chan struct{})
+	t.Cleanup(func() { close(stuck) })
+	api.mu.Lock()
+	api.block["StorageVolDownload"] = stuck
+	api.mu.Unlock()
+	_, err := be.Create(context.Background(), req("second"))
+	if !errclass.Is(err, errclass.Transient) {
+		t.Fatalf("Create while the cache lookup is stuck: %v, want Transient", err)
+	}
+	// The stuck download stays stuck; new ones answer.
+	api.mu.Lock()
+	delete(api.block, "StorageVolDownload")
+	api.mu.Unlock()
+	if _, err := be.Create(context.Background(), req("second")); err != nil {
+		t.Fatalf("Create after the stuck lookup: %v, want it to look up afresh", err)
+	}
+}

@@ -145,7 +145,7 @@ func (ic *imageCache) ensure(ctx context.Context, api libvirtAPI, host string, p
 // "" otherwise. It changes nothing else: it is the part of a Create that
 // is bounded, the download being the part that is not.
 func (ic *imageCache) cached(ctx context.Context, api libvirtAPI, host string, pool libvirt.StoragePool, src imageSource) (string, error) {
-	return ic.once(host+"/"+pool.Name+"/"+src.volumeName()+"#cached", func() (string, error) {
+	return ic.onceWithin(ctx, host+"/"+pool.Name+"/"+src.volumeName()+"#cached", func() (string, error) {
 		_, p, err := complete(api, pool, src)
 		if err != nil || p == "" {
 			return "", err
@@ -153,6 +153,24 @@ func (ic *imageCache) cached(ctx context.Context, api libvirtAPI, host string, p
 		ic.sweep(ctx, api, host, pool, src, p)
 		return p, nil
 	})
+}
+
+// onceWithin is once for a bounded lookup: a caller whose ctx ends stops
+// waiting, and the key is forgotten, so that the next caller runs fn
+// afresh instead of joining a call that may never return (a libvirt
+// connection that stopped answering: docs/provisioner-kvm.md).
+func (ic *imageCache) onceWithin(ctx context.Context, key string, fn func() (string, error)) (string, error) {
+	ch := ic.flight.DoChan(key, func() (any, error) { return fn() })
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return "", r.Err
+		}
+		return r.Val.(string), nil
+	case <-ctx.Done():
+		ic.flight.Forget(key)
+		return "", ctx.Err()
+	}
 }
 
 // once runs fn for key, shared by concurrent callers.
