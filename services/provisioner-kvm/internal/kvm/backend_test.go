@@ -607,7 +607,9 @@ func TestProviderMarkOverTheFake(t *testing.T) {
 func TestStuckCacheLookupIsNotJoined(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI("default")
-	be, _ := fakeBackend(t, api, newImageServer(t), func(c *Config) { c.StepTimeout = time.Second })
+	// The step timeout leaves room for a loaded machine: the second Create
+	// must finish within it.
+	be, _ := fakeBackend(t, api, newImageServer(t), func(c *Config) { c.StepTimeout = 5 * time.Second })
 	if _, err := be.Create(context.Background(), req("first")); err != nil {
 		t.Fatal(err)
 	}
