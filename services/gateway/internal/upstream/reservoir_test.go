@@ -142,10 +142,7 @@ func TestReservoirExclusiveRotationAndCooldowns(t *testing.T) {
 	t.Parallel()
 	calls := newLeaseCalls("p1", "p2", "p3")
 	r := testReservoir(calls)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := running(t, r)
 
 	// Two at once: both miss, and the reservoir grows to the peak (2) and
 	// the headroom (1).
@@ -233,10 +230,7 @@ func TestReservoirDropsUnconfirmedAndEndedLeases(t *testing.T) {
 	t.Parallel()
 	calls := newLeaseCalls("p1", "p2", "p3")
 	r := testReservoir(calls)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := running(t, r)
 
 	l, _ := r.Leaser.Acquire(ctx, want("shop.example"))
 	r.Leaser.Release(l)
@@ -281,10 +275,7 @@ func TestReservoirShrinksWhenIdle(t *testing.T) {
 	t.Parallel()
 	calls := newLeaseCalls("p1", "p2")
 	r := testReservoir(calls)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := running(t, r)
 
 	l, _ := r.Leaser.Acquire(ctx, want("shop.example"))
 	r.Leaser.Release(l)
@@ -334,10 +325,7 @@ func TestSessionCache(t *testing.T) {
 	t.Parallel()
 	calls := newLeaseCalls("p1", "p2")
 	r := testReservoir(calls)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := running(t, r)
 	sess := func(target string) *Lease {
 		t.Helper()
 		w := want(target)
@@ -418,4 +406,14 @@ func TestReservoirReleasesEverythingAtShutdown(t *testing.T) {
 	if r.heldCount() != 0 || !calls.wasReleased(inUse.ID) {
 		t.Fatalf("the lease given back after shutdown: %d held, released %v", r.heldCount(), calls.wasReleased(inUse.ID))
 	}
+}
+
+// running runs r until the test ends and returns the context it runs with.
+func running(t *testing.T, r *Reservoir) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ctx
 }

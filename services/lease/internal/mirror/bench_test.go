@@ -35,11 +35,7 @@ func BenchmarkResync(b *testing.B) {
 	for _, n := range proxysynctest.BenchSizes(b) {
 		b.Run(fmt.Sprintf("proxies=%d", n), func(b *testing.B) {
 			ctx := context.Background()
-			db, err := pgxpool.New(ctx, lt.Database(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
+			db := benchDB(b)
 			proxies := make([]*proxyv1.Proxy, n)
 			for i := range proxies {
 				proxies[i] = lt.Proxy(fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i), fmt.Sprintf("proxy-%06d", i))
@@ -100,11 +96,7 @@ func BenchmarkFollow(b *testing.B) {
 	for _, n := range proxysynctest.BenchSizes(b) {
 		b.Run(fmt.Sprintf("proxies=%d", n), func(b *testing.B) {
 			ctx := context.Background()
-			db, err := pgxpool.New(ctx, lt.Database(b))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
+			db := benchDB(b)
 			for i := 0; i < b.N; i++ {
 				nsrv := natstest.New(b)
 				names := bus.Names{Prefix: "follow"}
@@ -165,4 +157,14 @@ func BenchmarkFollow(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchDB is a database of the benchmark's own, closed when it ends.
+func benchDB(b *testing.B) *pgxpool.Pool {
+	db, err := pgxpool.New(context.Background(), lt.Database(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(db.Close)
+	return db
 }
