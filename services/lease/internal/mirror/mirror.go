@@ -133,10 +133,12 @@ func (s *Syncer) consume(ctx context.Context) error {
 		}
 	}
 	// Decoded events queue for appliers that take what has queued up as
-	// one batch; they end with ctx, after the consumers stopped.
+	// one batch. They end with ctx, which is ended here on every return,
+	// after the consumers stopped: an error return must not wait for a
+	// reconnect that may never come.
 	proxyEvents, healthEvents := make(chan proxyEvent, eventBatch), make(chan healthEvent, eventBatch)
 	var appliers sync.WaitGroup
-	defer appliers.Wait()
+	defer func() { cancel(); appliers.Wait() }()
 	appliers.Go(func() { applyInBatches(ctx, proxyEvents, s.applyProxies) })
 	appliers.Go(func() { applyInBatches(ctx, healthEvents, s.applyHealths) })
 	pc, err := proxies.Consume(func(m jetstream.Msg) { s.handleProxy(ctx, m, proxyEvents) }, bus.ConsumeOpts(jetstream.ConsumeErrHandler(errHandler("proxy events")))...)
@@ -384,7 +386,7 @@ func (s *Syncer) resync(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ResyncTimeout)
 	defer cancel()
 	start := time.Now()
-	mark, err := s.st.ResyncMark(ctx)
+	mark, err := s.st.TakeResyncMark(ctx)
 	if err != nil {
 		s.met.Resyncs.WithLabelValues("error").Inc()
 		return err

@@ -55,6 +55,11 @@ func TestRunWaitsOutNATS(t *testing.T) {
 	defer db.Close()
 	st := store.New(db, store.Config{DefaultMaxLeases: 1})
 	var logs logtest.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the syncer's log:\n%s", logs.String())
+		}
+	})
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	syncer := mirror.New(st, js, mirror.Config{Names: names, Lister: listing{lt.Proxy(uidA, "proxy-a")}},
 		metrics.New(prometheus.NewRegistry(), st, log), log)

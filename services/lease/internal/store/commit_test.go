@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/egress-proxies/egress-proxies/pkg/pgtest"
+	"github.com/egress-proxies/egress-proxies/pkg/waittest"
 )
 
 // These tests run the committer against a real PostgreSQL: rounds, the
@@ -450,7 +451,7 @@ func TestSweepRemovesOldTombstones(t *testing.T) {
 	st, _ := startStore(t, testDatabase(t), Config{Now: clock})
 	uids := seedPool(t, st, 2)
 	ctx := context.Background()
-	mark, err := st.ResyncMark(ctx)
+	mark, err := st.TakeResyncMark(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,7 +496,7 @@ func TestDeleteMissingKeepsWhatWasAppliedDuringTheListing(t *testing.T) {
 	if _, err := st.ApplyProxy(ctx, old, 900); err != nil {
 		t.Fatal(err)
 	}
-	mark, err := st.ResyncMark(ctx)
+	mark, err := st.TakeResyncMark(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -534,6 +535,60 @@ func TestDeleteMissingKeepsWhatWasAppliedDuringTheListing(t *testing.T) {
 		if got[name] != w {
 			t.Errorf("%s: %+v, want %+v", name, got[name], w)
 		}
+	}
+}
+
+// An event applied by a transaction that was still running when the
+// resync took its mark (it began before the mark and committed before the
+// listing's deletes) is not older than the listing: the proxy it created
+// stays. Here the apply waits on an uncommitted row of the same uid while
+// the mark is taken.
+func TestDeleteMissingKeepsAnApplyInFlightAtTheMark(t *testing.T) {
+	t.Parallel()
+	st, _ := startStore(t, testDatabase(t), Config{})
+	ctx := context.Background()
+	uids := seedPool(t, st, 1)
+	const uid = "0c0c0000-0000-4000-8000-300000000000"
+	blocker, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(ctx) }()
+	if _, err := blocker.Exec(ctx, `INSERT INTO lease.proxies (uid, name, revision, tiebreak, update_time) VALUES ($1, 'blocker', 1, 0, now())`, uid); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		applied []bool
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		p := ProxyState{UID: uid, Name: "created", Host: "10.9.3.3", Port: 3128, ProviderID: "test/created", Ready: true, Healthy: true}
+		applied, err := st.ApplyProxies(ctx, []ProxyState{p}, []int64{11})
+		done <- result{applied, err}
+	}()
+	waittest.For(t, 30*time.Second, "the apply to wait on the uncommitted row", func() bool {
+		var waiting bool
+		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO lease.proxies%')`).Scan(&waiting)
+		return waiting
+	})
+	mark, err := st.TakeResyncMark(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.err != nil || len(r.applied) != 1 || !r.applied[0] {
+		t.Fatalf("ApplyProxies: %v, %v; want the event applied", r.applied, r.err)
+	}
+	if n, err := st.DeleteMissing(ctx, uids, mark, 10); err != nil || n != 0 {
+		t.Fatalf("DeleteMissing: %d, %v; want nothing deleted", n, err)
+	}
+	var deleted bool
+	if err := st.Pool().QueryRow(ctx, `SELECT deleted FROM lease.proxies WHERE uid = $1`, uid).Scan(&deleted); err != nil || deleted {
+		t.Fatalf("the proxy created during the listing: deleted %v, %v; want it kept", deleted, err)
 	}
 }
 

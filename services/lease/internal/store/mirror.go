@@ -69,7 +69,7 @@ const applyConflictSQL = `ON CONFLICT (uid) DO UPDATE SET
 	labels = EXCLUDED.labels, host = EXCLUDED.host, port = EXCLUDED.port, provider_id = EXCLUDED.provider_id,
 	ready = EXCLUDED.ready, deleted = EXCLUDED.deleted, max_leases = EXCLUDED.max_leases,
 	revision = EXCLUDED.revision, update_time = EXCLUDED.update_time,
-	applied = nextval('lease.proxy_applied'),
+	applied_xact = pg_current_xact_id(),
 	pool = EXCLUDED.pool, draining = EXCLUDED.draining,
 	healthy = CASE WHEN o.provider_id <> EXCLUDED.provider_id OR o.health_time IS NULL
 	                    OR EXCLUDED.health_time >= o.health_time
@@ -206,7 +206,7 @@ func (s *Store) Withdraw(ctx context.Context, uid string, revision int64, delete
 	err := retry(ctx, func() error {
 		_, err := s.pool.Exec(ctx, `
 			UPDATE lease.proxies SET ready = false, deleted = deleted OR $3, revision = $2, update_time = $4,
-				applied = nextval('lease.proxy_applied')
+				applied_xact = pg_current_xact_id()
 			WHERE uid = $1 AND revision < $2`,
 			uid, revision, deleted, s.cfg.Now().UTC())
 		return err
@@ -373,33 +373,39 @@ func (s *Store) ApplyProxies(ctx context.Context, proxies []ProxyState, revision
 	return applied, nil
 }
 
-// ResyncMark is taken before a resync lists the orchestrator's proxies:
-// every snapshot applied after it (by this replica or another) is newer
-// than the listing's start. See DeleteMissing.
-func (s *Store) ResyncMark(ctx context.Context) (mark int64, err error) {
+// ResyncMark is what a resync takes before it lists the orchestrator's
+// proxies: a snapshot of the database, in which every proxy stored by a
+// transaction (of this replica or another) committed before it is
+// visible. See DeleteMissing.
+type ResyncMark string
+
+// TakeResyncMark takes the mark of a resync about to list.
+func (s *Store) TakeResyncMark(ctx context.Context) (mark ResyncMark, err error) {
 	err = retry(ctx, func() error {
-		return s.pool.QueryRow(ctx, `SELECT nextval('lease.proxy_applied')`).Scan(&mark)
+		return s.pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&mark)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("taking a resync mark: %w", err)
+		return "", fmt.Errorf("taking a resync mark: %w", err)
 	}
 	return mark, nil
 }
 
 // DeleteMissing marks deleted every live proxy not in seen (the complete
-// listing) whose snapshot was applied before mark (ResyncMark, taken
-// before the listing began): it was deleted while its events were missed.
-// Which proxies are gone is decided by the listing, not by revisions, so
-// after a reset of the orchestrator's database (revisions start again
-// from one) the proxies it no longer holds go too. A tombstone keeps the
-// higher of its revision and the listing's (revision), so that a replayed
-// older event cannot bring it back.
-func (s *Store) DeleteMissing(ctx context.Context, seen []string, mark, revision int64) (deleted int, err error) {
+// listing) whose snapshot was stored by a transaction visible in mark
+// (taken before the listing began): it was deleted while its events were
+// missed. A snapshot stored by a transaction still running when the mark
+// was taken is kept, whatever the order of their statements. Which
+// proxies are gone is decided by the listing, not by revisions, so after
+// a reset of the orchestrator's database (revisions start again from one)
+// the proxies it no longer holds go too. A tombstone keeps the higher of
+// its revision and the listing's (revision), so that a replayed older
+// event cannot bring it back.
+func (s *Store) DeleteMissing(ctx context.Context, seen []string, mark ResyncMark, revision int64) (deleted int, err error) {
 	err = retry(ctx, func() error {
 		tag, err := s.pool.Exec(ctx, `
 			UPDATE lease.proxies SET deleted = true, revision = GREATEST(revision, $2), update_time = $3
-			WHERE NOT deleted AND applied < $4 AND NOT (uid = ANY($1))`,
-			seen, revision, s.cfg.Now().UTC(), mark)
+			WHERE NOT deleted AND pg_visible_in_snapshot(applied_xact, $4::pg_snapshot) AND NOT (uid = ANY($1))`,
+			seen, revision, s.cfg.Now().UTC(), string(mark))
 		deleted = int(tag.RowsAffected())
 		return err
 	})
