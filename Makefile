@@ -101,7 +101,7 @@ test:
 	@[ -n "$$EGRESS_TEST_DATABASE_URL" ] || scripts/ensure-deps.sh
 	go test $(GO_TEST_FLAGS) $(MODULE)/...
 
-## bench-scale: the scale figures (orchestrator converge and steady CPU, lease selection and closed loop against pgbench, health CPU per probe), printed; see docs/benchmarks/scale.md. Never part of `make test`
+## bench-scale: the scale figures (orchestrator converge, steady CPU and Ready on health verdicts, lease selection and closed loop against pgbench, health CPU per probe), printed; see docs/benchmarks/scale.md. Never part of `make test`
 bench-scale:
 	scripts/bench-scale.sh
 

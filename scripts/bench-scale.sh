@@ -28,7 +28,7 @@ echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d
 for part in $PARTS; do
 	case $part in
 	orchestrator)
-		echo "== orchestrator: converge 0 -> N Running (BenchmarkConverge, N = $CONVERGE_SIZES), then ${STEADY_SECONDS}s steady; load average $(load)"
+		echo "== orchestrator: converge 0 -> N Running (BenchmarkConverge, N = $CONVERGE_SIZES), then ${STEADY_SECONDS}s steady, the listing, and N Running -> Ready on published health verdicts; load average $(load)"
 		(cd services/orchestrator && BENCH_CONVERGE_SIZES="$CONVERGE_SIZES" BENCH_STEADY_SECONDS="$STEADY_SECONDS" \
 			go test -run '^$' -bench BenchmarkConverge -benchtime 1x -timeout 60m ./internal/dispatch/ | grep -E '^Benchmark|^ok|FAIL')
 		if [ -n "${SIM_CONVERGE_SIZES// /}" ]; then

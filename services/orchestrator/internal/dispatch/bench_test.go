@@ -37,11 +37,16 @@ import (
 // runs, S seconds with nothing changing and reports the process's CPU in
 // them as a share of one core (steady-cpu-%: the orchestrator's replica
 // and API, with the in-process NATS server and the answering provisioner,
-// which are idle then). Last it lists every proxy through the API as a
+// which are idle then). Then it lists every proxy through the API as a
 // resync does (pkg/proxysync, pages of 1,000) and reports how long that
-// took (s-to-list-all). heap-B/proxy is the growth of the process's live
-// Go heap over the converge, per proxy: an upper bound on the
-// orchestrator's share.
+// took (s-to-list-all). Last a simulated health publisher sends one
+// healthy verdict per listed proxy's instance, as the health service
+// publishes them (orchtest.PublishVerdicts) but without waiting on each,
+// and it reports the time until the store has every proxy Ready
+// (s-to-ready, ready/s; verdicts/s is the publisher's own rate).
+// heap-B/proxy is the growth of the process's live Go heap over the
+// converge, per proxy, and rss-B/proxy the process's resident set at the
+// end (VmRSS) per proxy: upper bounds on the orchestrator's share.
 func BenchmarkConverge(b *testing.B) {
 	sizes := []int{1000, 10000}
 	if env := os.Getenv("BENCH_CONVERGE_SIZES"); env != "" {
@@ -112,19 +117,7 @@ func converge(b *testing.B, n int) {
 	wg.Wait()
 	created := time.Since(start)
 
-	// Counting scans every proxy: the wait's poll backs off to 100ms so
-	// the measurement does not load what it measures.
-	waittest.ForErr(b, 10*time.Minute-time.Since(start), fmt.Sprintf("%d proxies Running", n), func() error {
-		var running int
-		if err := h.Store.Pool().QueryRow(ctx, "SELECT count(*) FROM orchestrator.proxies WHERE phase = $1",
-			int16(proxyv1.ProxyPhase_PROXY_PHASE_RUNNING)).Scan(&running); err != nil {
-			return err
-		}
-		if running != n {
-			return fmt.Errorf("%d Running", running)
-		}
-		return nil
-	})
+	waitPhase(b, h, n, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, 10*time.Minute-time.Since(start))
 	total := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")
@@ -141,16 +134,79 @@ func converge(b *testing.B, n int) {
 		b.ReportMetric(100*float64(cpuTime()-c0)/float64(time.Since(w0)), "steady-cpu-%")
 	}
 	// The orchestrator's side of a resync: the whole listing, paged as
-	// lease and health page through it.
+	// lease and health page through it. What the health service keeps of
+	// it for its verdicts is kept for the publisher below.
 	listStart := time.Now()
-	listed := 0
+	probed := make([]*proxyv1.Proxy, 0, n)
 	if _, err := proxysync.List(ctx, client, func(page []*proxyv1.Proxy, _ int64) error {
-		listed += len(page)
+		for _, p := range page {
+			probed = append(probed, &proxyv1.Proxy{Uid: p.GetUid(), Name: p.GetName(),
+				Status: &proxyv1.ProxyStatus{ProviderId: p.GetStatus().GetProviderId()}})
+		}
 		return nil
-	}); err != nil || listed != n {
-		b.Fatalf("listing: %d proxies, %v; want %d", listed, err, n)
+	}); err != nil || len(probed) != n {
+		b.Fatalf("listing: %d proxies, %v; want %d", len(probed), err, n)
 	}
 	b.ReportMetric(time.Since(listStart).Seconds(), "s-to-list-all")
+
+	// To Ready: a healthy verdict for every proxy's instance, published as
+	// the health service publishes them but as fast as JetStream takes
+	// them, until the orchestrator's store has every proxy Ready.
+	readyStart := time.Now()
+	if err := h.PublishVerdicts(ctx, probed, 1); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(n)/time.Since(readyStart).Seconds(), "verdicts/s")
+	probed = nil
+	waitPhase(b, h, n, proxyv1.ProxyPhase_PROXY_PHASE_READY, 10*time.Minute)
+	toReady := time.Since(readyStart)
+	b.ReportMetric(float64(n)/toReady.Seconds(), "ready/s")
+	b.ReportMetric(toReady.Seconds(), "s-to-ready")
+	// An upper bound on the orchestrator's memory as a process: the whole
+	// test process's resident set, the NATS server, the backend, the
+	// listing's leftovers and the earlier sizes' unreturned pages in it.
+	rss := residentBytes(b)
+	b.ReportMetric(float64(rss)/(1<<20), "rss-MiB")
+	b.ReportMetric(float64(rss)/float64(n), "rss-B/proxy")
+}
+
+// waitPhase waits until all n proxies are in phase. Counting scans every
+// proxy: the wait's poll backs off to 100ms so the measurement does not
+// load what it measures.
+func waitPhase(b *testing.B, h *orchtest.Harness, n int, phase proxyv1.ProxyPhase, timeout time.Duration) {
+	b.Helper()
+	name := strings.TrimPrefix(phase.String(), "PROXY_PHASE_")
+	waittest.ForErr(b, timeout, fmt.Sprintf("%d proxies %s", n, name), func() error {
+		var in int
+		if err := h.Store.Pool().QueryRow(context.Background(), "SELECT count(*) FROM orchestrator.proxies WHERE phase = $1",
+			int16(phase)).Scan(&in); err != nil {
+			return err
+		}
+		if in != n {
+			return fmt.Errorf("%d %s", in, name)
+		}
+		return nil
+	})
+}
+
+// residentBytes is the process's resident set now (VmRSS).
+func residentBytes(b *testing.B) int64 {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	b.Fatal("no VmRSS in /proc/self/status")
+	return 0
 }
 
 // startSim runs a farm and one provisioner-sim replica (64 commands at

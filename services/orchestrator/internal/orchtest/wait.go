@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -102,6 +104,47 @@ func (h *Harness) publishHealth(ctx context.Context, uid, providerID string, seq
 	}}
 	_, err := bus.Publish(ctx, h.JS, h.Names.HealthEventSubject(uid), ev)
 	return err
+}
+
+// PublishVerdicts publishes a healthy verdict for each of proxies as the
+// health service's publisher does: the whole transition (sequences from
+// first on, in the order given), on the proxy's subject, with the message id
+// health-transition-<sequence>. It does not wait for one acknowledgement
+// before sending the next (the service does): it returns once JetStream
+// acknowledged every verdict, so what it measures is the consumer.
+func (h *Harness) PublishVerdicts(ctx context.Context, proxies []*proxyv1.Proxy, first int64) error {
+	// A window of acknowledgements outstanding, below the client's limit
+	// of pending asynchronous publishes.
+	const window = 1000
+	futures := make([]jetstream.PubAckFuture, 0, window)
+	for i := 0; i < len(proxies); i += window {
+		futures = futures[:0]
+		for j, p := range proxies[i:min(i+window, len(proxies))] {
+			seq := first + int64(i+j)
+			m, err := bus.Message(ctx, h.Names.HealthEventSubject(p.GetUid()), &busv1.HealthTransitionEvent{Transition: &healthv1.HealthTransition{
+				Sequence: seq, ProxyUid: p.GetUid(), ProxyName: p.GetName(), ProviderId: p.GetStatus().GetProviderId(), Healthy: true,
+				Reason: "ProbeSucceeded", Message: "200 OK", Latency: durationpb.New(40 * time.Millisecond), TransitionTime: timestamppb.Now(),
+			}})
+			if err != nil {
+				return err
+			}
+			f, err := h.JS.PublishMsgAsync(m, jetstream.WithMsgID(fmt.Sprintf("health-transition-%d", seq)))
+			if err != nil {
+				return err
+			}
+			futures = append(futures, f)
+		}
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				return fmt.Errorf("publishing a verdict on %s: %w", f.Msg().Subject, err)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
 }
 
 // AutoHealth marks every RUNNING proxy healthy once, as the health service
