@@ -19,7 +19,7 @@ import (
 )
 
 // tcpPair is two ends of one loopback TCP connection.
-func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+func tcpPair(t testing.TB) (net.Conn, net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -129,7 +129,7 @@ func TestPipeRecordsActivityOnlyWhenBytesMove(t *testing.T) {
 // connections (a session's lease, so nothing is released to the lease
 // service) and returns the crawler's end, the target's end and a channel
 // closed when Relay returns.
-func relayed(t *testing.T, c *Core) (crawler, target net.Conn, done chan struct{}) {
+func relayed(t testing.TB, c *Core) (crawler, target net.Conn, done chan struct{}) {
 	t.Helper()
 	crawler, clientSide := tcpPair(t)
 	upSide, target := tcpPair(t)
