@@ -28,6 +28,17 @@ type Lister interface {
 // PageSize is how many proxies one ListProxies call asks for.
 const PageSize = 1000
 
+// Revision is the revision a listed proxy is applied at: that of its own
+// last change when the orchestrator says it, so that a proxy unchanged
+// since a consumer stored it is recognised as the one stored, and the
+// page's otherwise.
+func Revision(p *proxyv1.Proxy, page int64) int64 {
+	if r := p.GetRevision(); r > 0 && r <= page {
+		return r
+	}
+	return page
+}
+
 // List pages through every proxy the orchestrator holds, handing each page
 // to page with the store revision that page reflects. It returns the
 // lowest revision of all pages: a proxy missing from the listing whose

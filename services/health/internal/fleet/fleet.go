@@ -142,7 +142,7 @@ func (f *Fleet) Resync(ctx context.Context, l proxysync.Lister) (listed, changed
 	_, err = proxysync.List(ctx, l, func(proxies []*proxyv1.Proxy, revision int64) error {
 		for _, p := range proxies {
 			seen[p.GetUid()] = true
-			if f.Apply(&busv1.ProxyEvent{Revision: revision, Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: p}) {
+			if f.Apply(&busv1.ProxyEvent{Revision: proxysync.Revision(p, revision), Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: p}) {
 				changed++
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -27,8 +28,11 @@ import (
 // answers from memory, so this is the lease service's own part): the first
 // into an empty mirror; one of the same listing revision (another
 // replica's resync of the same state: nothing to write); and one at a
-// newer revision with the same proxies (the periodic resync: every row
-// takes the listing's revision). Reports seconds per resync and the Go
+// newer revision with the same proxies (the periodic resync). Each proxy
+// carries the revision of its last change (1 to N) as the orchestrator
+// lists them, so that the periodic resync finds every proxy unchanged;
+// with BENCH_RESYNC_NO_PROXY_REVISION set it does not, and every row takes
+// the listing's revision. Reports seconds per resync and the Go
 // heap the service holds after them, per proxy (the mirror itself is in
 // PostgreSQL).
 func BenchmarkResync(b *testing.B) {
@@ -39,6 +43,9 @@ func BenchmarkResync(b *testing.B) {
 			proxies := make([]*proxyv1.Proxy, n)
 			for i := range proxies {
 				proxies[i] = lt.Proxy(fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i), fmt.Sprintf("proxy-%06d", i))
+				if os.Getenv("BENCH_RESYNC_NO_PROXY_REVISION") == "" {
+					proxies[i].Revision = int64(i) + 1
+				}
 			}
 			l, err := proxysynctest.NewListing(proxies, int64(n)+1)
 			if err != nil {

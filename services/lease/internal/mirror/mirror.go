@@ -371,7 +371,9 @@ func (s *Syncer) healthApplied(ev healthEvent, applied bool) {
 }
 
 // Resync lists every proxy from the orchestrator and applies the listing:
-// each page's proxies at that page's revision, then every stored proxy
+// each proxy at the revision of its last change (the page's revision when
+// the orchestrator does not say), so that proxies unchanged since they
+// were stored are left untouched, then every stored proxy
 // missing from the listing whose snapshot was applied before the listing
 // began is marked deleted (by the listing, not by revisions, so a reset of
 // the orchestrator's database purges what it no longer holds).
@@ -395,25 +397,27 @@ func (s *Syncer) resync(ctx context.Context) error {
 	applied, deleted := 0, 0
 	firstRevision, err := proxysync.List(ctx, s.cfg.Lister, func(proxies []*proxyv1.Proxy, revision int64) error {
 		page := make([]store.ProxyState, 0, len(proxies))
+		revisions := make([]int64, 0, len(proxies))
 		for _, p := range proxies {
+			rev := proxysync.Revision(p, revision)
 			ps, err := FromProxy(p, false)
 			if err != nil {
 				if storable(p.GetUid()) {
 					// It exists: withdrawn, not deleted.
 					seen = append(seen, p.GetUid())
 				}
-				s.skip(ctx, "resync", p.GetUid(), p.GetName(), revision, false, err)
+				s.skip(ctx, "resync", p.GetUid(), p.GetName(), rev, false, err)
 				continue
 			}
-			page = append(page, ps)
+			page, revisions = append(page, ps), append(revisions, rev)
 			seen = append(seen, ps.UID)
 		}
-		n, rejected, err := s.st.ApplySnapshot(ctx, page, revision)
+		n, rejected, err := s.st.ApplySnapshot(ctx, page, revisions)
 		if err != nil {
 			return err
 		}
 		for _, r := range rejected {
-			s.skip(ctx, "resync", r.Proxy.UID, r.Proxy.Name, revision, false, r.Err)
+			s.skip(ctx, "resync", r.Proxy.UID, r.Proxy.Name, r.Revision, false, r.Err)
 		}
 		applied += n
 		return nil

@@ -89,3 +89,52 @@ func TestRunWaitsOutNATS(t *testing.T) {
 		t.Fatalf("Run returned %v after NATS came back, want it to keep running", <-done)
 	}
 }
+
+// A resync applies each listed proxy at the revision of its own last
+// change: one stored at that revision is left as it is, whatever the
+// listing's revision, and one whose revision the orchestrator does not
+// say is applied at the listing's.
+func TestResyncAppliesEachProxyAtItsOwnRevision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, lt.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st := store.New(db, store.Config{DefaultMaxLeases: 1})
+	a := lt.Proxy(uidA, "proxy-a")
+	a.Revision = 5
+	state, err := mirror.FromProxy(a, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := st.ApplyProxy(ctx, state, 5); err != nil || !applied {
+		t.Fatalf("storing proxy-a at revision 5: %v, %v", applied, err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	syncer := mirror.New(st, nil, mirror.Config{Lister: listing{a, lt.Proxy(uidB, "proxy-b")}},
+		metrics.New(prometheus.NewRegistry(), st, log), log)
+	if err := syncer.Resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stored := func(uid string) (revision int64, xact string) {
+		if err := db.QueryRow(ctx, `SELECT revision, applied_xact::text FROM lease.proxies WHERE uid = $1`, uid).Scan(&revision, &xact); err != nil {
+			t.Fatal(err)
+		}
+		return revision, xact
+	}
+	revA, xactA := stored(uidA)
+	if revA != 5 {
+		t.Errorf("proxy-a, unchanged since revision 5: stored at %d after a resync at 10", revA)
+	}
+	if revB, _ := stored(uidB); revB != 10 {
+		t.Errorf("proxy-b, listed without its own revision: stored at %d, want the listing's 10", revB)
+	}
+	if err := syncer.Resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, again := stored(uidA); again != xactA {
+		t.Errorf("proxy-a was written again by a second resync (transaction %s, then %s)", xactA, again)
+	}
+}

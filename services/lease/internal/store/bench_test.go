@@ -56,7 +56,7 @@ func BenchmarkLoop(b *testing.B) {
 				pool[i] = store.ProxyState{UID: uid, Name: fmt.Sprintf("p-%06d", i), Provider: "bench",
 					Host: fmt.Sprintf("10.%d.%d.%d", i/62500, i/250%250, i%250+1), Port: 3128, ProviderID: "bench/" + uid, Ready: true, Healthy: true}
 			}
-			if _, _, err := st.ApplySnapshot(ctx, pool, 1); err != nil {
+			if _, _, err := st.ApplySnapshot(ctx, pool, []int64{1}); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := db.Exec(ctx, `INSERT INTO lease.cooldowns (proxy_uid, target_host, expire_time, outcome)

@@ -600,7 +600,7 @@ func TestApplySnapshotIsolatesARejectedRow(t *testing.T) {
 	good := ProxyState{UID: "00000000-0000-4000-8000-0000000000a1", Name: "good", Provider: "p", Host: "10.0.0.1", Port: 3128, Ready: true, Healthy: true}
 	bad := good
 	bad.UID, bad.Name, bad.Zone = "00000000-0000-4000-8000-0000000000a2", "bad", "eu-1\x00"
-	applied, rejected, err := st.ApplySnapshot(context.Background(), []ProxyState{bad, good}, 5)
+	applied, rejected, err := st.ApplySnapshot(context.Background(), []ProxyState{bad, good}, []int64{5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -624,7 +624,7 @@ func TestApplySnapshotPage(t *testing.T) {
 	b := ProxyState{UID: "00000000-0000-4000-8000-0000000000b2", Name: "b", Provider: "p", Host: "10.0.0.2", Port: 3128, Ready: true, Labels: map[string]string{"pool": "x"}}
 	last := a
 	last.Name = "a-last"
-	applied, rejected, err := st.ApplySnapshot(ctx, []ProxyState{a, b, last}, 7)
+	applied, rejected, err := st.ApplySnapshot(ctx, []ProxyState{a, b, last}, []int64{7})
 	if err != nil || len(rejected) != 0 || applied != 2 {
 		t.Fatalf("applied %d, rejected %v, %v; want 2 rows", applied, rejected, err)
 	}
@@ -644,10 +644,10 @@ func TestApplySnapshotPage(t *testing.T) {
 	if maxLeases != nil || healthTime != nil || labels != `{"pool": "x"}` {
 		t.Errorf("b: max_leases %v, health_time %v, labels %s; want NULL, NULL, its labels", maxLeases, healthTime, labels)
 	}
-	if applied, _, err := st.ApplySnapshot(ctx, []ProxyState{a, b}, 7); err != nil || applied != 0 {
+	if applied, _, err := st.ApplySnapshot(ctx, []ProxyState{a, b}, []int64{7}); err != nil || applied != 0 {
 		t.Errorf("the same revision again: applied %d, %v; want nothing", applied, err)
 	}
-	if applied, _, err := st.ApplySnapshot(ctx, []ProxyState{a, b}, 8); err != nil || applied != 2 {
+	if applied, _, err := st.ApplySnapshot(ctx, []ProxyState{a, b}, []int64{8}); err != nil || applied != 2 {
 		t.Errorf("a newer revision: applied %d, %v; want both", applied, err)
 	}
 }
@@ -667,7 +667,7 @@ func TestReadChangesFollowsTheLog(t *testing.T) {
 		pool[i] = ProxyState{UID: uid, Name: fmt.Sprintf("c-%03d", i), Provider: "test",
 			Host: fmt.Sprintf("10.9.1.%d", i+1), Port: 3128, ProviderID: "test/" + uid, Ready: true, Healthy: true}
 	}
-	if _, _, err := a.ApplySnapshot(ctx, pool, 1); err != nil {
+	if _, _, err := a.ApplySnapshot(ctx, pool, []int64{1}); err != nil {
 		t.Fatal(err)
 	}
 	now := a.Now().UTC()

@@ -220,19 +220,24 @@ func (s *Store) Withdraw(ctx context.Context, uid string, revision int64, delete
 
 // RejectedProxy is a proxy of a resync page PostgreSQL would not store.
 type RejectedProxy struct {
-	Proxy ProxyState
-	Err   error
+	Proxy    ProxyState
+	Revision int64
+	Err      error
 }
 
-// ApplySnapshot applies a page of a full listing taken at revision, in one
-// round trip. When PostgreSQL rejects a row's values, the page is applied
-// row by row instead and the rejected proxies are returned, the others
-// applied.
-func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revision int64) (applied int, rejected []RejectedProxy, err error) {
+// ApplySnapshot applies a page of a full listing in one round trip,
+// proxies[i] at revisions[i] (or every proxy at revisions[0] when it has
+// one element): each proxy's own last change, or the listing's revision.
+// When PostgreSQL rejects a row's values, the page is applied row by row
+// instead and the rejected proxies are returned, the others applied.
+func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revisions []int64) (applied int, rejected []RejectedProxy, err error) {
 	if len(proxies) == 0 {
 		return 0, nil, nil
 	}
-	stored, err := s.applyBatch(ctx, proxies, []int64{revision})
+	if len(revisions) != 1 && len(revisions) != len(proxies) {
+		return 0, nil, fmt.Errorf("applying a resync page: %d snapshots and %d revisions", len(proxies), len(revisions))
+	}
+	stored, err := s.applyBatch(ctx, proxies, revisions)
 	if err == nil {
 		for _, ok := range stored {
 			if ok {
@@ -242,14 +247,18 @@ func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revisio
 		return applied, nil, nil
 	}
 	if !Rejected(err) {
-		return 0, nil, fmt.Errorf("applying a resync page at revision %d: %w", revision, err)
+		return 0, nil, fmt.Errorf("applying a resync page: %w", err)
 	}
 	applied = 0
-	for _, p := range proxies {
+	for i, p := range proxies {
+		revision := revisions[0]
+		if len(revisions) > 1 {
+			revision = revisions[i]
+		}
 		ok, err := s.ApplyProxy(ctx, p, revision)
 		switch {
 		case Rejected(err):
-			rejected = append(rejected, RejectedProxy{Proxy: p, Err: err})
+			rejected = append(rejected, RejectedProxy{Proxy: p, Revision: revision, Err: err})
 		case err != nil:
 			return applied, rejected, err
 		case ok:

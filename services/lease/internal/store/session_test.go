@@ -403,7 +403,7 @@ func seedProxies(t *testing.T, st *Store, n int, mut func(int, *ProxyState)) []P
 			mut(i, &pool[i])
 		}
 	}
-	if _, _, err := st.ApplySnapshot(context.Background(), pool, 1); err != nil {
+	if _, _, err := st.ApplySnapshot(context.Background(), pool, []int64{1}); err != nil {
 		t.Fatal(err)
 	}
 	return pool

@@ -120,6 +120,7 @@ func (p *Proxy) Proto(withCloudInit bool) *proxyv1.Proxy {
 		DeleteTime:    ts(p.DeleteTime),
 		Generation:    p.Generation,
 		Etag:          Etag(p.Revision),
+		Revision:      p.Revision,
 		SkipCleanup:   p.SkipCleanup,
 		Spec:          spec,
 		Draining:      p.DrainTime != nil,

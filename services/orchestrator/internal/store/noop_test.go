@@ -61,4 +61,33 @@ func TestResyncWithoutChangeKeepsRevision(t *testing.T) {
 	if upd.GetProxy().GetEtag() == read.GetProxy().GetEtag() || !upd.GetProxy().GetUpdateTime().AsTime().After(before.UpdateTime) {
 		t.Errorf("a real change kept etag %s / update time %v", upd.GetProxy().GetEtag(), upd.GetProxy().GetUpdateTime().AsTime())
 	}
+
+	// The API's revision of a proxy is that of its last change: kept by
+	// the resyncs, then each change's, which its Watch entry and
+	// ProxyEvent carry too.
+	if read.GetProxy().GetRevision() != before.Revision {
+		t.Errorf("read before the resyncs: revision %d, want %d", read.GetProxy().GetRevision(), before.Revision)
+	}
+	settled := h.WaitFor("p1", "the update observed", func(r *lifecycle.Proxy) bool {
+		return r.ObservedGeneration == r.Generation && r.CommandID == ""
+	})
+	changes, err = h.Store.Changes(context.Background(), before.Revision, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changes) == 0 || changes[0].Revision != upd.GetProxy().GetRevision() {
+		t.Fatalf("changes after the update: %v; want the first at UpdateProxy's revision %d", changes, upd.GetProxy().GetRevision())
+	}
+	for _, c := range changes {
+		if c.Proxy.GetRevision() != c.Revision {
+			t.Errorf("change r%d carries revision %d", c.Revision, c.Proxy.GetRevision())
+		}
+	}
+	list, err := h.API.ListProxies(context.Background(), &proxyv1.ListProxiesRequest{})
+	if err != nil || len(list.GetProxies()) != 1 {
+		t.Fatalf("ListProxies: %v, %v", list, err)
+	}
+	if got := list.GetProxies()[0].GetRevision(); got != settled.Revision || got != changes[len(changes)-1].Revision {
+		t.Errorf("listed revision %d; want the last change's, %d (store row %d)", got, changes[len(changes)-1].Revision, settled.Revision)
+	}
 }

@@ -55,7 +55,7 @@ func (t *Tx) unchanged(r *lifecycle.Proxy) (readState, bool) {
 		return readState{}, false
 	}
 	now := r.Proto(true)
-	now.Etag, now.UpdateTime = was.visible.GetEtag(), was.visible.GetUpdateTime()
+	now.Etag, now.Revision, now.UpdateTime = was.visible.GetEtag(), was.visible.GetRevision(), was.visible.GetUpdateTime()
 	return was, proto.Equal(now, was.visible)
 }
 

@@ -260,6 +260,11 @@ type Proxy struct {
 	// When a draining proxy is deleted even if it still has leases; unset
 	// while the proxy is not draining. Output only.
 	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
+	// The store revision of the proxy's last change: the revision of its
+	// latest ProxyEvent and Watch change. A consumer that resyncs from a
+	// listing applies the proxy at this revision, so that an unchanged
+	// proxy is recognised as the one it holds. Output only.
+	Revision      int64 `protobuf:"varint,16,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,6 +402,13 @@ func (x *Proxy) GetDrainDeadline() *timestamppb.Timestamp {
 		return x.DrainDeadline
 	}
 	return nil
+}
+
+func (x *Proxy) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // ProxySpec is the desired state of a proxy. Everything that shapes the
@@ -1049,7 +1061,7 @@ var File_egress_proxy_v1_proxy_proto protoreflect.FileDescriptor
 
 const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\n" +
-	"\x1begress/proxy/v1/proxy.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x05\n" +
+	"\x1begress/proxy/v1/proxy.proto\x12\x0fegress.proxy.v1\x1a\x1bbuf/validate/validate.proto\x1a!egress/validate/v1/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x05\n" +
 	"\x05Proxy\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12:\n" +
@@ -1072,7 +1084,8 @@ const file_egress_proxy_v1_proxy_proto_rawDesc = "" +
 	"\n" +
 	"drain_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tdrainTime\x12\x12\n" +
 	"\x04pool\x18\x0e \x01(\tR\x04pool\x12A\n" +
-	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x1a9\n" +
+	"\x0edrain_deadline\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12\x1a\n" +
+	"\brevision\x18\x10 \x01(\x03R\brevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x05\n" +
