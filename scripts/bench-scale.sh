@@ -6,6 +6,7 @@
 #   scripts/bench-scale.sh                       # everything
 #   PARTS="lease health" scripts/bench-scale.sh  # some parts
 #   CONVERGE_SIZES="10000 100000" SIM_CONVERGE_SIZES=10000 LEASE_DURATION=15s STEADY_SECONDS=20 RESYNC_SIZES=100000
+#   HEALTH_MEMORY_SIZES="10000 100000" HEALTH_MEMORY_SECONDS=60
 set -euo pipefail
 
 PARTS=${PARTS:-orchestrator lease health resync}
@@ -17,6 +18,8 @@ LEASE_SIZES=${LEASE_SIZES:-1000 100000}
 LEASE_STORE=${LEASE_STORE:-yes}
 LEASE_LOOPS=${LEASE_LOOPS:-20000}
 HEALTH_SECONDS=${HEALTH_SECONDS:-10}
+HEALTH_MEMORY_SIZES=${HEALTH_MEMORY_SIZES:-10000 100000}
+HEALTH_MEMORY_SECONDS=${HEALTH_MEMORY_SECONDS:-60}
 RESYNC_SIZES=${RESYNC_SIZES:-100000}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -28,7 +31,7 @@ echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d
 for part in $PARTS; do
 	case $part in
 	orchestrator)
-		echo "== orchestrator: converge 0 -> N Running (BenchmarkConverge, N = $CONVERGE_SIZES), then ${STEADY_SECONDS}s steady, the listing, and N Running -> Ready on published health verdicts; load average $(load)"
+		echo "== orchestrator: converge 0 -> N Running (BenchmarkConverge, N = $CONVERGE_SIZES) followed by a watcher, then ${STEADY_SECONDS}s steady, the listing, and N Running -> Ready on published health verdicts; load average $(load)"
 		(cd services/orchestrator && BENCH_CONVERGE_SIZES="$CONVERGE_SIZES" BENCH_STEADY_SECONDS="$STEADY_SECONDS" \
 			go test -run '^$' -bench BenchmarkConverge -benchtime 1x -timeout 60m ./internal/dispatch/ | grep -E '^Benchmark|^ok|FAIL')
 		if [ -n "${SIM_CONVERGE_SIZES// /}" ]; then
@@ -57,6 +60,11 @@ for part in $PARTS; do
 	health)
 		echo "== health: CPU per probe at 1 Hz, 1,000 proxies, one core (BenchmarkProbeAt1Hz, ${HEALTH_SECONDS} s); load average $(load)"
 		(cd services/health && go test -run '^$' -bench 'BenchmarkProbeAt1Hz/proxies=1000' -benchtime "${HEALTH_SECONDS}x" -cpu 1 -timeout 20m ./internal/bench/ | grep -E '^Benchmark|^ok|FAIL')
+		if [ -n "${HEALTH_MEMORY_SIZES// /}" ]; then
+			echo "== health: the service as a process, its memory after resyncing N proxies and after ${HEALTH_MEMORY_SECONDS}s probing them (BenchmarkProcessMemory, N = $HEALTH_MEMORY_SIZES); load average $(load)"
+			(cd services/health && BENCH_RESYNC_SIZES="$HEALTH_MEMORY_SIZES" BENCH_STEADY_SECONDS="$HEALTH_MEMORY_SECONDS" \
+				go test -run '^$' -bench BenchmarkProcessMemory -benchtime 1x -timeout 30m . | grep -E '^Benchmark|^ok|FAIL')
+		fi
 		;;
 	resync)
 		echo "== resync: lease and health each resync N proxies from an orchestrator answering from memory (BenchmarkResync), and the lease follows N creation events (BenchmarkFollow), N = $RESYNC_SIZES; load average $(load)"

@@ -9,11 +9,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -267,4 +269,48 @@ func MetricLine(t testing.TB, addr, series string) string {
 		}
 	}
 	return ""
+}
+
+// StatusBytes is a size field of /proc/<pid>/status (VmRSS, RssAnon,
+// VmHWM ...) in bytes; pid os.Getpid() reads the test process itself.
+func StatusBytes(t testing.TB, pid int, field string) int64 {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("proctest: /proc/%d/status %s: %v", pid, field, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("proctest: no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+// CPUTime is the CPU (user and system) the process pid used so far, from
+// /proc/<pid>/stat in the kernel's clock ticks (100 a second).
+func CPUTime(t testing.TB, pid int) time.Duration {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command name, which may hold spaces: state is
+	// the first, utime the 12th, stime the 13th.
+	_, rest, ok := strings.Cut(string(raw), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		t.Fatalf("proctest: /proc/%d/stat: %q", pid, raw)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("proctest: /proc/%d/stat: %q", pid, raw)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }

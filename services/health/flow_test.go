@@ -50,7 +50,7 @@ type env struct {
 	dir    string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	dsn, _ := storetest.New(t)
 	ns := natstest.New(t)
@@ -114,7 +114,7 @@ func (e *env) publish(t *testing.T, typ proxyv1.ChangeType, p *proxyv1.Proxy) {
 	}
 }
 
-func hostPort(t *testing.T, addr string) (string, uint32) {
+func hostPort(t testing.TB, addr string) (string, uint32) {
 	t.Helper()
 	h, p, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -127,7 +127,7 @@ func hostPort(t *testing.T, addr string) (string, uint32) {
 	return h, uint32(n)
 }
 
-func external(t *testing.T, uid, name, addr string) *proxyv1.Proxy {
+func external(t testing.TB, uid, name, addr string) *proxyv1.Proxy {
 	h, p := hostPort(t, addr)
 	return &proxyv1.Proxy{Uid: uid, Name: name,
 		Spec:   &proxyv1.ProxySpec{Mode: proxyv1.ProxyMode_PROXY_MODE_EXTERNAL, Endpoint: &proxyv1.Endpoint{Host: h, Port: p}},

@@ -71,6 +71,18 @@ func (l *Listing) ListProxies(_ context.Context, req *proxyv1.ListProxiesRequest
 	return resp, nil
 }
 
+// Server serves a Listing as the orchestrator's ProxyService (ListProxies
+// only), for a consumer running as a process of its own.
+type Server struct {
+	proxyv1.UnimplementedProxyServiceServer
+	Listing *Listing
+}
+
+// ListProxies implements proxyv1.ProxyServiceServer.
+func (s Server) ListProxies(ctx context.Context, req *proxyv1.ListProxiesRequest) (*proxyv1.ListProxiesResponse, error) {
+	return s.Listing.ListProxies(ctx, req)
+}
+
 // BenchSizes are the pool sizes a resync benchmark runs at: the positive
 // numbers in BENCH_RESYNC_SIZES, or 10,000.
 func BenchSizes(tb testing.TB) []int {

@@ -30,7 +30,7 @@ type Addrs struct {
 
 // Start builds the binary at pkgDir and starts it on loopback ports with the
 // given extra args and env, waiting for its "serving" line.
-func Start(t *testing.T, pkgDir string, args []string, env ...string) (*proctest.Process, Addrs) {
+func Start(t testing.TB, pkgDir string, args []string, env ...string) (*proctest.Process, Addrs) {
 	t.Helper()
 	bin := proctest.Build(t, pkgDir)
 	all := append([]string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0"}, args...)

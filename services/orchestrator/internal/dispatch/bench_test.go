@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
 	"github.com/egress-proxies/egress-proxies/pkg/grpctest"
@@ -47,6 +49,13 @@ import (
 // heap-B/proxy is the growth of the process's live Go heap over the
 // converge, per proxy, and rss-B/proxy the process's resident set at the
 // end (VmRSS) per proxy: upper bounds on the orchestrator's share.
+//
+// Throughout, one client follows the proxies through WatchProxies from
+// before the first create (BENCH_CONVERGE_WATCH=off leaves it out, to see
+// what it costs the converge): s-watch-running is the time from the first
+// create until it has seen every proxy Running, watch-lag-s how long after
+// the store had them all, s-watch-ready and watch-ready-lag-s the same for
+// Ready, watch-events the changes it received.
 func BenchmarkConverge(b *testing.B) {
 	sizes := []int{1000, 10000}
 	if env := os.Getenv("BENCH_CONVERGE_SIZES"); env != "" {
@@ -90,9 +99,14 @@ func converge(b *testing.B, n int) {
 	client := proxyv1.NewProxyServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
 	ctx := context.Background()
 
+	var w *watcher
+	if os.Getenv("BENCH_CONVERGE_WATCH") != "off" {
+		w = watch(b, client, n)
+	}
 	heapBefore := proxysynctest.HeapInUse()
 	b.ResetTimer()
 	start := time.Now()
+	w.from(start)
 	names := make(chan string)
 	var wg sync.WaitGroup
 	for range 32 {
@@ -120,6 +134,7 @@ func converge(b *testing.B, n int) {
 	waitPhase(b, h, n, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, 10*time.Minute-time.Since(start))
 	total := time.Since(start)
 	b.StopTimer()
+	w.report(b, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, total, "s-watch-running", "watch-lag-s")
 	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")
 	b.ReportMetric(float64(n)/created.Seconds(), "creates/s")
 	b.ReportMetric(total.Seconds(), "s-to-converge")
@@ -159,15 +174,132 @@ func converge(b *testing.B, n int) {
 	b.ReportMetric(float64(n)/time.Since(readyStart).Seconds(), "verdicts/s")
 	probed = nil
 	waitPhase(b, h, n, proxyv1.ProxyPhase_PROXY_PHASE_READY, 10*time.Minute)
-	toReady := time.Since(readyStart)
+	toReady, readyAt := time.Since(readyStart), time.Since(start)
 	b.ReportMetric(float64(n)/toReady.Seconds(), "ready/s")
 	b.ReportMetric(toReady.Seconds(), "s-to-ready")
+	w.report(b, proxyv1.ProxyPhase_PROXY_PHASE_READY, readyAt, "s-watch-ready", "watch-ready-lag-s")
+	w.stop(b)
 	// An upper bound on the orchestrator's memory as a process: the whole
 	// test process's resident set, the NATS server, the backend, the
 	// listing's leftovers and the earlier sizes' unreturned pages in it.
-	rss := residentBytes(b)
+	rss := proctest.StatusBytes(b, os.Getpid(), "VmRSS")
 	b.ReportMetric(float64(rss)/(1<<20), "rss-MiB")
 	b.ReportMetric(float64(rss)/float64(n), "rss-B/proxy")
+}
+
+// watcher is a client following every proxy through WatchProxies, as a
+// controller watching the fleet does: it keeps, per proxy, which of
+// Running and Ready it has seen, and when it had seen all n in each.
+type watcher struct {
+	n      int
+	cancel context.CancelFunc
+	done   chan error
+
+	mu     sync.Mutex
+	start  time.Time
+	seen   map[string]uint8 // by uid: 1 Running seen, 2 Ready seen
+	counts [2]int
+	at     [2]time.Duration // since start, when counts reached n
+	events int
+	all    [2]chan struct{}
+}
+
+// watch starts following from now: it returns once the watch is in place
+// (the stream's header arrived), so no change after it is missed.
+func watch(b *testing.B, client proxyv1.ProxyServiceClient, n int) *watcher {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := client.WatchProxies(ctx, &proxyv1.WatchProxiesRequest{})
+	if err == nil {
+		_, err = stream.Header()
+	}
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	w := &watcher{n: n, cancel: cancel, done: make(chan error, 1), seen: make(map[string]uint8, n),
+		all: [2]chan struct{}{make(chan struct{}), make(chan struct{})}}
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				w.done <- err
+				return
+			}
+			w.observe(resp)
+		}
+	}()
+	return w
+}
+
+func (w *watcher) from(start time.Time) {
+	if w != nil {
+		w.mu.Lock()
+		w.start = start
+		w.mu.Unlock()
+	}
+}
+
+func (w *watcher) observe(resp *proxyv1.WatchProxiesResponse) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.events++
+	i := -1
+	switch resp.GetProxy().GetStatus().GetPhase() {
+	case proxyv1.ProxyPhase_PROXY_PHASE_RUNNING:
+		i = 0
+	case proxyv1.ProxyPhase_PROXY_PHASE_READY:
+		i = 1
+	}
+	uid := resp.GetProxy().GetUid()
+	if i < 0 || w.seen[uid]&(1<<i) != 0 {
+		return
+	}
+	w.seen[uid] |= 1 << i
+	if w.counts[i]++; w.counts[i] == w.n {
+		w.at[i] = time.Since(w.start)
+		close(w.all[i])
+	}
+}
+
+// report waits (at most 10 minutes) until the watcher has seen every
+// proxy in phase, and reports when (since the first create) and how long
+// after the store had them all (storeAt, since the first create).
+func (w *watcher) report(b *testing.B, phase proxyv1.ProxyPhase, storeAt time.Duration, at, lag string) {
+	b.Helper()
+	if w == nil {
+		return
+	}
+	i := 0
+	if phase == proxyv1.ProxyPhase_PROXY_PHASE_READY {
+		i = 1
+	}
+	t := time.NewTimer(10 * time.Minute)
+	defer t.Stop()
+	select {
+	case <-w.all[i]:
+	case err := <-w.done:
+		b.Fatalf("watch ended: %v", err)
+	case <-t.C:
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		b.Fatalf("watch: %d of %d proxies seen %s", w.counts[i], w.n, phase)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b.ReportMetric(w.at[i].Seconds(), at)
+	b.ReportMetric((w.at[i] - storeAt).Seconds(), lag)
+	b.ReportMetric(float64(w.events), "watch-events")
+}
+
+func (w *watcher) stop(b *testing.B) {
+	if w == nil {
+		return
+	}
+	w.cancel()
+	if err := <-w.done; status.Code(err) != codes.Canceled {
+		b.Errorf("watch ended: %v", err)
+	}
 }
 
 // waitPhase waits until all n proxies are in phase. Counting scans every
@@ -187,26 +319,6 @@ func waitPhase(b *testing.B, h *orchtest.Harness, n int, phase proxyv1.ProxyPhas
 		}
 		return nil
 	})
-}
-
-// residentBytes is the process's resident set now (VmRSS).
-func residentBytes(b *testing.B) int64 {
-	b.Helper()
-	raw, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	b.Fatal("no VmRSS in /proc/self/status")
-	return 0
 }
 
 // startSim runs a farm and one provisioner-sim replica (64 commands at
