@@ -88,43 +88,61 @@ type known struct {
 // Apply applies one event; it returns false for an event older than what
 // is known.
 func (f *Fleet) Apply(ev *busv1.ProxyEvent) bool {
-	uid := ev.GetProxy().GetUid()
-	if uid == "" {
-		return false
-	}
+	return f.applyAll([]*busv1.ProxyEvent{ev}) > 0
+}
+
+// applyAll applies events (at most one per proxy) and returns how many
+// were newer than what was known. The proxies this replica takes with
+// them are adopted together: their earlier verdicts are read in one call.
+func (f *Fleet) applyAll(evs []*busv1.ProxyEvent) (applied int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.proxies == nil {
 		f.proxies = map[string]*known{}
 	}
-	k, ok := f.proxies[uid]
-	if ok && ev.GetRevision() <= k.revision {
-		return false
+	changed := make(map[string]*known, len(evs))
+	var gone []string
+	for _, ev := range evs {
+		uid := ev.GetProxy().GetUid()
+		if uid == "" {
+			continue
+		}
+		k, ok := f.proxies[uid]
+		if ok && ev.GetRevision() <= k.revision {
+			continue
+		}
+		if !ok {
+			k = &known{}
+			f.proxies[uid] = k
+		}
+		applied++
+		k.revision = ev.GetRevision()
+		f.seq++
+		k.seq = f.seq
+		wasProbe := k.probe
+		if ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED {
+			k.probe = false
+		} else {
+			k.spec, k.probe = engine.SpecFor(ev.GetProxy(), f.Defaults)
+			k.spec.Revision = k.revision
+		}
+		changed[uid] = k
+		// Stored health goes when a proxy stops being probed, and also
+		// when the first event seen says it is not probed: the service
+		// may have been down when it went.
+		if !k.probe && (wasProbe || !ok) {
+			gone = append(gone, uid)
+		}
 	}
-	if !ok {
-		k = &known{}
-		f.proxies[uid] = k
-	}
-	k.revision = ev.GetRevision()
-	f.seq++
-	k.seq = f.seq
-	wasProbe := k.probe
-	if ev.GetType() == proxyv1.ChangeType_CHANGE_TYPE_DELETED {
-		k.probe = false
-	} else {
-		k.spec, k.probe = engine.SpecFor(ev.GetProxy(), f.Defaults)
-		k.spec.Revision = k.revision
-	}
-	f.syncAll(map[string]*known{uid: k}, true)
-	// Stored health goes when a proxy stops being probed, and also when
-	// the first event seen says it is not probed: the service may have
-	// been down when it went.
-	if !k.probe && (wasProbe || !ok) && f.Gone != nil {
-		f.Gone(uid, k.revision)
+	f.syncAll(changed, true)
+	if f.Gone != nil {
+		for _, uid := range gone {
+			f.Gone(uid, f.proxies[uid].revision)
+		}
 	}
 	// A deleted proxy is remembered (its revision guards against replays
 	// of older events) but holds nothing else.
-	return true
+	return applied
 }
 
 // Resync checks the fleet against the orchestrator's listing: every
@@ -140,12 +158,12 @@ func (f *Fleet) Resync(ctx context.Context, l proxysync.Lister) (listed, changed
 	f.mu.Unlock()
 	seen := map[string]bool{}
 	_, err = proxysync.List(ctx, l, func(proxies []*proxyv1.Proxy, revision int64) error {
+		page := make([]*busv1.ProxyEvent, 0, len(proxies))
 		for _, p := range proxies {
 			seen[p.GetUid()] = true
-			if f.Apply(&busv1.ProxyEvent{Revision: proxysync.Revision(p, revision), Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: p}) {
-				changed++
-			}
+			page = append(page, &busv1.ProxyEvent{Revision: proxysync.Revision(p, revision), Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: p})
 		}
+		changed += f.applyAll(page)
 		return nil
 	})
 	if err != nil {

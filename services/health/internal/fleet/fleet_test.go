@@ -318,3 +318,28 @@ func TestFleet_Resync(t *testing.T) {
 		t.Error("a replayed event brought a purged proxy back")
 	}
 }
+
+// A resync adopts the proxies of a page together: their earlier verdicts
+// are read in one call, not one a proxy (a first resync of 100,000
+// proxies made 100,000 reads).
+func TestFleet_ResyncReadsPriorVerdictsOncePerPage(t *testing.T) {
+	t.Parallel()
+	eng := &fakeEngine{}
+	var asked [][]string
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Log: slog.New(slog.DiscardHandler),
+		Prior: func(uids []string) map[string]fleet.Prior {
+			asked = append(asked, slices.Sorted(slices.Values(uids)))
+			return map[string]fleet.Prior{"b": {ProviderID: "vm-b", Verdict: engine.Verdict{Healthy: true}}}
+		}}
+	l := &lister{revision: 3, proxies: []*proxyv1.Proxy{
+		proxy("a", running, "10.0.0.1"), proxy("b", ready, "10.0.0.2"), proxy("c", running, "10.0.0.3")}}
+	if _, changed, _, err := f.Resync(context.Background(), l); err != nil || changed != 3 {
+		t.Fatalf("resync: %d changed, %v; want 3", changed, err)
+	}
+	if want := [][]string{{"a", "b", "c"}}; !slices.EqualFunc(asked, want, slices.Equal) {
+		t.Errorf("prior verdicts asked for %v, want %v", asked, want)
+	}
+	if got, want := slices.Sorted(slices.Values(eng.opsLog())), []string{"adopt a", "adopt b healthy=true", "adopt c"}; !slices.Equal(got, want) {
+		t.Errorf("engine calls = %v, want %v", got, want)
+	}
+}
