@@ -226,6 +226,22 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject string, msg pr
 	return js.PublishMsg(ctx, m, opts...)
 }
 
+// WaitAcks waits until the stream acknowledged every asynchronous publish
+// of futures (js.PublishMsgAsync), and returns the first failure, naming
+// its subject.
+func WaitAcks(ctx context.Context, futures []jetstream.PubAckFuture) error {
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("publishing on %s: %w", f.Msg().Subject, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
 // ErrBadPayload marks a message whose payload is not the expected protobuf.
 // Such a message can never be processed: terminate it rather than retry.
 var ErrBadPayload = errors.New("bad message payload")

@@ -196,3 +196,42 @@ func TestStreamsReplicatedOnACluster(t *testing.T) {
 		t.Errorf("a single server took three replicas: err = %v", err)
 	}
 }
+
+// WaitAcks returns once every publish is stored, and names the subject of
+// one no stream took.
+func TestWaitAcks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js := natstest.New(t).JetStream(t)
+	n := bus.Names{Prefix: "t"}
+	if err := bus.EnsureStreams(ctx, js, n); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(subject string) jetstream.PubAckFuture {
+		m, err := bus.Message(ctx, subject, &busv1.ProxyEvent{Revision: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	stored := []jetstream.PubAckFuture{publish(n.ProxyEventSubject("a")), publish(n.ProxyEventSubject("b"))}
+	if err := bus.WaitAcks(ctx, stored); err != nil {
+		t.Fatalf("two publishes the stream takes: %v", err)
+	}
+	info, err := js.Stream(ctx, n.ProxyEventStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.CachedInfo().State.Msgs; got != 2 {
+		t.Fatalf("the stream holds %d messages after WaitAcks, want 2", got)
+	}
+	err = bus.WaitAcks(ctx, []jetstream.PubAckFuture{publish(n.ProxyEventSubject("c")), publish("nowhere.stored")})
+	if err == nil || !strings.Contains(err.Error(), "nowhere.stored") {
+		t.Fatalf("a publish no stream takes: %v, want an error naming its subject", err)
+	}
+}

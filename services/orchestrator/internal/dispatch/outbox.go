@@ -122,16 +122,7 @@ func (d *Dispatcher) publishEvents(ctx context.Context, evs []*busv1.ProxyEvent)
 		}
 		futures = append(futures, f)
 	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
+	return bus.WaitAcks(ctx, futures)
 }
 
 // refreshEvents publishes again the current state of every proxy whose

@@ -134,14 +134,8 @@ func (h *Harness) PublishVerdicts(ctx context.Context, proxies []*proxyv1.Proxy,
 			}
 			futures = append(futures, f)
 		}
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				return fmt.Errorf("publishing a verdict on %s: %w", f.Msg().Subject, err)
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		if err := bus.WaitAcks(ctx, futures); err != nil {
+			return err
 		}
 	}
 	return nil
