@@ -101,7 +101,11 @@ func (f *Fleet) applyAll(evs []*busv1.ProxyEvent) (applied int) {
 		f.proxies = map[string]*known{}
 	}
 	changed := make(map[string]*known, len(evs))
-	var gone []string
+	type goneAt struct {
+		uid      string
+		revision int64
+	}
+	var gone []goneAt
 	for _, ev := range evs {
 		uid := ev.GetProxy().GetUid()
 		if uid == "" {
@@ -131,13 +135,13 @@ func (f *Fleet) applyAll(evs []*busv1.ProxyEvent) (applied int) {
 		// when the first event seen says it is not probed: the service
 		// may have been down when it went.
 		if !k.probe && (wasProbe || !ok) {
-			gone = append(gone, uid)
+			gone = append(gone, goneAt{uid, k.revision})
 		}
 	}
 	f.syncAll(changed, true)
 	if f.Gone != nil {
-		for _, uid := range gone {
-			f.Gone(uid, f.proxies[uid].revision)
+		for _, g := range gone {
+			f.Gone(g.uid, g.revision)
 		}
 	}
 	// A deleted proxy is remembered (its revision guards against replays
