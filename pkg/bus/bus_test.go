@@ -37,15 +37,23 @@ func TestNames(t *testing.T) {
 	}
 }
 
-func TestPublishDecodeCarriesTraceContext(t *testing.T) {
-	t.Parallel()
+// withStreams is a JetStream of a test server of its own holding the
+// streams of n, and a context that bounds the test.
+func withStreams(t *testing.T, n bus.Names) (context.Context, jetstream.JetStream) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	js := natstest.New(t).JetStream(t)
-	n := bus.Names{}
 	if err := bus.EnsureStreams(ctx, js, n); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, js
+}
+
+func TestPublishDecodeCarriesTraceContext(t *testing.T) {
+	t.Parallel()
+	n := bus.Names{}
+	ctx, js := withStreams(t, n)
 	if err := bus.EnsureStreams(ctx, js, n); err != nil {
 		t.Fatalf("EnsureStreams is not idempotent: %v", err)
 	}
@@ -106,13 +114,8 @@ func TestPublishDecodeCarriesTraceContext(t *testing.T) {
 // consumer starting with DeliverLastPerSubject reads the current state.
 func TestEventStreamsKeepLatestPerProxy(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	js := natstest.New(t).JetStream(t)
 	n := bus.Names{Prefix: "t"}
-	if err := bus.EnsureStreams(ctx, js, n); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js := withStreams(t, n)
 	for rev := int64(1); rev <= 6; rev++ {
 		uid := fmt.Sprintf("u%d", rev%2)
 		ev := &busv1.ProxyEvent{Revision: rev, Type: proxyv1.ChangeType_CHANGE_TYPE_UPDATED, Proxy: &proxyv1.Proxy{Uid: uid}}
@@ -201,13 +204,8 @@ func TestStreamsReplicatedOnACluster(t *testing.T) {
 // one no stream took.
 func TestWaitAcks(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	js := natstest.New(t).JetStream(t)
 	n := bus.Names{Prefix: "t"}
-	if err := bus.EnsureStreams(ctx, js, n); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js := withStreams(t, n)
 	publish := func(subject string) jetstream.PubAckFuture {
 		m, err := bus.Message(ctx, subject, &busv1.ProxyEvent{Revision: 1})
 		if err != nil {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,26 +17,6 @@ import (
 	"github.com/egress-proxies/egress-proxies/pkg/service/servicetest"
 	"github.com/egress-proxies/egress-proxies/services/orchestrator/internal/orchtest"
 )
-
-// peakRSS is the process's peak resident set (VmHWM) in bytes.
-func peakRSS(t *testing.T, p *proctest.Process) int64 {
-	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM")
-	return 0
-}
 
 // postChunked streams size bytes of one JSON string to POST /v1/proxies
 // and returns the status of the answer; the sender stops when the server
@@ -95,14 +74,14 @@ func TestHugeBodiesKeepMemoryFlat(t *testing.T) {
 		"--auth-token-file=" + tokens, "--providers-config=" + providersFile(t),
 		"--database-url=" + orchtest.Database(t), "--nats-url=" + natstest.New(t).URL(),
 	})
-	before := peakRSS(t, p)
+	before := proctest.StatusBytes(t, p.PID(), "VmHWM")
 	if code := postChunked(t, addrs.HTTP, "", 300<<20); code != http.StatusUnauthorized {
 		t.Errorf("300 MB without a token = %d, want 401", code)
 	}
 	if code := postChunked(t, addrs.HTTP, "tok-ops", 300<<20); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("300 MB with a token = %d, want 413", code)
 	}
-	after := peakRSS(t, p)
+	after := proctest.StatusBytes(t, p.PID(), "VmHWM")
 	t.Logf("peak RSS %d MiB before, %d MiB after", before>>20, after>>20)
 	if grew := after - before; grew > 32<<20 {
 		t.Errorf("peak RSS grew by %d MiB (from %d MiB), want at most 32 MiB", grew>>20, before>>20)

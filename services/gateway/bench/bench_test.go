@@ -165,7 +165,7 @@ func TestGatewayBench(t *testing.T) {
 		if gwRun {
 			p, mu = pid, metricsURL
 		}
-		r := runLoad(c, warmup, dur, p, leaseProc.PID(), mu, progress, newOp)
+		r := runLoad(t, c, warmup, dur, p, leaseProc.PID(), mu, progress, newOp)
 		if progress != nil && r.bytes > 0 {
 			// A bulk run's tunnel lasts the run: its bytes count, not
 			// its op.
@@ -326,7 +326,7 @@ func TestGatewayBench(t *testing.T) {
 	// sessions' own. Many sessions, so that they stand out of the
 	// garbage collector's swings.
 	time.Sleep(time.Second)
-	rss0, anon0, _ := procRSS(pid)
+	rss0, anon0, _ := procRSS(t, pid)
 	var next atomic.Int64
 	var sessErrs atomic.Int64
 	var sessErr atomic.Value
@@ -359,7 +359,7 @@ func TestGatewayBench(t *testing.T) {
 		failed = append(failed, fmt.Sprintf("sessions: %d failed (first: %v)", n, sessErr.Load()))
 	}
 	time.Sleep(time.Second)
-	rss1, anon1, hwm := procRSS(pid)
+	rss1, anon1, hwm := procRSS(t, pid)
 	fmt.Printf("\n### Memory\n\ngateway RSS (anonymous part) before %d new sessions %.1f (%.1f) MB, after %.1f (%.1f) MB: %+.2f (%+.2f) MB per 1,000 live sessions; peak RSS of the whole run (VmHWM) %.1f MB\n",
 		sessions, mb(rss0), mb(anon0), mb(rss1), mb(anon1),
 		mb(rss1-rss0)*1000/float64(sessions), mb(anon1-anon0)*1000/float64(sessions), mb(hwm))

@@ -20,8 +20,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
+	"testing"
 	"time"
+
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 )
 
 // via is where a client sends its tunnels and requests: a farm proxy
@@ -313,7 +315,7 @@ func (r result) pct(p float64) time.Duration {
 // each client's op (a client's own keep-alive pool, say).
 // progress, when set, counts bytes as they move: the run's bytes are
 // what it counted within the window.
-func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, metricsURL string, progress *atomic.Int64, newOp func() op) result {
+func runLoad(t testing.TB, c int, warmup, dur time.Duration, gwPID, leasePID int, metricsURL string, progress *atomic.Int64, newOp func() op) result {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var (
@@ -365,7 +367,7 @@ func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, metricsURL s
 	}
 	time.Sleep(warmup)
 	n0, s0 := acquireStats(metricsURL)
-	cpu0, self0, lease0 := procCPU(gwPID), selfCPU(), procCPU(leasePID)
+	cpu0, self0, lease0 := procCPU(t, gwPID), procCPU(t, os.Getpid()), procCPU(t, leasePID)
 	var b0, b1 int64
 	if progress != nil {
 		b0 = progress.Load()
@@ -377,11 +379,11 @@ func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, metricsURL s
 	if progress != nil {
 		b1 = progress.Load()
 	}
-	cpu1, self1, lease1 := procCPU(gwPID), selfCPU(), procCPU(leasePID)
+	cpu1, self1, lease1 := procCPU(t, gwPID), procCPU(t, os.Getpid()), procCPU(t, leasePID)
 	res.self, res.lease = self1-self0, lease1-lease0
 	n1, s1 := acquireStats(metricsURL)
 	res.acquires, res.acquireTime = n1-n0, time.Duration((s1-s0)*float64(time.Second))
-	res.rss, res.anon, res.hwm = procRSS(gwPID)
+	res.rss, res.anon, res.hwm = procRSS(t, gwPID)
 	res.load = loadAvg()
 	cancel()
 	wg.Wait()
@@ -393,21 +395,13 @@ func runLoad(c int, warmup, dur time.Duration, gwPID, leasePID int, metricsURL s
 	return res
 }
 
-// procCPU is the user+system CPU time of process pid, from
-// /proc/<pid>/stat (clock ticks of 10 ms).
-func procCPU(pid int) time.Duration {
+// procCPU is the user+system CPU time of process pid (0: none, for the
+// direct runs).
+func procCPU(t testing.TB, pid int) time.Duration {
 	if pid == 0 {
 		return 0
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return proctest.CPUTime(t, pid)
 }
 
 // acquireStats reads the gateway's lease acquire count and total seconds
@@ -439,41 +433,13 @@ func acquireStats(metricsURL string) (count, sum float64) {
 	return count, sum
 }
 
-// selfCPU is this process's user+system CPU time (getrusage).
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // procRSS is the resident set, its anonymous part and its peak (bytes)
 // of process pid.
-func procRSS(pid int) (rss, anon, hwm int64) {
+func procRSS(t testing.TB, pid int) (rss, anon, hwm int64) {
 	if pid == 0 {
 		return 0, 0, 0
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb << 10
-		case "RssAnon:":
-			anon = kb << 10
-		case "VmHWM:":
-			hwm = kb << 10
-		}
-	}
-	return rss, anon, hwm
+	return proctest.StatusBytes(t, pid, "VmRSS"), proctest.StatusBytes(t, pid, "RssAnon"), proctest.StatusBytes(t, pid, "VmHWM")
 }
 
 func loadAvg() string {

@@ -3,12 +3,13 @@ package tunnel
 import (
 	"io"
 	"log/slog"
-	"syscall"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 	"github.com/egress-proxies/egress-proxies/services/gateway/internal/metrics"
 )
 
@@ -20,7 +21,7 @@ func BenchmarkRelay(b *testing.B) {
 	c := &Core{Metrics: metrics.New(prometheus.NewRegistry()), IdleTimeout: time.Minute, Log: slog.New(slog.DiscardHandler)}
 	up, down := make([]byte, 300), make([]byte, 1024)
 	b.ReportAllocs()
-	cpu0 := processCPU(b)
+	cpu0 := proctest.CPUTime(b, os.Getpid())
 	for b.Loop() {
 		crawler, target, done := relayed(b, c)
 		if _, err := crawler.Write(up); err != nil {
@@ -42,13 +43,5 @@ func BenchmarkRelay(b *testing.B) {
 		_ = target.Close()
 		<-done
 	}
-	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
-}
-
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((proctest.CPUTime(b, os.Getpid())-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 }

@@ -251,10 +251,7 @@ func (s *Store) ApplySnapshot(ctx context.Context, proxies []ProxyState, revisio
 	}
 	applied = 0
 	for i, p := range proxies {
-		revision := revisions[0]
-		if len(revisions) > 1 {
-			revision = revisions[i]
-		}
+		revision := revisionAt(revisions, i)
 		ok, err := s.ApplyProxy(ctx, p, revision)
 		switch {
 		case Rejected(err):
@@ -314,30 +311,33 @@ func (pc *pageColumns) add(p ProxyState, revision int64) {
 	pc.pool, pc.draining = append(pc.pool, p.Pool), append(pc.draining, p.Draining)
 }
 
+// revisionAt is the revision of the i-th snapshot of a batch: revisions[i],
+// or revisions[0] for every snapshot when it has one element.
+func revisionAt(revisions []int64, i int) int64 {
+	if len(revisions) == 1 {
+		return revisions[0]
+	}
+	return revisions[i]
+}
+
 // applyBatch stores each snapshot at its revision (revisions[i], or
 // revisions[0] for all when it has one element) unless as new a one is
 // stored, in one statement; applied[i] says whether proxies[i] was stored
 // (false too for a snapshot that a newer one of the same proxy in the
 // batch replaced).
 func (s *Store) applyBatch(ctx context.Context, proxies []ProxyState, revisions []int64) (applied []bool, err error) {
-	revision := func(i int) int64 {
-		if len(revisions) == 1 {
-			return revisions[0]
-		}
-		return revisions[i]
-	}
 	// One row per proxy: a statement cannot update a row twice. The
 	// newest snapshot of a UID in the batch wins (the last of equals).
 	newest := make(map[string]int, len(proxies))
 	for i, p := range proxies {
-		if j, ok := newest[p.UID]; !ok || revision(i) >= revision(j) {
+		if j, ok := newest[p.UID]; !ok || revisionAt(revisions, i) >= revisionAt(revisions, j) {
 			newest[p.UID] = i
 		}
 	}
 	var pc pageColumns
 	for i, p := range proxies {
 		if newest[p.UID] == i {
-			pc.add(p, revision(i))
+			pc.add(p, revisionAt(revisions, i))
 		}
 	}
 	var stored []string
