@@ -6,7 +6,7 @@
 # run). First lease-load through gRPC at fixed rates (the latency at a given
 # load), REPEAT times each, then through gRPC and REST as fast as they go
 # (closed loop), then pgbench with a one-row-update transaction on the same
-# PostgreSQL server. Figures go to stdout; docs/lease.md records them.
+# PostgreSQL server, as fast as it goes and paced at each rate. Figures go to stdout; docs/lease.md records them.
 #
 #   services/lease/bench/run.sh            # 30s per run
 #   DURATION=10s RATES="2000 3000" REPEAT=1 services/lease/bench/run.sh
@@ -20,6 +20,7 @@ GRPC_CONNS=${GRPC_CONNS:-4}  # the fleet's gRPC connections to the service
 RATES=${RATES:-1000 2000 2500 3000}
 REPEAT=${REPEAT:-3}          # runs per rate
 TRANSPORTS=${TRANSPORTS:-grpc rest} # the closed-loop runs
+LEASE_ARGS=${LEASE_ARGS:-}   # more flags for the lease service, e.g. "--commit-rounds 2"
 # The service runs with the garbage collector setting the Helm chart
 # recommends for it (components.lease.env).
 export GOGC=${GOGC:-400}
@@ -52,7 +53,7 @@ start_service() {
 	psql "$PGURL/postgres" -qc "CREATE DATABASE $DB"
 	"$work/lease" --database-url "$PGURL/$DB?sslmode=disable" --database-max-conns "$CONNS" \
 		--nats-url nats://127.0.0.1:14222 --auth-token-file "$work/tokens" --rate-limit-lease 0 \
-		--grpc-listen 127.0.0.1:18110 --http-listen 127.0.0.1:18111 --log-level warn 2>"$work/lease.log" &
+		--grpc-listen 127.0.0.1:18110 --http-listen 127.0.0.1:18111 --log-level warn $LEASE_ARGS 2>"$work/lease.log" &
 	svc+=($!)
 	for _ in $(seq 100); do
 		curl -sf http://127.0.0.1:18111/readyz >/dev/null && return 0
@@ -96,4 +97,15 @@ cat >"$work/update.sql" <<'SQL'
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 SQL
 (cd "$work" && pgbench -n -M prepared -c "$CONNS" -j 2 -T "$secs" -l --log-prefix=pgb -f update.sql "$PGURL/$PGBDB" 2>&1 | grep -E "tps|latency average|transactions actually")
-cat "$work"/pgb.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "pgbench latency p50 %.2f ms, p99 %.2f ms\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}'
+pgbench_latency() {
+	cat "$work"/pgb.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "pgbench latency p50 %.2f ms, p99 %.2f ms\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}'
+	rm -f "$work"/pgb.*
+}
+pgbench_latency
+# The same transaction paced at each rate: the database's own commit
+# latency at the rate an acquire's p99 is measured at.
+for rate in $RATES; do
+	echo "== pgbench: one-row UPDATE per transaction paced at $rate/s, $CONNS clients, $DURATION"
+	(cd "$work" && pgbench -n -M prepared -c "$CONNS" -j 2 -T "$secs" -R "$rate" -l --log-prefix=pgb -f update.sql "$PGURL/$PGBDB" 2>&1 | grep -E "tps|latency average")
+	pgbench_latency
+done

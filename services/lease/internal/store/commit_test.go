@@ -695,9 +695,39 @@ func TestReadChangesFollowsTheLog(t *testing.T) {
 	if _, err := a.ApplyProxy(ctx, gone, 2); err != nil {
 		t.Fatal(err)
 	}
+	// New proxies, a page of them in one statement (one log entry) and
+	// one alone.
+	fresh := make([]ProxyState, 3)
+	for i := range fresh {
+		uid := fmt.Sprintf("0c4b0000-0000-4000-8000-%012d", i)
+		fresh[i] = ProxyState{UID: uid, Name: fmt.Sprintf("n-%03d", i), Provider: "test",
+			Host: fmt.Sprintf("10.9.2.%d", i+1), Port: 3128, ProviderID: "test/" + uid, Ready: true, Healthy: true}
+	}
+	countLog := func() (n int) {
+		t.Helper()
+		if err := a.Pool().QueryRow(ctx, `SELECT count(*) FROM lease.proxy_changes`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := countLog()
+	if _, _, err := a.ApplySnapshot(ctx, fresh[:2], []int64{2}); err != nil {
+		t.Fatal(err)
+	}
+	if added := countLog() - before; added != 1 {
+		t.Errorf("a page of 2 new proxies logged %d entries; want 1", added)
+	}
+	if _, err := a.ApplyProxy(ctx, fresh[2], 2); err != nil {
+		t.Fatal(err)
+	}
 	changes, err := a.readChanges(ctx, now, whole.horizon)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range fresh {
+		if v, ok := changes.all[p.UID]; !ok || v == nil {
+			t.Errorf("new proxy %s in the changes: %+v (listed %v); want it", p.Name, v, ok)
+		}
 	}
 	leased, ok := changes.all[l.ProxyUID]
 	if !ok || leased == nil || leased.active != 1 || !leased.coolingFor("example.com", now) {
