@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 
 	proxyv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/proxy/v1"
@@ -29,7 +31,8 @@ import (
 // saturate the machine. Reports the service's VmRSS and RssAnon (from
 // /proc/<pid>/status) once the first resync has logged, and again after
 // BENCH_STEADY_SECONDS (default 60) of probing, whole and per proxy, with
-// the service's CPU over those seconds as a share of one core. ns/op is
+// the service's CPU over those seconds as a share of one core and the
+// transitions it recorded and published a second over them. ns/op is
 // the time from starting the process to the end of its first resync.
 //
 //	BENCH_RESYNC_SIZES="10000 100000" go test -run '^$' -bench BenchmarkProcessMemory -benchtime 1x .
@@ -94,10 +97,29 @@ func processMemory(b *testing.B, n int, steady time.Duration) {
 		b.ReportMetric(time.Duration(d).Seconds(), "s-resync")
 	}
 
+	db, err := pgx.Connect(context.Background(), e.dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	// The transitions stored and published so far (only the benchmark's
+	// connection reads them, once at each end of the steady period).
+	counts := func() (recorded, published float64) {
+		if err := db.QueryRow(context.Background(),
+			"SELECT count(*), count(*) FILTER (WHERE published) FROM health.transitions").Scan(&recorded, &published); err != nil {
+			b.Fatal(err)
+		}
+		return recorded, published
+	}
+	r0, p0 := counts()
 	c0, w0 := proctest.CPUTime(b, pid), time.Now()
 	t := time.NewTimer(steady)
 	<-t.C
-	b.ReportMetric(100*float64(proctest.CPUTime(b, pid)-c0)/float64(time.Since(w0)), "steady-cpu-%")
+	cpu, wall := proctest.CPUTime(b, pid)-c0, time.Since(w0)
+	b.ReportMetric(100*float64(cpu)/float64(wall), "steady-cpu-%")
+	r1, p1 := counts()
+	b.ReportMetric((r1-r0)/wall.Seconds(), "recorded/s")
+	b.ReportMetric((p1-p0)/wall.Seconds(), "published/s")
 	report("steady")
 	b.ReportMetric(float64(proctest.StatusBytes(b, pid, "VmHWM"))/(1<<20), "hwm-MiB")
 	var probes int64
