@@ -240,7 +240,7 @@ func TestWatchProxyHealth_outOfRange(t *testing.T) {
 	// Mark them published and old, then prune.
 	// One proxy's transitions go out one per sweep, in order.
 	for _, want := range []int{1, 1, 0} {
-		n, err := f.st.PublishPending(ctx, 10, func(*healthv1.HealthTransition) error { return nil })
+		n, _, err := f.st.PublishPending(ctx, 10, func([]*healthv1.HealthTransition) error { return nil })
 		if err != nil || n != want {
 			t.Fatalf("PublishPending = %d, %v; want %d", n, err, want)
 		}

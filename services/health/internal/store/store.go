@@ -12,9 +12,12 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -56,55 +59,182 @@ func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 // Pool is the store's pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// RecordTransition stores a transition and, when st is set, the proxy's
-// current state in one transaction, and returns the transition with its
-// sequence. A transition that repeats the proxy's last stored verdict for
-// the same instance is not a flip — a replica that took the proxy over
-// without knowing the earlier verdict reached the same one again — and is
-// not stored: it returns nil. Inserts are serialised, so this holds across
-// replicas.
-func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *engine.State, prober string) (*healthv1.HealthTransition, error) {
-	var seq int64
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		seq = 0
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", transitionLock); err != nil {
-			return err
-		}
-		var lastProvider string
-		var lastCredentials *time.Time
-		var lastHealthy bool
-		err := tx.QueryRow(ctx, `SELECT provider_id, credentials_time, healthy FROM health.transitions
-			WHERE proxy_uid = $1 ORDER BY sequence DESC LIMIT 1`, tr.UID).Scan(&lastProvider, &lastCredentials, &lastHealthy)
-		repeat := err == nil && lastProvider == tr.ProviderID && sameTime(lastCredentials, tr.CredentialsTime) &&
-			lastHealthy == tr.Healthy
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		if !repeat {
-			if err := tx.QueryRow(ctx, `INSERT INTO health.transitions
-				(proxy_uid, proxy_name, provider_id, credentials_time, healthy, reason, message, latency_us, transition_time, prober)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING sequence`,
-				tr.UID, tr.Name, tr.ProviderID, nullTime(tr.CredentialsTime), tr.Healthy, tr.Reason, tr.Message,
-				tr.Latency.Microseconds(), tr.Time, prober,
-			).Scan(&seq); err != nil {
-				return err
-			}
-		}
-		if st == nil {
-			return nil
-		}
-		return upsertState(ctx, tx, *st, prober)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("recording the transition of %s: %w", tr.Name, err)
+// ErrRejected marks a write PostgreSQL refused for what it holds (a data
+// exception or a violated constraint, SQLSTATE classes 22 and 23): writing
+// it again cannot succeed.
+var ErrRejected = errors.New("rejected by the database")
+
+// classify marks err ErrRejected when PostgreSQL refused the data.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")) {
+		return fmt.Errorf("%w: %w", ErrRejected, err)
 	}
-	if seq == 0 {
+	return err
+}
+
+// Record is a transition to store and, when State is set, the proxy's
+// current state to write with it.
+type Record struct {
+	Transition engine.Transition
+	State      *engine.State
+}
+
+// RecordTransition stores one transition; see RecordTransitions.
+func (s *Store) RecordTransition(ctx context.Context, tr engine.Transition, st *engine.State, prober string) (*healthv1.HealthTransition, error) {
+	out, err := s.RecordTransitions(ctx, []Record{{Transition: tr, State: st}}, prober)
+	if err != nil {
+		return nil, err
+	}
+	return out[0], nil
+}
+
+// RecordTransitions stores transitions and the states given with them in
+// one transaction, in the order given, and returns each stored transition
+// with its sequence (nil for one not stored). A transition that repeats
+// the proxy's last stored verdict for the same instance — stored before or
+// earlier in recs — is not a flip (a replica that took the proxy over
+// without knowing the earlier verdict reached the same one again) and is
+// not stored. Inserts are serialised by an advisory lock, so sequences
+// commit in order and the repeat rule holds across replicas. Either all of
+// recs is written or nothing; an error wraps ErrRejected when PostgreSQL
+// refused what one of them holds.
+func (s *Store) RecordTransitions(ctx context.Context, recs []Record, prober string) ([]*healthv1.HealthTransition, error) {
+	if len(recs) == 0 {
 		return nil, nil
 	}
-	return &healthv1.HealthTransition{
-		Sequence: seq, ProxyUid: tr.UID, ProxyName: tr.Name, ProviderId: tr.ProviderID, Healthy: tr.Healthy,
-		Reason: tr.Reason, Message: tr.Message, Latency: durationpb.New(tr.Latency), TransitionTime: timestamppb.New(tr.Time),
-	}, nil
+	var out []*healthv1.HealthTransition
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		uids := make([]string, 0, len(recs))
+		for _, r := range recs {
+			uids = append(uids, r.Transition.UID)
+		}
+		// The lock and the last transition of every proxy of the batch
+		// in one round trip.
+		b := &pgx.Batch{}
+		b.Queue("SELECT pg_advisory_xact_lock($1)", transitionLock)
+		b.Queue(`SELECT DISTINCT ON (proxy_uid) proxy_uid, provider_id, credentials_time, healthy FROM health.transitions
+			WHERE proxy_uid = ANY($1) ORDER BY proxy_uid, sequence DESC`, uids)
+		br := tx.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		last := map[string]engine.Transition{}
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		for rows.Next() {
+			var t engine.Transition
+			var creds *time.Time
+			if err := rows.Scan(&t.UID, &t.ProviderID, &creds, &t.Healthy); err != nil {
+				rows.Close()
+				br.Close()
+				return err
+			}
+			if creds != nil {
+				t.CredentialsTime = *creds
+			}
+			last[t.UID] = t
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+
+		out = make([]*healthv1.HealthTransition, len(recs))
+		var ins insertColumns
+		var stored []int
+		for i, r := range recs {
+			tr := r.Transition
+			if l, ok := last[tr.UID]; ok && l.ProviderID == tr.ProviderID && l.CredentialsTime.Equal(tr.CredentialsTime) && l.Healthy == tr.Healthy {
+				continue
+			}
+			last[tr.UID] = tr
+			ins.add(tr)
+			stored = append(stored, i)
+		}
+		// The insert and the states in one round trip: the rows go in in
+		// the order given (ORDER BY the ordinality), so their sequences do.
+		b = &pgx.Batch{}
+		if len(stored) > 0 {
+			b.Queue(`INSERT INTO health.transitions
+				(proxy_uid, proxy_name, provider_id, credentials_time, healthy, reason, message, latency_us, transition_time, prober)
+				SELECT uid, name, provider, creds, healthy, reason, message, latency, at, $10
+				FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::boolean[], $6::text[], $7::text[],
+					$8::bigint[], $9::timestamptz[]) WITH ORDINALITY
+					AS r(uid, name, provider, creds, healthy, reason, message, latency, at, n)
+				ORDER BY n RETURNING sequence`,
+				ins.uid, ins.name, ins.provider, ins.creds, ins.healthy, ins.reason, ins.message, ins.latency, ins.at, prober)
+		}
+		for _, r := range recs {
+			if r.State != nil {
+				b.Queue(upsertStateSQL, stateArgs(*r.State, prober)...)
+			}
+		}
+		if b.Len() == 0 {
+			return nil
+		}
+		br = tx.SendBatch(ctx, b)
+		defer br.Close()
+		if len(stored) > 0 {
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				return err
+			}
+			if len(seqs) != len(stored) {
+				return fmt.Errorf("%d transitions inserted, %d sequences returned", len(stored), len(seqs))
+			}
+			slices.Sort(seqs)
+			for j, i := range stored {
+				tr := recs[i].Transition
+				out[i] = &healthv1.HealthTransition{
+					Sequence: seqs[j], ProxyUid: tr.UID, ProxyName: tr.Name, ProviderId: tr.ProviderID, Healthy: tr.Healthy,
+					Reason: tr.Reason, Message: tr.Message, Latency: durationpb.New(tr.Latency), TransitionTime: timestamppb.New(tr.Time),
+				}
+			}
+		}
+		return br.Close()
+	})
+	if err != nil {
+		if len(recs) == 1 {
+			return nil, fmt.Errorf("recording the transition of %s: %w", recs[0].Transition.Name, classify(err))
+		}
+		return nil, fmt.Errorf("recording %d transitions: %w", len(recs), classify(err))
+	}
+	return out, nil
+}
+
+// insertColumns are the columns of a multi-row transitions insert, one
+// array each.
+type insertColumns struct {
+	uid, name, provider, reason, message []string
+	creds                                []*time.Time
+	healthy                              []bool
+	latency                              []int64
+	at                                   []time.Time
+}
+
+func (c *insertColumns) add(tr engine.Transition) {
+	c.uid = append(c.uid, tr.UID)
+	c.name = append(c.name, tr.Name)
+	c.provider = append(c.provider, tr.ProviderID)
+	c.creds = append(c.creds, nullTime(tr.CredentialsTime))
+	c.healthy = append(c.healthy, tr.Healthy)
+	c.reason = append(c.reason, tr.Reason)
+	c.message = append(c.message, tr.Message)
+	c.latency = append(c.latency, tr.Latency.Microseconds())
+	c.at = append(c.at, tr.Time)
 }
 
 const upsertStateSQL = `INSERT INTO health.proxy_health
@@ -212,15 +342,6 @@ type StoredVerdict struct {
 	LastTransition  time.Time
 }
 
-// sameTime reports whether a stored instance time (nil: none) is t (zero:
-// none).
-func sameTime(stored *time.Time, t time.Time) bool {
-	if stored == nil {
-		return t.IsZero()
-	}
-	return stored.Equal(t)
-}
-
 // DeleteProxy forgets a proxy's current health as written for its
 // snapshots up to revision (its transitions stay until retention removes
 // them). A state written for a later snapshot stays: the proxy was
@@ -284,11 +405,12 @@ func (s *Store) ListProxies(ctx context.Context, afterName, afterUID string, lim
 	return out, rows.Err()
 }
 
-func scanTransition(row pgx.Row) (*healthv1.HealthTransition, error) {
+// scanTransition scans transitionColumns, and then extra.
+func scanTransition(row pgx.Row, extra ...any) (*healthv1.HealthTransition, error) {
 	var t healthv1.HealthTransition
 	var latency int64
 	var at time.Time
-	if err := row.Scan(&t.Sequence, &t.ProxyUid, &t.ProxyName, &t.ProviderId, &t.Healthy, &t.Reason, &t.Message, &latency, &at); err != nil {
+	if err := row.Scan(append([]any{&t.Sequence, &t.ProxyUid, &t.ProxyName, &t.ProviderId, &t.Healthy, &t.Reason, &t.Message, &latency, &at}, extra...)...); err != nil {
 		return nil, err
 	}
 	t.Latency = durationpb.New(time.Duration(latency) * time.Microsecond)
@@ -349,15 +471,22 @@ func (s *Store) PruneTransitions(ctx context.Context, before time.Time) (int64, 
 }
 
 // PublishPending hands the oldest unpublished transitions (at most limit)
-// to publish, in sequence order, and marks those it accepted. Rows another
+// to publish, in sequence order, and marks them published when it returns
+// nil (with an error none is marked: they are handed over again later, and
+// the stream drops what it already took by message id). Rows another
 // replica is publishing are skipped, and so is a proxy's transition while
-// an older one of the same proxy is still pending, so each proxy's events
-// go out in order.
-func (s *Store) PublishPending(ctx context.Context, limit int, publish func(*healthv1.HealthTransition) error) (int, error) {
-	done := 0
+// an older one of the same proxy is still pending: a page holds at most
+// one transition of each proxy, so publish may send the page's events
+// concurrently and each proxy's still go out in order. more reports that
+// another call may find some now: the page was full, or a proxy of the
+// page has a later transition pending.
+func (s *Store) PublishPending(ctx context.Context, limit int, publish func([]*healthv1.HealthTransition) error) (n int, more bool, err error) {
 	var pubErr error
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, "SELECT "+transitionColumns+` FROM health.transitions t
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		n, more = 0, false
+		rows, err := tx.Query(ctx, "SELECT "+transitionColumns+`, EXISTS (
+				SELECT 1 FROM health.transitions l WHERE l.proxy_uid = t.proxy_uid AND l.sequence > t.sequence AND NOT l.published)
+			FROM health.transitions t
 			WHERE NOT published AND NOT EXISTS (
 				SELECT 1 FROM health.transitions o WHERE NOT o.published AND o.proxy_uid = t.proxy_uid AND o.sequence < t.sequence)
 			ORDER BY sequence LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
@@ -365,39 +494,42 @@ func (s *Store) PublishPending(ctx context.Context, limit int, publish func(*hea
 			return err
 		}
 		var pending []*healthv1.HealthTransition
+		var later bool
 		for rows.Next() {
-			t, err := scanTransition(rows)
+			t, err := scanTransition(rows, &later)
 			if err != nil {
 				rows.Close()
 				return err
 			}
 			pending = append(pending, t)
+			more = more || later
 		}
 		rows.Close()
-		if err := rows.Err(); err != nil {
+		if err := rows.Err(); err != nil || len(pending) == 0 {
 			return err
 		}
-		var ok []int64
-		for _, t := range pending {
-			if pubErr = publish(t); pubErr != nil {
-				break
-			}
-			ok = append(ok, t.Sequence)
+		if pubErr = publish(pending); pubErr != nil {
+			return nil
 		}
-		if len(ok) > 0 {
-			if _, err := tx.Exec(ctx, "UPDATE health.transitions SET published = true WHERE sequence = ANY($1)", ok); err != nil {
-				return err
-			}
+		seqs := make([]int64, len(pending))
+		for i, t := range pending {
+			seqs[i] = t.GetSequence()
 		}
-		done = len(ok)
+		if _, err := tx.Exec(ctx, "UPDATE health.transitions SET published = true WHERE sequence = ANY($1)", seqs); err != nil {
+			return err
+		}
+		n, more = len(pending), more || len(pending) == limit
 		return nil
 	})
 	if err != nil {
 		// The marks were rolled back: those events go out again, which
 		// JetStream drops as duplicates by message id.
-		return 0, err
+		return 0, false, err
 	}
-	return done, pubErr
+	if pubErr != nil {
+		return 0, false, pubErr
+	}
+	return n, more, nil
 }
 
 // SaveProvider upserts a provider's latest check.

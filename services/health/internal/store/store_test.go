@@ -43,11 +43,13 @@ func TestPublishPending_concurrentPublishers(t *testing.T) {
 	order := map[string][]int64{}
 	publisher := func() {
 		for {
-			n, err := st.PublishPending(ctx, 7, func(tr *healthv1.HealthTransition) error {
+			n, _, err := st.PublishPending(ctx, 7, func(page []*healthv1.HealthTransition) error {
 				mu.Lock()
 				defer mu.Unlock()
-				sent[tr.GetSequence()]++
-				order[tr.GetProxyUid()] = append(order[tr.GetProxyUid()], tr.GetSequence())
+				for _, tr := range page {
+					sent[tr.GetSequence()]++
+					order[tr.GetProxyUid()] = append(order[tr.GetProxyUid()], tr.GetSequence())
+				}
 				return nil
 			})
 			if err != nil {
@@ -189,4 +191,145 @@ func TestDeleteProxy_throughRevision(t *testing.T) {
 	if h, err := st.GetProxy(ctx, "p1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("after a deletion as of revision 5: %v, %v; want not found", h, err)
 	}
+}
+
+// RecordTransitions applies the repeat rule within a batch as across
+// batches, and gives the stored ones increasing sequences in the order
+// given, a proxy's several transitions included.
+func TestRecordTransitions_batch(t *testing.T) {
+	t.Parallel()
+	_, st := storetest.New(t)
+	ctx := context.Background()
+	c1 := time.Date(2026, 12, 5, 12, 0, 0, 123456000, time.UTC)
+	tr := func(uid, provider string, creds time.Time, healthy bool) store.Record {
+		return store.Record{Transition: engine.Transition{UID: uid, Name: "p-" + uid, ProviderID: provider, CredentialsTime: creds,
+			Healthy: healthy, Reason: fmt.Sprint(healthy), Time: time.Now()}}
+	}
+	// Stored before the batch: u1 healthy on vm-1, u3 unhealthy on vm-3.
+	for _, r := range []store.Record{tr("u1", "vm-1", time.Time{}, true), tr("u3", "vm-3", c1, false)} {
+		if _, err := st.RecordTransition(ctx, r.Transition, nil, "r"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := engine.State{Spec: engine.Spec{UID: "u2", Name: "p-u2", ProviderID: "vm-2", Address: "10.0.0.2:3128"},
+		VerdictKnown: true, Healthy: true, Reason: "true", LastProbe: time.Now()}
+	withState := tr("u2", "vm-2", time.Time{}, false)
+	withState.State = &state
+	batch := []struct {
+		rec    store.Record
+		stored bool
+	}{
+		{tr("u1", "vm-1", time.Time{}, true), false}, // repeats the stored one
+		{tr("u1", "vm-1", time.Time{}, false), true},
+		{tr("u2", "vm-2", time.Time{}, true), true},
+		{tr("u1", "vm-1", time.Time{}, false), false}, // repeats the one just before in the batch
+		{tr("u3", "vm-3", c1, false), false},
+		{tr("u1", "vm-1", time.Time{}, true), true},
+		{tr("u3", "vm-3", c1.Add(time.Hour), false), true}, // a new instance's first verdict is news
+		{withState, true},
+		{tr("u2", "vm-9", time.Time{}, false), true}, // another instance
+	}
+	recs := make([]store.Record, len(batch))
+	for i, b := range batch {
+		recs[i] = b.rec
+	}
+	got, err := st.RecordTransitions(ctx, recs, "r")
+	if err != nil || len(got) != len(recs) {
+		t.Fatalf("RecordTransitions = %d results, %v", len(got), err)
+	}
+	var seqs []int64
+	for i, b := range batch {
+		if (got[i] != nil) != b.stored {
+			t.Errorf("item %d (%s %s healthy=%v): stored=%v, want %v", i, b.rec.Transition.UID, b.rec.Transition.ProviderID,
+				b.rec.Transition.Healthy, got[i] != nil, b.stored)
+			continue
+		}
+		if got[i] != nil {
+			if got[i].GetProxyUid() != b.rec.Transition.UID || got[i].GetHealthy() != b.rec.Transition.Healthy {
+				t.Errorf("item %d returned %v", i, got[i])
+			}
+			seqs = append(seqs, got[i].GetSequence())
+		}
+	}
+	// The table holds them in batch order after the two stored before.
+	ts, err := st.TransitionsAfter(ctx, 2, 100)
+	if err != nil || len(ts) != len(seqs) {
+		t.Fatalf("%d transitions stored after the first two (%v), want %d", len(ts), err, len(seqs))
+	}
+	for i, s := range ts {
+		if s.GetSequence() != seqs[i] || (i > 0 && seqs[i] <= seqs[i-1]) {
+			t.Errorf("stored sequences %v, returned %v: not the batch order", ts, seqs)
+			break
+		}
+	}
+	if h, err := st.GetProxy(ctx, "p-u2"); err != nil || h.GetAddress() != "10.0.0.2:3128" {
+		t.Errorf("the state given with a transition: %v, %v", h, err)
+	}
+	// Across batches: the last of each proxy is what a repeat is checked
+	// against.
+	again, err := st.RecordTransitions(ctx, []store.Record{tr("u1", "vm-1", time.Time{}, true), tr("u2", "vm-9", time.Time{}, false),
+		tr("u2", "vm-9", time.Time{}, true)}, "r")
+	if err != nil || again[0] != nil || again[1] != nil || again[2] == nil {
+		t.Errorf("second batch = %v, %v; want only the flip of u2 stored", again, err)
+	}
+}
+
+// A batch PostgreSQL refuses is refused whole, marked store.ErrRejected:
+// neither its other transitions nor its states are half written.
+func TestRecordTransitions_rejectedWritesNothing(t *testing.T) {
+	t.Parallel()
+	_, st := storetest.New(t)
+	ctx := context.Background()
+	state := engine.State{Spec: engine.Spec{UID: "u1", Name: "p1", ProviderID: "vm-1", Address: "10.0.0.1:3128"},
+		VerdictKnown: true, Healthy: true, LastProbe: time.Now()}
+	_, err := st.RecordTransitions(ctx, []store.Record{
+		{Transition: engine.Transition{UID: "u1", Name: "p1", ProviderID: "vm-1", Healthy: true, Time: time.Now()}, State: &state},
+		// PostgreSQL text holds no NUL byte.
+		{Transition: engine.Transition{UID: "u2", Name: "p2", ProviderID: "vm-2", Healthy: true, Message: "bad\x00reply", Time: time.Now()}},
+	}, "r")
+	if !errors.Is(err, store.ErrRejected) {
+		t.Fatalf("RecordTransitions = %v, want ErrRejected", err)
+	}
+	if ts, err := st.TransitionsAfter(ctx, 0, 10); err != nil || len(ts) != 0 {
+		t.Errorf("transitions after a refused batch: %v, %v", ts, err)
+	}
+	if h, err := st.GetProxy(ctx, "p1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("state after a refused batch: %v, %v", h, err)
+	}
+}
+
+// PublishPending says when another call may find more: a full page, or a
+// proxy of the page with a later transition pending.
+func TestPublishPending_more(t *testing.T) {
+	t.Parallel()
+	_, st := storetest.New(t)
+	ctx := context.Background()
+	record := func(uids ...string) {
+		t.Helper()
+		for _, uid := range uids {
+			if _, err := st.RecordTransition(ctx, engine.Transition{UID: uid, Name: "p-" + uid, Healthy: uid == "u1", Time: time.Now()}, nil, "r"); err != nil {
+				t.Fatal(err)
+			}
+			if uid == "u1" { // a second, unhealthy, transition of u1
+				if _, err := st.RecordTransition(ctx, engine.Transition{UID: uid, Name: "p-" + uid, Time: time.Now()}, nil, "r"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	none := func([]*healthv1.HealthTransition) error { return nil }
+	check := func(step string, wantN int, wantMore bool) {
+		t.Helper()
+		n, more, err := st.PublishPending(ctx, 3, none)
+		if err != nil || n != wantN || more != wantMore {
+			t.Errorf("%s: PublishPending = %d, %v, %v; want %d, %v", step, n, more, err, wantN, wantMore)
+		}
+	}
+	record("u1", "u2")
+	check("u1 and u2, u1's second pending", 2, true)
+	check("u1's second", 1, false)
+	check("nothing", 0, false)
+	record("u3", "u4", "u5")
+	check("a full page", 3, true)
+	check("nothing", 0, false)
 }

@@ -7,6 +7,7 @@ package transitions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -29,14 +30,18 @@ type Recorder struct {
 	// State returns a proxy's current state for the row written with the
 	// transition; it may return false.
 	State func(uid string) (engine.State, bool)
-	// Stored is called after each transition is stored (wakes the
-	// publisher and the hub).
+	// Stored is called after each batch of transitions is stored (wakes
+	// the publisher and the hub).
 	Stored func()
 	Log    *slog.Logger
 
 	once sync.Once
 	ch   chan engine.Transition
 }
+
+// recordBatch is the most transitions the Recorder stores in one
+// transaction: what is queued when it takes the next, up to this.
+const recordBatch = 256
 
 func (r *Recorder) init() { r.once.Do(func() { r.ch = make(chan engine.Transition, 4096) }) }
 
@@ -46,46 +51,81 @@ func (r *Recorder) Add(tr engine.Transition) {
 	r.ch <- tr
 }
 
-// Run stores queued transitions until ctx ends.
+// Run stores queued transitions until ctx ends: each time, all that are
+// queued (up to recordBatch) in one transaction.
 func (r *Recorder) Run(ctx context.Context) error {
 	r.init()
+	batch := make([]engine.Transition, 0, recordBatch)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case tr := <-r.ch:
-			r.record(ctx, tr)
+			batch = append(batch[:0], tr)
+		drain:
+			for len(batch) < recordBatch {
+				select {
+				case tr := <-r.ch:
+					batch = append(batch, tr)
+				default:
+					break drain
+				}
+			}
+			if r.record(ctx, batch) && r.Stored != nil {
+				r.Stored()
+			}
 		}
 	}
 }
 
-func (r *Recorder) record(ctx context.Context, tr engine.Transition) {
+// record stores trs in one transaction, retrying until the database takes
+// them or ctx ends, and reports whether it wrote anything. When PostgreSQL
+// refuses what one of them holds (store.ErrRejected) they are stored one a
+// transaction instead, so that one cannot hold the others back; a single
+// refused transition is dropped, loudly: retrying it could never succeed
+// and would stop every later one.
+func (r *Recorder) record(ctx context.Context, trs []engine.Transition) bool {
 	retryIn := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, Multiplier: 2, MaxInterval: 5 * time.Second}
 	for {
-		var st *engine.State
-		if r.State != nil {
-			if s, ok := r.State(tr.UID); ok && s.Spec.ProviderID == tr.ProviderID {
-				st = &s
+		// The states are read at each attempt: a retry writes the
+		// current ones.
+		recs := make([]store.Record, len(trs))
+		for i, tr := range trs {
+			recs[i].Transition = tr
+			if r.State != nil {
+				if s, ok := r.State(tr.UID); ok && s.Spec.ProviderID == tr.ProviderID {
+					recs[i].State = &s
+				}
 			}
 		}
-		_, err := r.Store.RecordTransition(ctx, tr, st, r.Prober)
+		_, err := r.Store.RecordTransitions(ctx, recs, r.Prober)
 		if err == nil {
-			if r.Stored != nil {
-				r.Stored()
-			}
-			return
+			return true
 		}
 		if ctx.Err() != nil {
-			return
+			return false
+		}
+		if errors.Is(err, store.ErrRejected) {
+			if len(trs) == 1 {
+				r.Log.Warn("WARNING: the database refuses a health transition; it is dropped", "proxy_name", trs[0].Name,
+					"proxy_uid", trs[0].UID, "error", err)
+				return false
+			}
+			r.Log.Warn("WARNING: the database refuses a batch of health transitions; storing them one at a time",
+				"transitions", len(trs), "error", err)
+			stored := false
+			for i := range trs {
+				if r.record(ctx, trs[i:i+1]) {
+					stored = true
+				}
+			}
+			return stored
 		}
 		wait := retryIn.NextBackOff()
-		r.Log.Warn("WARNING: storing a health transition failed; retrying", "proxy_name", tr.Name, "error", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+		r.Log.Warn("WARNING: storing health transitions failed; retrying", "transitions", len(trs), "proxy_name", trs[0].Name,
+			"error", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return false
 		}
 	}
 }
@@ -137,17 +177,37 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
-// Sweep publishes every pending transition.
+// publishPage is the most transitions a sweep publishes at once.
+const publishPage = 500
+
+// Sweep publishes every pending transition, a page at a time: the page's
+// events are all sent before their acknowledgements are awaited together,
+// and the page is marked published only when every one was acknowledged.
+// A page holds at most one transition of each proxy (PublishPending), so
+// each proxy's events still reach the stream in order. It ends without
+// another look when the page was not full and held no proxy with a later
+// transition pending.
 func (p *Publisher) Sweep(ctx context.Context) error {
 	for {
-		n, err := p.Store.PublishPending(ctx, 100, func(t *healthv1.HealthTransition) error {
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, more, err := p.Store.PublishPending(ctx, publishPage, func(page []*healthv1.HealthTransition) error {
+			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			_, err := bus.Publish(pctx, p.JS, p.Names.HealthEventSubject(t.GetProxyUid()),
-				&busv1.HealthTransitionEvent{Transition: t}, jetstream.WithMsgID(fmt.Sprintf("health-transition-%d", t.GetSequence())))
-			return err
+			futures := make([]jetstream.PubAckFuture, 0, len(page))
+			for _, t := range page {
+				m, err := bus.Message(pctx, p.Names.HealthEventSubject(t.GetProxyUid()), &busv1.HealthTransitionEvent{Transition: t})
+				if err != nil {
+					return err
+				}
+				f, err := p.JS.PublishMsgAsync(m, jetstream.WithMsgID(fmt.Sprintf("health-transition-%d", t.GetSequence())))
+				if err != nil {
+					return err
+				}
+				futures = append(futures, f)
+			}
+			return bus.WaitAcks(pctx, futures)
 		})
-		if err != nil || n == 0 {
+		if err != nil || !more {
+			// What is stored meanwhile wakes the next sweep.
 			return err
 		}
 	}

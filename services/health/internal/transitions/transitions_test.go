@@ -81,7 +81,7 @@ func TestRecordAndPublish(t *testing.T) {
 	if err := pub.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := st.PublishPending(ctx, 100, func(*healthv1.HealthTransition) error { return nil }); err != nil || n != 0 {
+	if n, _, err := st.PublishPending(ctx, 100, func([]*healthv1.HealthTransition) error { return nil }); err != nil || n != 0 {
 		t.Errorf("after a sweep %d transitions still pending (%v)", n, err)
 	}
 
@@ -133,7 +133,7 @@ func TestRecorder_retriesUntilStored(t *testing.T) {
 	rec.Add(engine.Transition{UID: "u1", Name: "p1", ProviderID: "vm-1", Healthy: true, Reason: "ProbeSucceeded", Time: t0})
 
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "storing a health transition failed") {
+	for !strings.Contains(logs.String(), "storing health transitions failed") {
 		if time.Now().After(deadline) {
 			t.Fatal("no failed attempt logged")
 		}
