@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -313,19 +314,55 @@ func (f *Fleet) follow(ctx context.Context, js jetstream.JetStream, names bus.Na
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
+	batch := make([]*busv1.ProxyEvent, 0, followBatch)
 	for {
+		// Wait for an event, then take those the consumer already holds
+		// (up to followBatch): the proxies they give this replica are
+		// adopted together, their earlier verdicts read in one query.
 		m, err := it.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil // ctx ended or NATS reconnected
+		for err == nil {
+			var ev busv1.ProxyEvent
+			if _, derr := bus.Decode(ctx, m, &ev); derr != nil {
+				f.Log.Warn("WARNING: dropping an undecodable proxy event", "subject", m.Subject(), "error", derr)
+			} else {
+				batch = append(batch, &ev)
 			}
+			if len(batch) == followBatch {
+				break
+			}
+			m, err = it.Next(jetstream.NextMaxWait(time.Millisecond))
+		}
+		f.applyInOrder(batch)
+		clear(batch)
+		batch = batch[:0]
+		switch {
+		case err == nil, errors.Is(err, nats.ErrTimeout):
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+			return nil // ctx ended or NATS reconnected
+		default:
 			return err
 		}
-		var ev busv1.ProxyEvent
-		if _, err := bus.Decode(ctx, m, &ev); err != nil {
-			f.Log.Warn("WARNING: dropping an undecodable proxy event", "subject", m.Subject(), "error", err)
-			continue
+	}
+}
+
+// followBatch is the most events follow applies together.
+const followBatch = 500
+
+// applyInOrder applies events in the order given: as runs of distinct
+// proxies, since applyAll takes at most one event of each.
+func (f *Fleet) applyInOrder(evs []*busv1.ProxyEvent) {
+	seen := make(map[string]bool, len(evs))
+	start := 0
+	for i, ev := range evs {
+		uid := ev.GetProxy().GetUid()
+		if seen[uid] {
+			f.applyAll(evs[start:i])
+			start = i
+			clear(seen)
 		}
-		f.Apply(&ev)
+		seen[uid] = true
+	}
+	if start < len(evs) {
+		f.applyAll(evs[start:])
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -341,5 +342,91 @@ func TestFleet_ResyncReadsPriorVerdictsOncePerPage(t *testing.T) {
 	}
 	if got, want := slices.Sorted(slices.Values(eng.opsLog())), []string{"adopt a", "adopt b healthy=true", "adopt c"}; !slices.Equal(got, want) {
 		t.Errorf("engine calls = %v, want %v", got, want)
+	}
+}
+
+// TestFleet_followBatches: the events the consumer holds are applied
+// together, so the earlier verdicts of the proxies they bring are read a
+// batch at a time, not a proxy at a time; a proxy's events within a batch
+// still apply in order.
+func TestFleet_followBatches(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js := natstest.New(t).JetStream(t)
+	names := bus.Names{Prefix: "batch"}
+	if err := bus.EnsureStreams(ctx, js, names); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	for i := range n {
+		uid := fmt.Sprint("h", i)
+		if _, err := bus.Publish(ctx, js, names.ProxyEventSubject(uid), event(int64(i+1), created, proxy(uid, running, "10.0.0.1"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eng := &fakeEngine{}
+	var mu sync.Mutex
+	var calls int
+	var gone []string
+	f := &fleet.Fleet{Engine: eng, Defaults: engine.DefaultDefaults, Log: slog.New(slog.DiscardHandler),
+		Prior: func(uids []string) map[string]fleet.Prior {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			return nil
+		},
+		Gone: func(uid string, rev int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			gone = append(gone, fmt.Sprint(uid, "@", rev))
+		}}
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Follow(fctx, js, names) }()
+	waittest.For(t, 10*time.Second, "every proxy adopted", func() bool { return eng.count() == n })
+	mu.Lock()
+	if calls > n/10 {
+		t.Errorf("earlier verdicts read in %d calls for %d proxies, want a call a batch", calls, n)
+	}
+	mu.Unlock()
+
+	// A burst with a proxy's several events: applied in order.
+	var futures []jetstream.PubAckFuture
+	for i, ev := range []*busv1.ProxyEvent{
+		event(1001, created, proxy("x", running, "10.0.0.9")),
+		event(1002, deleted, proxy("x", running, "10.0.0.9")),
+		event(1003, deleted, proxy("h0", running, "10.0.0.1")),
+		event(1004, created, proxy("y", running, "10.0.0.8")),
+	} {
+		m, err := bus.Message(ctx, names.ProxyEventSubject(ev.GetProxy().GetUid()), ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		futures = append(futures, f)
+	}
+	if err := bus.WaitAcks(ctx, futures); err != nil {
+		t.Fatal(err)
+	}
+	waittest.For(t, 10*time.Second, "the burst applied", func() bool {
+		_, y := eng.has("y")
+		_, h0 := eng.has("h0")
+		return y && !h0
+	})
+	if _, ok := eng.has("x"); ok {
+		t.Error("x is probed after its deletion")
+	}
+	mu.Lock()
+	if !slices.Contains(gone, "x@1002") || !slices.Contains(gone, "h0@1003") {
+		t.Errorf("Gone calls %v, want x@1002 and h0@1003", gone)
+	}
+	mu.Unlock()
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
