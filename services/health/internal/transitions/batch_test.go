@@ -154,9 +154,9 @@ func TestRecorder_refusedTransitionHoldsNoOtherBack(t *testing.T) {
 
 // TestPublisher_publishesAPageAtOnce: a sweep sends a page's events
 // without waiting for each acknowledgement. The stand-in for JetStream
-// here answers none until it holds every event of the page (or two
-// seconds passed): a publisher that waits for each ack before the next
-// sends one at a time.
+// here answers none until it holds every event of the page, or none came
+// for a second: a publisher that waits for each ack before the next sends
+// them one a second.
 func TestPublisher_publishesAPageAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -177,6 +177,7 @@ func TestPublisher_publishesAPageAtOnce(t *testing.T) {
 	nc := srv.Connect(t)
 	var mu sync.Mutex
 	var held []*nats.Msg
+	var lastIn time.Time
 	var firstAnswer int // how many were in flight when the first ack went out
 	var seq uint64
 	answer := func() {
@@ -195,6 +196,7 @@ func TestPublisher_publishesAPageAtOnce(t *testing.T) {
 	sub, err := nc.Subscribe(names.HealthEventSubjects(), func(m *nats.Msg) {
 		mu.Lock()
 		held = append(held, m)
+		lastIn = time.Now()
 		full := len(held) == n
 		mu.Unlock()
 		if full {
@@ -209,14 +211,19 @@ func TestPublisher_publishesAPageAtOnce(t *testing.T) {
 	tickDone := make(chan struct{})
 	go func() {
 		defer close(tickDone)
-		tick := time.NewTicker(2 * time.Second)
+		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-tick.C:
-				answer()
+				mu.Lock()
+				idle := time.Since(lastIn) >= time.Second
+				mu.Unlock()
+				if idle {
+					answer()
+				}
 			}
 		}
 	}()
