@@ -256,10 +256,17 @@ func TestRecordTransitions_batch(t *testing.T) {
 	if err != nil || len(ts) != len(seqs) {
 		t.Fatalf("%d transitions stored after the first two (%v), want %d", len(ts), err, len(seqs))
 	}
+	var storedItems []store.Record
+	for i, b := range batch {
+		if b.stored {
+			storedItems = append(storedItems, recs[i])
+		}
+	}
 	for i, s := range ts {
-		if s.GetSequence() != seqs[i] || (i > 0 && seqs[i] <= seqs[i-1]) {
-			t.Errorf("stored sequences %v, returned %v: not the batch order", ts, seqs)
-			break
+		want := storedItems[i].Transition
+		if s.GetSequence() != seqs[i] || s.GetProxyUid() != want.UID || s.GetHealthy() != want.Healthy || s.GetProviderId() != want.ProviderID {
+			t.Errorf("row %d: sequence %d %s %s healthy=%v; want sequence %d %s %s healthy=%v (the batch order)", i, s.GetSequence(),
+				s.GetProxyUid(), s.GetProviderId(), s.GetHealthy(), seqs[i], want.UID, want.ProviderID, want.Healthy)
 		}
 	}
 	if h, err := st.GetProxy(ctx, "p-u2"); err != nil || h.GetAddress() != "10.0.0.2:3128" {
