@@ -24,6 +24,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // Reasons of a probe, CamelCase as in healthv1.ProxyHealth.reason. TooSlow
@@ -214,10 +215,26 @@ func (p *Prober) ProbeAuth(ctx context.Context, proxyAddr string, auth Auth) Res
 	start := time.Now()
 	r := p.probe(ctx, proxyAddr, auth)
 	r.Latency = time.Since(start)
-	if len(r.Message) > maxMessage {
-		r.Message = r.Message[:maxMessage]
-	}
+	r.Message = cleanMessage(r.Message)
 	return r
+}
+
+// cleanMessage makes a probe's message one that can be stored and sent:
+// valid UTF-8 (protobuf strings and PostgreSQL text require it), without
+// NUL bytes (PostgreSQL text refuses them), at most maxMessage bytes cut
+// at a character boundary. A message carries the proxy's or the target's
+// status line as sent, whatever bytes it holds. Valid messages are
+// returned as they are, without allocating.
+func cleanMessage(m string) string {
+	m = strings.ReplaceAll(strings.ToValidUTF8(m, "\uFFFD"), "\x00", "")
+	if len(m) > maxMessage {
+		cut := maxMessage
+		for cut > 0 && !utf8.RuneStart(m[cut]) {
+			cut--
+		}
+		m = m[:cut]
+	}
+	return m
 }
 
 func (p *Prober) probe(ctx context.Context, proxyAddr string, auth Auth) Result {

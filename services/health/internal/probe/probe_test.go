@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/goleak"
 
@@ -314,4 +315,56 @@ func newTargetsF(f *testing.F) *httptest.Server {
 	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
 	f.Cleanup(ts.Close)
 	return ts
+}
+
+// rawProxy answers every connection's first request with head, as bytes,
+// and closes it.
+func rawProxy(t *testing.T, head string) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lis.Close() })
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				_, _ = c.Read(buf)
+				_, _ = c.Write([]byte(head))
+			}()
+		}
+	}()
+	return lis.Addr().String()
+}
+
+// A proxy's status line goes into the message whatever bytes it holds;
+// the message stays valid UTF-8 without NUL bytes (PostgreSQL would refuse
+// to store it, protobuf to send it) and is cut at a character boundary.
+func TestProbe_messageFromAnyBytes(t *testing.T) {
+	t.Parallel()
+	tg := newTargets(t)
+	p := newProber(t, tg.tls.URL+"/ok", tg.roots)
+	for name, head := range map[string]string{
+		"invalid UTF-8 and NUL": "HTTP/1.1 403 Forbidden \xff\xfe\x00by policy\r\n\r\n",
+		"long, multi-byte":      "HTTP/1.1 403 " + strings.Repeat("é", 400) + "\r\n\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r := p.Probe(ctx, rawProxy(t, head))
+			if r.OK || r.Reason != probe.ReasonConnectRefused || !strings.Contains(r.Message, "403") {
+				t.Fatalf("Probe() = %+v, want a refused CONNECT naming 403", r)
+			}
+			if !utf8.ValidString(r.Message) || strings.Contains(r.Message, "\x00") || len(r.Message) > 512 {
+				t.Errorf("message %q (%d bytes): want valid UTF-8, no NUL, at most 512 bytes", r.Message, len(r.Message))
+			}
+		})
+	}
 }
