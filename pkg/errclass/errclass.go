@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
 	provisionerv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/provisioner/v1"
@@ -126,7 +127,7 @@ func ToStatus(err error) *status.Status {
 	var e *Error
 	classified := errors.As(err, &e) && e.Class != provisionerv1.ErrorReason_ERROR_REASON_UNSPECIFIED
 	if classified {
-		md = e.Metadata
+		md = validMetadata(e.Metadata)
 	}
 	code := codeFor(class)
 	switch {
@@ -136,7 +137,7 @@ func ToStatus(err error) *status.Status {
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	}
-	st := status.New(code, err.Error())
+	st := status.New(code, messageOf(err))
 	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{
 		Reason:   class.String(),
 		Domain:   Domain,
@@ -203,12 +204,29 @@ func ToCommandError(err error) *busv1.CommandError {
 	if err == nil {
 		return nil
 	}
-	ce := &busv1.CommandError{Reason: Of(err), Message: err.Error()}
+	ce := &busv1.CommandError{Reason: Of(err), Message: messageOf(err)}
 	var e *Error
 	if errors.As(err, &e) {
-		ce.Metadata = maps.Clone(e.Metadata)
+		ce.Metadata = validMetadata(e.Metadata)
 	}
 	return ce
+}
+
+// messageOf is err's text as a protobuf string may hold it: a backend's
+// error text is copied as it came, and an invalid UTF-8 sequence in it
+// would make the whole status or result fail to encode.
+func messageOf(err error) string { return strings.ToValidUTF8(err.Error(), "\uFFFD") }
+
+// validMetadata is a copy of md with every key and value valid UTF-8.
+func validMetadata(md map[string]string) map[string]string {
+	if md == nil {
+		return nil
+	}
+	out := make(map[string]string, len(md))
+	for k, v := range md {
+		out[strings.ToValidUTF8(k, "\uFFFD")] = strings.ToValidUTF8(v, "\uFFFD")
+	}
+	return out
 }
 
 // FromCommandError turns a CommandError back into a classified error.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -164,5 +165,30 @@ func TestCommandErrorRoundTrip(t *testing.T) {
 	}
 	if got := ToCommandError(errors.New("unclassified")).GetReason(); got != Transient {
 		t.Errorf("unclassified reason = %v, want Transient", got)
+	}
+}
+
+// A backend's error text is copied into the status and the command result
+// as it came: an invalid UTF-8 sequence in it must not make either fail to
+// encode, nor lose the class.
+func TestInvalidUTF8StillEncodes(t *testing.T) {
+	t.Parallel()
+	err := New(Permanent, "disk \xff\xfe full").WithMetadata("volume", "vol\xff1")
+	wire, merr := proto.Marshal(ToCommandError(err))
+	if merr != nil {
+		t.Fatalf("command error: %v", merr)
+	}
+	decoded := new(busv1.CommandError)
+	if err := proto.Unmarshal(wire, decoded); err != nil {
+		t.Fatal(err)
+	}
+	if back := FromCommandError(decoded); Of(back) != Permanent || !strings.Contains(back.Error(), "full") {
+		t.Errorf("command error round trip = %v (%v)", back, Of(back))
+	}
+	if _, merr := proto.Marshal(ToStatus(err).Proto()); merr != nil {
+		t.Errorf("status: %v", merr)
+	}
+	if back := FromStatus(ToStatus(err).Err()); Of(back) != Permanent {
+		t.Errorf("status round trip = %v (%v), want Permanent", back, Of(back))
 	}
 }

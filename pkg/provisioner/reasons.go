@@ -1,6 +1,9 @@
 package provisioner
 
-import "slices"
+import (
+	"slices"
+	"strings"
+)
 
 // The reasons of a backend check's verdict (TargetStatus.reason), declared
 // here once for every backend: health, dashboards and alerts read them as
@@ -76,8 +79,10 @@ func IsCheckReason(reason string) bool { return slices.Contains(CheckReasons, re
 const MaxCheckMessage = 1024
 
 // truncateMessage cuts s to MaxCheckMessage characters, ending in "..."
-// when it cut.
+// when it cut, and makes it valid UTF-8: a backend's text is copied as it
+// came, and an invalid sequence would make the whole answer fail to encode.
 func truncateMessage(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	r := []rune(s)
 	if len(r) <= MaxCheckMessage {
 		return s

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -282,6 +283,21 @@ func TestCheckAnswersBeforeTheCallersDeadline(t *testing.T) {
 		ts := resp.GetTargets()[0]
 		if ts.GetReason() != ReasonTimeout || utf8.RuneCountInString(ts.GetMessage()) != MaxCheckMessage || !strings.HasSuffix(ts.GetMessage(), "é...") {
 			t.Errorf("with a %s deadline: %s, a message of %d characters", deadline, ts.GetReason(), utf8.RuneCountInString(ts.GetMessage()))
+		}
+	}
+}
+
+// A check message with an invalid UTF-8 sequence (a backend's text as it
+// came) is made valid, so the answer still encodes.
+func TestTruncateMessageMakesValidUTF8(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{"node \xff\xfe down", strings.Repeat("\xff", 2*MaxCheckMessage)} {
+		got := truncateMessage(in)
+		if !utf8.ValidString(got) || utf8.RuneCountInString(got) > MaxCheckMessage {
+			t.Errorf("truncateMessage(%q...) = %q: want valid UTF-8 of at most %d characters", in[:8], got, MaxCheckMessage)
+		}
+		if _, err := proto.Marshal(&provisionerv1.TargetStatus{Name: "n", Message: got}); err != nil {
+			t.Errorf("the status does not encode: %v", err)
 		}
 	}
 }
