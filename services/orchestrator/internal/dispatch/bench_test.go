@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,7 +34,11 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkConverge -benchtime 1x ./services/orchestrator/internal/dispatch/
 //
-// It reports proxies/s (converged) and the create phase's own rate.
+// It reports proxies/s (converged) and the create phase's own rate, and
+// the CPU the converge took a proxy: the test process's (cpu-us/proxy:
+// the replica and API, the in-process NATS server and the answering
+// provisioner) and, when PostgreSQL runs on this machine, that of the
+// benchmark database's backends (db-cpu-us/proxy, from /proc).
 // BENCH_CONVERGE_SIZES overrides the sizes ("10000 100000", as make
 // bench-scale runs it); BENCH_STEADY_SECONDS=S adds, once every proxy
 // runs, S seconds with nothing changing and reports the process's CPU in
@@ -104,6 +109,7 @@ func converge(b *testing.B, n int) {
 		w = watch(b, client, n)
 	}
 	heapBefore := proxysynctest.HeapInUse()
+	cpuBefore, dbBefore := cpuTime(), dbCPU(b, h)
 	b.ResetTimer()
 	start := time.Now()
 	w.from(start)
@@ -134,10 +140,15 @@ func converge(b *testing.B, n int) {
 	waitPhase(b, h, n, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, 10*time.Minute-time.Since(start))
 	total := time.Since(start)
 	b.StopTimer()
+	cpuUsed, dbUsed := cpuTime()-cpuBefore, dbCPU(b, h)
 	w.report(b, proxyv1.ProxyPhase_PROXY_PHASE_RUNNING, total, "s-watch-running", "watch-lag-s")
 	b.ReportMetric(float64(n)/total.Seconds(), "proxies/s")
 	b.ReportMetric(float64(n)/created.Seconds(), "creates/s")
 	b.ReportMetric(total.Seconds(), "s-to-converge")
+	b.ReportMetric(float64(cpuUsed.Microseconds())/float64(n), "cpu-us/proxy")
+	if dbUsed.known() && dbBefore.known() {
+		b.ReportMetric(float64(dbUsed.since(dbBefore).Microseconds())/float64(n), "db-cpu-us/proxy")
+	}
 	// An upper bound on what the orchestrator holds per proxy: the whole
 	// process's live heap, the NATS server and the answering backend in
 	// it too.
@@ -351,6 +362,53 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// backendsCPU is the CPU each backend of the benchmark's database had
+// used, by process id; nil when PostgreSQL runs where /proc does not show
+// its processes.
+type backendsCPU map[int]time.Duration
+
+func (c backendsCPU) known() bool { return c != nil }
+
+// since is the CPU the backends used after before (a backend started
+// since then counts whole; one that ended since then is missing).
+func (c backendsCPU) since(before backendsCPU) time.Duration {
+	var d time.Duration
+	for pid, t := range c {
+		d += t - before[pid]
+	}
+	return d
+}
+
+// dbCPU reads the CPU of the benchmark database's backends from
+// /proc/<pid>/stat, as proctest.CPUTime does: the database's side of the
+// converge when PostgreSQL runs on this machine.
+func dbCPU(b *testing.B, h *orchtest.Harness) backendsCPU {
+	rows, err := h.Store.Pool().Query(context.Background(), "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := backendsCPU{}
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil
+		}
+		_, rest, _ := strings.Cut(string(raw), ") ")
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			return nil
+		}
+		utime, _ := strconv.ParseInt(f[11], 10, 64)
+		stime, _ := strconv.ParseInt(f[12], 10, 64)
+		out[int(pid)] = time.Duration(utime+stime) * 10 * time.Millisecond
+	}
+	return out
 }
 
 func must[T any](v T, err error) T {
