@@ -208,11 +208,17 @@ func Message(ctx context.Context, subject string, msg proto.Message) (*nats.Msg,
 	if err != nil {
 		return nil, fmt.Errorf("encoding %T: %w", msg, err)
 	}
+	return EncodedMessage(ctx, subject, data), nil
+}
+
+// EncodedMessage builds a NATS message carrying data, a message already
+// encoded as Message encodes it, and the trace context of ctx.
+func EncodedMessage(ctx context.Context, subject string, data []byte) *nats.Msg {
 	m := nats.NewMsg(subject)
 	m.Data = data
 	m.Header.Set("Content-Type", ContentType)
 	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(http.Header(m.Header)))
-	return m, nil
+	return m
 }
 
 // Publish publishes msg on subject through JetStream and waits for the

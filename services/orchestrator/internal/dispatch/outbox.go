@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -52,7 +53,7 @@ func (d *Dispatcher) outbox(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		wake := d.Changes.Wait()
-		changes, err := d.Store.Changes(ctx, cursor, 1000)
+		changes, err := d.Store.EncodedChanges(ctx, cursor, 1000)
 		if errors.Is(err, store.ErrCompacted) {
 			d.Log.Warn("event outbox fell behind the change log; consumers resync from their own lists", "cursor", cursor)
 			rev, rerr := d.Store.Revision(ctx)
@@ -66,11 +67,7 @@ func (d *Dispatcher) outbox(ctx context.Context) error {
 			return err
 		}
 		if len(changes) > 0 {
-			evs := make([]*busv1.ProxyEvent, len(changes))
-			for i, c := range changes {
-				evs[i] = &busv1.ProxyEvent{Revision: c.Revision, Type: c.Type, Proxy: c.Proxy, ChangeTime: timestamppb.New(c.Time)}
-			}
-			if err := d.publishEvents(ctx, evs); err != nil {
+			if err := d.publishChanges(ctx, changes); err != nil {
 				return err
 			}
 			cursor = changes[len(changes)-1].Revision
@@ -123,6 +120,52 @@ func (d *Dispatcher) publishEvents(ctx context.Context, evs []*busv1.ProxyEvent)
 		futures = append(futures, f)
 	}
 	return bus.WaitAcks(ctx, futures)
+}
+
+// publishChanges publishes changes as ProxyEvents, in order, each on its
+// proxy's subject, and waits until JetStream has stored them all. Each
+// snapshot goes into its event as the change log stores it, never decoded
+// (encodeEvent).
+func (d *Dispatcher) publishChanges(ctx context.Context, changes []store.EncodedChange) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(changes))
+	for _, c := range changes {
+		f, err := d.JS.PublishMsgAsync(bus.EncodedMessage(ctx, d.Names.ProxyEventSubject(c.UID), encodeEvent(c)))
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+	}
+	return bus.WaitAcks(ctx, futures)
+}
+
+// encodeEvent is the encoding of c's ProxyEvent, with its snapshot (an
+// encoded proxyv1.Proxy) copied in as stored: the bytes proto.Marshal
+// gives for the event with the snapshot decoded into it, fields in number
+// order, without decoding and encoding the proxy again.
+func encodeEvent(c store.EncodedChange) []byte {
+	t := timestamppb.New(c.Time)
+	b := make([]byte, 0, len(c.Snapshot)+32)
+	if c.Revision != 0 {
+		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(c.Revision))
+	}
+	if c.Type != 0 {
+		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(c.Type))
+	}
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = protowire.AppendBytes(b, c.Snapshot)
+	var ts []byte
+	if t.Seconds != 0 {
+		ts = protowire.AppendTag(ts, 1, protowire.VarintType)
+		ts = protowire.AppendVarint(ts, uint64(t.Seconds))
+	}
+	if t.Nanos != 0 {
+		ts = protowire.AppendTag(ts, 2, protowire.VarintType)
+		ts = protowire.AppendVarint(ts, uint64(int64(t.Nanos)))
+	}
+	b = protowire.AppendTag(b, 4, protowire.BytesType)
+	return protowire.AppendBytes(b, ts)
 }
 
 // refreshEvents publishes again the current state of every proxy whose

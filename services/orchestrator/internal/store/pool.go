@@ -209,12 +209,18 @@ type PoolChange struct {
 // PoolChanges returns up to limit pool changes after revision since, in
 // order; ErrCompacted when changes after since were pruned.
 func (s *Store) PoolChanges(ctx context.Context, since int64, limit int) ([]PoolChange, error) {
-	entries, err := readLog(ctx, s.pool, "orchestrator.pool_changes", since, limit, func() *proxyv1.ProxyPool { return &proxyv1.ProxyPool{} })
+	entries, err := readLog(ctx, s.pool, "orchestrator.pool_changes", since, limit)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]PoolChange, len(entries))
 	for i, e := range entries {
-		out[i] = PoolChange{Revision: e.revision, Type: e.typ, Pool: e.snapshot, Time: e.time}
+		out[i] = PoolChange{Revision: e.Revision, Type: e.Type, Pool: &proxyv1.ProxyPool{}, Time: e.Time}
+		if err := proto.Unmarshal(e.Snapshot, out[i].Pool); err != nil {
+			return nil, fmt.Errorf("pool change %d: %w", e.Revision, err)
+		}
 	}
-	return out, err
+	return out, nil
 }
 
 // PrunePoolChanges deletes pool changes older than retention, always

@@ -265,12 +265,34 @@ var ErrCompacted = errors.New("revision is older than the retained change log")
 // Changes returns up to limit changes after revision since, in order. It
 // fails with ErrCompacted when changes after since were already pruned.
 func (s *Store) Changes(ctx context.Context, since int64, limit int) ([]Change, error) {
-	entries, err := readLog(ctx, s.pool, "orchestrator.changes", since, limit, func() *proxyv1.Proxy { return &proxyv1.Proxy{} })
+	entries, err := readLog(ctx, s.pool, "orchestrator.changes", since, limit)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]Change, len(entries))
 	for i, e := range entries {
-		out[i] = Change{Revision: e.revision, Type: e.typ, Proxy: e.snapshot, Time: e.time}
+		out[i] = Change{Revision: e.Revision, Type: e.Type, Proxy: &proxyv1.Proxy{}, Time: e.Time}
+		if err := proto.Unmarshal(e.Snapshot, out[i].Proxy); err != nil {
+			return nil, fmt.Errorf("change %d: %w", e.Revision, err)
+		}
 	}
-	return out, err
+	return out, nil
+}
+
+// EncodedChange is one entry of the change log with its snapshot as
+// stored: a proxyv1.Proxy's encoding, for a reader that forwards it
+// without looking inside (the ProxyEvent outbox).
+type EncodedChange struct {
+	Revision int64
+	Type     proxyv1.ChangeType
+	UID      string
+	Snapshot []byte
+	Time     time.Time
+}
+
+// EncodedChanges is Changes with the snapshots left encoded.
+func (s *Store) EncodedChanges(ctx context.Context, since int64, limit int) ([]EncodedChange, error) {
+	return readLog(ctx, s.pool, "orchestrator.changes", since, limit)
 }
 
 // ChangesOf returns up to limit retained changes of the proxy uid with a
@@ -303,19 +325,11 @@ func (s *Store) ChangesOf(ctx context.Context, uid string, before int64, limit i
 	return out, rows.Err()
 }
 
-// logEntry is one entry of a change log (proxies' or pools').
-type logEntry[M proto.Message] struct {
-	revision int64
-	typ      proxyv1.ChangeType
-	snapshot M
-	time     time.Time
-}
-
-// readLog reads up to limit entries after since from a change log table,
-// in revision order, in one snapshot; ErrCompacted when entries after
-// since were pruned.
-func readLog[M proto.Message](ctx context.Context, pool *pgxpool.Pool, table string, since int64, limit int, newMsg func() M) ([]logEntry[M], error) {
-	var out []logEntry[M]
+// readLog reads up to limit entries after since from a change log table
+// (proxies' or pools'), in revision order, in one snapshot; ErrCompacted
+// when entries after since were pruned.
+func readLog(ctx context.Context, pool *pgxpool.Pool, table string, since int64, limit int) ([]EncodedChange, error) {
+	var out []EncodedChange
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var oldest *int64
 		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM "+table).Scan(&oldest); err != nil {
@@ -327,29 +341,27 @@ func readLog[M proto.Message](ctx context.Context, pool *pgxpool.Pool, table str
 		if oldest != nil && *oldest > since+1 {
 			return ErrCompacted
 		}
-		rows, err := tx.Query(ctx, "SELECT revision, change_type, snapshot, change_time FROM "+table+`
+		rows, err := tx.Query(ctx, "SELECT revision, change_type, uid, snapshot, change_time FROM "+table+`
 			WHERE revision > $1 ORDER BY revision LIMIT $2`, since, limit)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var e logEntry[M]
+			var e EncodedChange
 			var typ int16
-			var snap []byte
-			if err := rows.Scan(&e.revision, &typ, &snap, &e.time); err != nil {
+			if err := rows.Scan(&e.Revision, &typ, &e.UID, &e.Snapshot, &e.Time); err != nil {
 				return err
 			}
-			e.typ = proxyv1.ChangeType(typ)
-			e.snapshot = newMsg()
-			if err := proto.Unmarshal(snap, e.snapshot); err != nil {
-				return err
-			}
+			e.Type = proxyv1.ChangeType(typ)
 			out = append(out, e)
 		}
 		return rows.Err()
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Published returns up to limit proxies in UID order after afterUID whose
