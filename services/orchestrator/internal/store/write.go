@@ -205,8 +205,8 @@ func (t *Tx) Delete(r *lifecycle.Proxy) {
 }
 
 // flush writes the pending changes: revisions from the counter (whose row
-// lock orders commits), the rows, the change log and the notifications, in
-// one batch.
+// lock orders commits), the rows, the change log (one statement for all its
+// entries) and the notifications, in one batch.
 //
 // An update that changes nothing a client can see (a resync that found the
 // instance as it was: only the queue and the in-flight command moved) is
@@ -256,6 +256,12 @@ func (t *Tx) flush(ctx context.Context) error {
 			lastChanged[p.row.UID] = i
 		}
 		unwritten := map[string]bool{}
+		log := struct {
+			revisions []int64
+			uids      []string
+			types     []int16
+			snapshots [][]byte
+		}{make([]int64, len(changed)), make([]string, len(changed)), make([]int16, len(changed)), make([][]byte, len(changed))}
 		for i, p := range changed {
 			r := p.row
 			r.Revision = first + int64(i)
@@ -278,9 +284,13 @@ func (t *Tx) flush(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
-			VALUES ($1, $2, $3, $4, $5)`, r.Revision, r.UID, int16(p.typ), snap, t.now)
+			log.revisions[i], log.uids[i], log.types[i], log.snapshots[i] = r.Revision, r.UID, int16(p.typ), snap
 		}
+		// The change log's entries in one statement, in revision order.
+		batch.Queue(`INSERT INTO orchestrator.changes (revision, uid, change_type, snapshot, change_time)
+			SELECT revision, uid, change_type, snapshot, $5
+			FROM unnest($1::bigint[], $2::uuid[], $3::smallint[], $4::bytea[]) AS c(revision, uid, change_type, snapshot)`,
+			log.revisions, log.uids, log.types, log.snapshots, t.now)
 		batch.Queue("SELECT pg_notify($1, $2)", ChangesChannel, strconv.FormatInt(last, 10))
 	}
 	if due {
