@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -42,7 +43,11 @@ func (t *Tx) locked(rows ...*lifecycle.Proxy) {
 		t.read = make(map[string]readState, len(rows))
 	}
 	for _, r := range rows {
-		t.read[r.UID] = readState{visible: proto.Clone(r.Proto(true)).(*proxyv1.Proxy), revision: r.Revision, updateTime: r.UpdateTime}
+		// Proto builds a message of its own (the spec and timestamps
+		// copied) but for the labels, which it shares with r.
+		visible := r.Proto(true)
+		visible.Labels = maps.Clone(visible.Labels)
+		t.read[r.UID] = readState{visible: visible, revision: r.Revision, updateTime: r.UpdateTime}
 	}
 }
 
