@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/proto"
 
@@ -326,39 +327,45 @@ func (s *Store) ChangesOf(ctx context.Context, uid string, before int64, limit i
 }
 
 // readLog reads up to limit entries after since from a change log table
-// (proxies' or pools'), in revision order, in one snapshot; ErrCompacted
-// when entries after since were pruned.
+// (proxies' or pools'), in revision order; ErrCompacted when entries after
+// since were pruned. One statement, so one snapshot and one round trip:
+// the oldest retained revision beside the entries (a row without an
+// entry when there are none).
 func readLog(ctx context.Context, pool *pgxpool.Pool, table string, since int64, limit int) ([]EncodedChange, error) {
+	rows, err := pool.Query(ctx, `SELECT o.oldest, c.revision, c.change_type, c.uid, c.snapshot, c.change_time
+		FROM (SELECT min(revision) AS oldest FROM `+table+`) o
+		LEFT JOIN LATERAL (SELECT revision, change_type, uid, snapshot, change_time FROM `+table+`
+			WHERE revision > $1 ORDER BY revision LIMIT $2) c ON true
+		ORDER BY c.revision`, since, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
 	var out []EncodedChange
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		var oldest *int64
-		if err := tx.QueryRow(ctx, "SELECT min(revision) FROM "+table).Scan(&oldest); err != nil {
-			return err
+	for rows.Next() {
+		var (
+			oldest, revision pgtype.Int8
+			typ              pgtype.Int2
+			uid              pgtype.Text
+			e                EncodedChange
+			at               pgtype.Timestamptz
+		)
+		if err := rows.Scan(&oldest, &revision, &typ, &uid, &e.Snapshot, &at); err != nil {
+			return nil, err
 		}
 		// Revisions are contiguous (each one allocated by a committed
 		// write), so a first retained revision past since+1 means the
 		// changes in between were pruned.
-		if oldest != nil && *oldest > since+1 {
-			return ErrCompacted
+		if oldest.Valid && oldest.Int64 > since+1 {
+			return nil, ErrCompacted
 		}
-		rows, err := tx.Query(ctx, "SELECT revision, change_type, uid, snapshot, change_time FROM "+table+`
-			WHERE revision > $1 ORDER BY revision LIMIT $2`, since, limit)
-		if err != nil {
-			return err
+		if !revision.Valid {
+			break
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var e EncodedChange
-			var typ int16
-			if err := rows.Scan(&e.Revision, &typ, &e.UID, &e.Snapshot, &e.Time); err != nil {
-				return err
-			}
-			e.Type = proxyv1.ChangeType(typ)
-			out = append(out, e)
-		}
-		return rows.Err()
-	})
-	if err != nil {
+		e.Revision, e.Type, e.UID, e.Time = revision.Int64, proxyv1.ChangeType(typ.Int16), uid.String, at.Time
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	return out, nil
