@@ -3,10 +3,12 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	busv1 "github.com/egress-proxies/egress-proxies/pkg/api/egress/bus/v1"
@@ -129,7 +131,11 @@ func (d *Dispatcher) publishEvents(ctx context.Context, evs []*busv1.ProxyEvent)
 func (d *Dispatcher) publishChanges(ctx context.Context, changes []store.EncodedChange) error {
 	futures := make([]jetstream.PubAckFuture, 0, len(changes))
 	for _, c := range changes {
-		f, err := d.JS.PublishMsgAsync(bus.EncodedMessage(ctx, d.Names.ProxyEventSubject(c.UID), encodeEvent(c)))
+		data, err := encodeEvent(c)
+		if err != nil {
+			return err
+		}
+		f, err := d.JS.PublishMsgAsync(bus.EncodedMessage(ctx, d.Names.ProxyEventSubject(c.UID), data))
 		if err != nil {
 			return err
 		}
@@ -138,35 +144,24 @@ func (d *Dispatcher) publishChanges(ctx context.Context, changes []store.Encoded
 	return bus.WaitAcks(ctx, futures)
 }
 
-// encodeEvent is the encoding of c's ProxyEvent, with its snapshot (an
-// encoded proxyv1.Proxy) copied in as stored: the bytes proto.Marshal
-// gives for the event with the snapshot decoded into it, fields in number
-// order, without decoding and encoding the proxy again.
-func encodeEvent(c store.EncodedChange) []byte {
-	t := timestamppb.New(c.Time)
-	b := make([]byte, 0, len(c.Snapshot)+32)
-	if c.Revision != 0 {
-		b = protowire.AppendTag(b, 1, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(c.Revision))
+// encodeEvent is the encoding of c's ProxyEvent with its snapshot (an
+// encoded proxyv1.Proxy) as stored: proto.Marshal encodes the event's
+// other fields, and the proxy field, an embedded message, is appended as
+// its tag and length-delimited bytes, which is how it travels whatever its
+// position among the fields. The snapshot is never decoded and encoded
+// again.
+func encodeEvent(c store.EncodedChange) ([]byte, error) {
+	b, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, len(c.Snapshot)+32),
+		&busv1.ProxyEvent{Revision: c.Revision, Type: c.Type, ChangeTime: timestamppb.New(c.Time)})
+	if err != nil {
+		return nil, fmt.Errorf("encoding the event of revision %d: %w", c.Revision, err)
 	}
-	if c.Type != 0 {
-		b = protowire.AppendTag(b, 2, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(c.Type))
-	}
-	b = protowire.AppendTag(b, 3, protowire.BytesType)
-	b = protowire.AppendBytes(b, c.Snapshot)
-	var ts []byte
-	if t.Seconds != 0 {
-		ts = protowire.AppendTag(ts, 1, protowire.VarintType)
-		ts = protowire.AppendVarint(ts, uint64(t.Seconds))
-	}
-	if t.Nanos != 0 {
-		ts = protowire.AppendTag(ts, 2, protowire.VarintType)
-		ts = protowire.AppendVarint(ts, uint64(int64(t.Nanos)))
-	}
-	b = protowire.AppendTag(b, 4, protowire.BytesType)
-	return protowire.AppendBytes(b, ts)
+	b = protowire.AppendTag(b, eventProxyField, protowire.BytesType)
+	return protowire.AppendBytes(b, c.Snapshot), nil
 }
+
+// eventProxyField is ProxyEvent's proxy field number.
+var eventProxyField = (&busv1.ProxyEvent{}).ProtoReflect().Descriptor().Fields().ByName("proxy").Number()
 
 // refreshEvents publishes again the current state of every proxy whose
 // latest change is at cursor or older (already published). The streams
