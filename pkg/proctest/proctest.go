@@ -296,21 +296,31 @@ func StatusBytes(t testing.TB, pid int, field string) int64 {
 // /proc/<pid>/stat in the kernel's clock ticks (100 a second).
 func CPUTime(t testing.TB, pid int) time.Duration {
 	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := ReadCPUTime(pid)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return d
+}
+
+// ReadCPUTime is CPUTime for a process that may not be visible here (one
+// on another machine, or gone): an error instead of failing the test.
+func ReadCPUTime(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
 	}
 	// The fields after the command name, which may hold spaces: state is
 	// the first, utime the 12th, stime the 13th.
 	_, rest, ok := strings.Cut(string(raw), ") ")
 	f := strings.Fields(rest)
 	if !ok || len(f) < 13 {
-		t.Fatalf("proctest: /proc/%d/stat: %q", pid, raw)
+		return 0, fmt.Errorf("proctest: /proc/%d/stat: %q", pid, raw)
 	}
 	utime, err1 := strconv.ParseInt(f[11], 10, 64)
 	stime, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		t.Fatalf("proctest: /proc/%d/stat: %q", pid, raw)
+		return 0, fmt.Errorf("proctest: /proc/%d/stat: %q", pid, raw)
 	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }

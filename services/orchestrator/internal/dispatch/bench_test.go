@@ -381,9 +381,9 @@ func (c backendsCPU) since(before backendsCPU) time.Duration {
 	return d
 }
 
-// dbCPU reads the CPU of the benchmark database's backends from
-// /proc/<pid>/stat, as proctest.CPUTime does: the database's side of the
-// converge when PostgreSQL runs on this machine.
+// dbCPU reads the CPU of the benchmark database's backends from /proc:
+// the database's side of the converge when PostgreSQL runs on this
+// machine.
 func dbCPU(b *testing.B, h *orchtest.Harness) backendsCPU {
 	rows, err := h.Store.Pool().Query(context.Background(), "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
 	if err != nil {
@@ -395,18 +395,11 @@ func dbCPU(b *testing.B, h *orchtest.Harness) backendsCPU {
 	}
 	out := backendsCPU{}
 	for _, pid := range pids {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		d, err := proctest.ReadCPUTime(int(pid))
 		if err != nil {
 			return nil
 		}
-		_, rest, _ := strings.Cut(string(raw), ") ")
-		f := strings.Fields(rest)
-		if len(f) < 13 {
-			return nil
-		}
-		utime, _ := strconv.ParseInt(f[11], 10, 64)
-		stime, _ := strconv.ParseInt(f[12], 10, 64)
-		out[int(pid)] = time.Duration(utime+stime) * 10 * time.Millisecond
+		out[int(pid)] = d
 	}
 	return out
 }
