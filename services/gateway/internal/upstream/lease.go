@@ -167,6 +167,13 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
 	sent := time.Now()
 	lease, err := l.acquire(ctx, req)
+	var np *NoProxyError
+	if errors.As(err, &np) && l.Reservoir != nil && l.Reservoir.freeIdle() {
+		// The reservoir held the capacity ahead: asked again with it
+		// given back.
+		sent = time.Now()
+		lease, err = l.acquire(ctx, req)
+	}
 	if err != nil {
 		return nil, err
 	}

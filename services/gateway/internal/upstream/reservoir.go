@@ -187,6 +187,34 @@ func (r *Reservoir) giveBack(lease *Lease) {
 	r.mu.Unlock()
 }
 
+// freeIdle releases every idle lease the reservoir holds ahead and
+// returns once the lease service has them back, reporting whether there
+// were any: a session the lease service found no free proxy for gets the
+// capacity the reservoir was holding for rotation (on a small fleet it can
+// hold every proxy). The selectors grow again after IdleTime.
+func (r *Reservoir) freeIdle() bool {
+	r.mu.Lock()
+	var ids []string
+	for _, s := range r.selectors {
+		idle := s.idle
+		s.idle = nil
+		for _, h := range idle {
+			if r.held[h.lease.ID] == h {
+				ids = append(ids, h.lease.ID)
+				r.forget(h)
+			}
+		}
+		s.growAfter = time.Now().Add(r.IdleTime)
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Go(func() { r.Leaser.ReleaseID(id) })
+	}
+	wg.Wait()
+	return len(ids) > 0
+}
+
 // forget drops h from the reservoir; r.mu is held.
 func (r *Reservoir) forget(h *held) {
 	if r.held[h.lease.ID] != h {
