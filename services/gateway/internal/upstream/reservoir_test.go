@@ -32,6 +32,19 @@ type leaseCalls struct {
 	refuse   map[string]codes.Code // by lease id
 	proxyOf  map[string]string
 	sessions map[string]*leasev1.Lease
+	// oneEach: every proxy takes one lease at a time, as a proxy of
+	// max_leases 1; an acquire with none free is refused.
+	oneEach bool
+}
+
+// busy reports whether proxy p holds an unreleased lease; c.mu is held.
+func (c *leaseCalls) busy(p string) bool {
+	for id, q := range c.proxyOf {
+		if q == p && !c.released[id] {
+			return true
+		}
+	}
+	return false
 }
 
 func newLeaseCalls(proxies ...string) *leaseCalls {
@@ -48,6 +61,19 @@ func (c *leaseCalls) AcquireLease(_ context.Context, req *leasev1.AcquireLeaseRe
 		}
 	}
 	p := c.proxies[c.n%len(c.proxies)]
+	if c.oneEach {
+		free := ""
+		for i := range c.proxies {
+			if q := c.proxies[(c.n+i)%len(c.proxies)]; !c.busy(q) {
+				free = q
+				break
+			}
+		}
+		if free == "" {
+			return nil, status.Errorf(codes.ResourceExhausted, "no proxy available: %d matching, %d at capacity", len(c.proxies), len(c.proxies))
+		}
+		p = free
+	}
 	c.n++
 	id := fmt.Sprintf("lease-%d", c.n)
 	c.proxyOf[id] = p
@@ -416,4 +442,30 @@ func running(t *testing.T, r *Reservoir) context.Context {
 	go func() { defer close(done); r.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return ctx
+}
+
+// On a small fleet the reservoir can hold every proxy ahead; a session
+// the lease service then finds no free proxy for gets one: the replica's
+// idle reservoir leases are released and the acquire asked again.
+func TestSessionGetsTheCapacityTheReservoirHeld(t *testing.T) {
+	t.Parallel()
+	calls := newLeaseCalls("p1", "p2")
+	calls.oneEach = true
+	r := testReservoir(calls)
+	ctx := running(t, r)
+	l, err := r.Leaser.Acquire(ctx, want("shop.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Leaser.Release(l)
+	waitFor(t, "the reservoir to hold both proxies", func() bool { return r.idleCount() == 2 })
+	w := want("shop.example")
+	w.Options.Session = "s1"
+	s, err := r.Leaser.Acquire(ctx, w)
+	if err != nil {
+		t.Fatalf("a session while the reservoir holds every proxy: %v; want a lease", err)
+	}
+	if !s.Session() {
+		t.Errorf("got %+v, want a session lease", s)
+	}
 }
