@@ -108,7 +108,12 @@ func (l *Leaser) observe(call string, start time.Time) {
 }
 
 // NoProxyError is the lease service's refusal: no proxy can serve.
-type NoProxyError struct{ Message string }
+// AtCapacity is how many matching proxies it ruled out for being at
+// capacity (from the refusal's details).
+type NoProxyError struct {
+	Message    string
+	AtCapacity int
+}
 
 func (e *NoProxyError) Error() string { return "no proxy available: " + e.Message }
 
@@ -166,14 +171,7 @@ func (l *Leaser) Acquire(ctx context.Context, w Want) (*Lease, error) {
 // when its lease has lived SessionMaxAge.
 func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
 	sent := time.Now()
-	lease, err := l.acquire(ctx, req)
-	var np *NoProxyError
-	if errors.As(err, &np) && l.Reservoir != nil && l.Reservoir.freeIdle() {
-		// The reservoir held the capacity ahead: asked again with it
-		// given back.
-		sent = time.Now()
-		lease, err = l.acquire(ctx, req)
-	}
+	lease, err := l.acquireFreeing(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -197,6 +195,21 @@ func (l *Leaser) acquireSession(ctx context.Context, req *leasev1.AcquireLeaseRe
 	return lease, nil
 }
 
+// acquireFreeing acquires for a request (a session's or a miss of the
+// reservoir). Refused because matching proxies are at capacity while this
+// replica's reservoir holds idle leases, it gives those back and asks once
+// more: the reservoir must not keep the replica's own requests out (on a
+// small fleet it can hold every proxy). A refusal for cooldowns or health
+// alone frees nothing.
+func (l *Leaser) acquireFreeing(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
+	lease, err := l.acquire(ctx, req)
+	var np *NoProxyError
+	if errors.As(err, &np) && np.AtCapacity > 0 && l.Reservoir != nil && l.Reservoir.freeIdle() {
+		lease, err = l.acquire(ctx, req)
+	}
+	return lease, err
+}
+
 func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) (*Lease, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.CallTimeout)
 	defer cancel()
@@ -205,7 +218,14 @@ func (l *Leaser) acquire(ctx context.Context, req *leasev1.AcquireLeaseRequest) 
 	if err != nil {
 		switch status.Code(err) {
 		case codes.ResourceExhausted:
-			return nil, &NoProxyError{Message: strings.TrimPrefix(status.Convert(err).Message(), "no proxy available: ")}
+			st := status.Convert(err)
+			np := &NoProxyError{Message: strings.TrimPrefix(st.Message(), "no proxy available: ")}
+			for _, d := range st.Details() {
+				if u, ok := d.(*leasev1.NoProxyAvailable); ok {
+					np.AtCapacity = int(u.GetAtCapacity())
+				}
+			}
+			return nil, np
 		case codes.InvalidArgument:
 			return nil, &InvalidError{Message: status.Convert(err).Message()}
 		}

@@ -143,7 +143,7 @@ func (r *Reservoir) acquire(ctx context.Context, req *leasev1.AcquireLeaseReques
 	}
 	r.mu.Unlock()
 	r.count("miss")
-	lease, err := r.Leaser.acquire(ctx, req)
+	lease, err := r.Leaser.acquireFreeing(ctx, req)
 	if err != nil {
 		r.mu.Lock()
 		s.active--
@@ -189,9 +189,10 @@ func (r *Reservoir) giveBack(lease *Lease) {
 
 // freeIdle releases every idle lease the reservoir holds ahead and
 // returns once the lease service has them back, reporting whether there
-// were any: a session the lease service found no free proxy for gets the
-// capacity the reservoir was holding for rotation (on a small fleet it can
-// hold every proxy). The selectors grow again after IdleTime.
+// were any: a request the lease service found every free proxy taken for
+// gets the capacity the reservoir was holding (Leaser.acquireFreeing).
+// The selectors grow again only after IdleTime, so a run of refusals finds
+// little left to free meanwhile.
 func (r *Reservoir) freeIdle() bool {
 	r.mu.Lock()
 	var ids []string

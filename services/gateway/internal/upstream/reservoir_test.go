@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -35,6 +36,22 @@ type leaseCalls struct {
 	// oneEach: every proxy takes one lease at a time, as a proxy of
 	// max_leases 1; an acquire with none free is refused.
 	oneEach bool
+	// cooling: every proxy cools down for every target; acquires are
+	// refused.
+	cooling bool
+}
+
+// noProxy is the lease service's refusal, its details saying how the
+// proxies were ruled out: the cooling ones, the rest at capacity.
+func (c *leaseCalls) noProxy(cooling int) error {
+	atCapacity := len(c.proxies) - cooling
+	st := status.Newf(codes.ResourceExhausted, "no proxy available: %d matching, 0 unhealthy, %d at capacity, %d cooling down for the target, 0 cooling down globally",
+		len(c.proxies), atCapacity, cooling)
+	d, err := st.WithDetails(&leasev1.NoProxyAvailable{Matching: int32(len(c.proxies)), AtCapacity: int32(atCapacity), CoolingDownTarget: int32(cooling)})
+	if err != nil {
+		panic(err)
+	}
+	return d.Err()
 }
 
 // busy reports whether proxy p holds an unreleased lease; c.mu is held.
@@ -60,6 +77,9 @@ func (c *leaseCalls) AcquireLease(_ context.Context, req *leasev1.AcquireLeaseRe
 			return &leasev1.AcquireLeaseResponse{Lease: l, Session: &leasev1.Session{Result: leasev1.SessionResult_SESSION_RESULT_EXISTING}}, nil
 		}
 	}
+	if c.cooling {
+		return nil, c.noProxy(len(c.proxies))
+	}
 	p := c.proxies[c.n%len(c.proxies)]
 	if c.oneEach {
 		free := ""
@@ -70,7 +90,7 @@ func (c *leaseCalls) AcquireLease(_ context.Context, req *leasev1.AcquireLeaseRe
 			}
 		}
 		if free == "" {
-			return nil, status.Errorf(codes.ResourceExhausted, "no proxy available: %d matching, %d at capacity", len(c.proxies), len(c.proxies))
+			return nil, c.noProxy(0)
 		}
 		p = free
 	}
@@ -467,5 +487,60 @@ func TestSessionGetsTheCapacityTheReservoirHeld(t *testing.T) {
 	}
 	if !s.Session() {
 		t.Errorf("got %+v, want a session lease", s)
+	}
+}
+
+// A request without a session whose selector finds no idle lease (here
+// another pool's) gets the capacity the reservoir holds for other
+// selectors the same way.
+func TestRotationGetsTheCapacityTheReservoirHeld(t *testing.T) {
+	t.Parallel()
+	calls := newLeaseCalls("p1", "p2")
+	calls.oneEach = true
+	r := testReservoir(calls)
+	ctx := running(t, r)
+	l, err := r.Leaser.Acquire(ctx, want("shop.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Leaser.Release(l)
+	waitFor(t, "the reservoir to hold both proxies", func() bool { return r.idleCount() == 2 })
+
+	other := want("shop.example")
+	other.Options.Pool = "residential"
+	got, err := r.Leaser.Acquire(ctx, other)
+	if err != nil {
+		t.Fatalf("another selector while the reservoir holds every proxy: %v; want a lease", err)
+	}
+	if !got.Session() && got.sel == nil {
+		t.Errorf("got %+v, want the lease of a miss", got)
+	}
+}
+
+// A refusal for cooldowns (or health) alone frees nothing: the
+// reservoir's capacity would not help.
+func TestRefusalForCooldownsKeepsTheReservoir(t *testing.T) {
+	t.Parallel()
+	calls := newLeaseCalls("p1", "p2")
+	r := testReservoir(calls)
+	ctx := running(t, r)
+	l, err := r.Leaser.Acquire(ctx, want("shop.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Leaser.Release(l)
+	waitFor(t, "the reservoir to grow", func() bool { return r.idleCount() == 2 })
+	calls.mu.Lock()
+	calls.cooling = true
+	calls.mu.Unlock()
+	other := want("shop.example")
+	other.Options.Pool = "residential"
+	_, err = r.Leaser.Acquire(ctx, other)
+	var np *NoProxyError
+	if !errors.As(err, &np) || np.AtCapacity != 0 {
+		t.Fatalf("acquire with every proxy cooling down: %v; want a NoProxyError with none at capacity", err)
+	}
+	if n := r.idleCount(); n != 2 {
+		t.Errorf("the reservoir holds %d idle leases after a refusal for cooldowns; want 2 (nothing freed)", n)
 	}
 }
