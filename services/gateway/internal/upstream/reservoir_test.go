@@ -464,13 +464,10 @@ func running(t *testing.T, r *Reservoir) context.Context {
 	return ctx
 }
 
-// On a small fleet the reservoir can hold every proxy ahead; a session
-// the lease service then finds no free proxy for gets one: the replica's
-// idle reservoir leases are released and the acquire asked again.
-func TestSessionGetsTheCapacityTheReservoirHeld(t *testing.T) {
-	t.Parallel()
-	calls := newLeaseCalls("p1", "p2")
-	calls.oneEach = true
+// holdingBoth is a running reservoir over the proxies p1 and p2 that holds
+// a lease of each idle, after one rotated request.
+func holdingBoth(t *testing.T, calls *leaseCalls) (*Reservoir, context.Context) {
+	t.Helper()
 	r := testReservoir(calls)
 	ctx := running(t, r)
 	l, err := r.Leaser.Acquire(ctx, want("shop.example"))
@@ -479,6 +476,17 @@ func TestSessionGetsTheCapacityTheReservoirHeld(t *testing.T) {
 	}
 	r.Leaser.Release(l)
 	waitFor(t, "the reservoir to hold both proxies", func() bool { return r.idleCount() == 2 })
+	return r, ctx
+}
+
+// On a small fleet the reservoir can hold every proxy ahead; a session
+// the lease service then finds no free proxy for gets one: the replica's
+// idle reservoir leases are released and the acquire asked again.
+func TestSessionGetsTheCapacityTheReservoirHeld(t *testing.T) {
+	t.Parallel()
+	calls := newLeaseCalls("p1", "p2")
+	calls.oneEach = true
+	r, ctx := holdingBoth(t, calls)
 	w := want("shop.example")
 	w.Options.Session = "s1"
 	s, err := r.Leaser.Acquire(ctx, w)
@@ -497,22 +505,14 @@ func TestRotationGetsTheCapacityTheReservoirHeld(t *testing.T) {
 	t.Parallel()
 	calls := newLeaseCalls("p1", "p2")
 	calls.oneEach = true
-	r := testReservoir(calls)
-	ctx := running(t, r)
-	l, err := r.Leaser.Acquire(ctx, want("shop.example"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Leaser.Release(l)
-	waitFor(t, "the reservoir to hold both proxies", func() bool { return r.idleCount() == 2 })
-
+	r, ctx := holdingBoth(t, calls)
 	other := want("shop.example")
 	other.Options.Pool = "residential"
 	got, err := r.Leaser.Acquire(ctx, other)
 	if err != nil {
 		t.Fatalf("another selector while the reservoir holds every proxy: %v; want a lease", err)
 	}
-	if !got.Session() && got.sel == nil {
+	if got.sel == nil {
 		t.Errorf("got %+v, want the lease of a miss", got)
 	}
 }
@@ -522,20 +522,13 @@ func TestRotationGetsTheCapacityTheReservoirHeld(t *testing.T) {
 func TestRefusalForCooldownsKeepsTheReservoir(t *testing.T) {
 	t.Parallel()
 	calls := newLeaseCalls("p1", "p2")
-	r := testReservoir(calls)
-	ctx := running(t, r)
-	l, err := r.Leaser.Acquire(ctx, want("shop.example"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Leaser.Release(l)
-	waitFor(t, "the reservoir to grow", func() bool { return r.idleCount() == 2 })
+	r, ctx := holdingBoth(t, calls)
 	calls.mu.Lock()
 	calls.cooling = true
 	calls.mu.Unlock()
 	other := want("shop.example")
 	other.Options.Pool = "residential"
-	_, err = r.Leaser.Acquire(ctx, other)
+	_, err := r.Leaser.Acquire(ctx, other)
 	var np *NoProxyError
 	if !errors.As(err, &np) || np.AtCapacity != 0 {
 		t.Fatalf("acquire with every proxy cooling down: %v; want a NoProxyError with none at capacity", err)
