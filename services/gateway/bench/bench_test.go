@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,6 +84,17 @@ func TestGatewayBench(t *testing.T) {
 		sessions = n[0]
 	}
 	profileDir := os.Getenv("BENCH_PROFILE_DIR")
+	squidBin := ""
+	switch peer := os.Getenv("BENCH_PEER"); peer {
+	case "", "squid":
+		squidBin = squidBinary()
+		if squidBin == "" && peer == "squid" {
+			t.Fatal("BENCH_PEER=squid: squid is neither on PATH nor at /usr/sbin/squid")
+		}
+	case "none":
+	default:
+		t.Fatalf("BENCH_PEER: %q is neither squid nor none", peer)
+	}
 
 	dir := t.TempDir()
 	write := func(name, content string) string {
@@ -131,28 +143,42 @@ func TestGatewayBench(t *testing.T) {
 	direct := via{addr: farm[0].addr}
 	session := gatewayVia(proxyAddr, socksAddr, "session-x", crawlerToken)
 	rotation := gatewayVia(proxyAddr, socksAddr, "", crawlerToken)
-	modes := []struct {
-		name string
-		v    via
-	}{{"session", session}, {"rotation", rotation}}
+	// modes are the gateway's; hops adds the peer gateway (Squid) to them
+	// for the loads it can carry (not SOCKS5).
+	gwHop := hop{pid: pid, metricsURL: metricsURL}
+	modes := []mode{{"session", session, gwHop}, {"rotation", rotation, gwHop}}
+	hops := modes
+	var squidSpread []int64
+	if squidBin != "" {
+		sq, squidAddr := startSquid(t, squidBin, farm)
+		squid := mode{"squid", via{addr: squidAddr}, hop{pid: sq.PID()}}
+		waitAnswer(t, "Squid", httpForwardOp(squid.v, tg))
+		hops = append(slices.Clone(modes), squid)
+		squidSpread = make([]int64, len(farm))
+	}
+	// farmServed is what each farm proxy has served so far (tunnels and
+	// forwarded requests), to count the peer's share of it.
+	farmServed := func() []int64 {
+		n := make([]int64, len(farm))
+		for i, p := range farm {
+			n[i] = p.tunnels.Load() + p.forwarded.Load()
+		}
+		return n
+	}
 
 	// Ready when a request through the gateway reaches the target: the
 	// lease service has the farm.
-	deadline := time.Now().Add(time.Minute)
-	for {
-		_, err := httpForwardOp(rotation, tg)()(context.Background())
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no request through the gateway: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond) // polling until the lease service has the farm
-	}
+	waitAnswer(t, "the gateway", httpForwardOp(rotation, tg))
 
 	fmt.Printf("== machine: %d cores, %s; load average %s\n", runtime.NumCPU(), cpuModel(), loadAvg())
 	fmt.Printf("== %s per run after %s warm-up; farm of %d proxies; gateway pid %d (CPU from /proc/%d/stat)\n",
 		dur, warmup, farmSize, pid, pid)
+	if squidBin != "" {
+		sq := hops[len(hops)-1].hop.pid
+		fmt.Printf("== peer: %s (%s) pid %d, rows with mode squid (CPU from /proc/%d/stat)\n", squidBin, squidVersion(squidBin), sq, sq)
+	} else {
+		fmt.Println("== peer: none (BENCH_PEER=none or squid not found): the squid rows are left out")
+	}
 
 	var failed []string
 	check := func(name string, r result) {
@@ -160,12 +186,8 @@ func TestGatewayBench(t *testing.T) {
 			failed = append(failed, fmt.Sprintf("%s: %d ok, %d errors (first: %v)", name, r.ops, r.errs, r.firstErr))
 		}
 	}
-	runWith := func(name string, c int, gwRun bool, progress *atomic.Int64, newOp func() op) result {
-		p, mu := 0, ""
-		if gwRun {
-			p, mu = pid, metricsURL
-		}
-		r := runLoad(t, c, warmup, dur, p, leaseProc.PID(), mu, progress, newOp)
+	runWith := func(name string, c int, h hop, progress *atomic.Int64, newOp func() op) result {
+		r := runLoad(t, c, warmup, dur, h.pid, leaseProc.PID(), h.metricsURL, progress, newOp)
 		if progress != nil && r.bytes > 0 {
 			// A bulk run's tunnel lasts the run: its bytes count, not
 			// its op.
@@ -174,23 +196,43 @@ func TestGatewayBench(t *testing.T) {
 		check(fmt.Sprintf("%s C=%d", name, c), r)
 		return r
 	}
-	run := func(name string, c int, gwRun bool, newOp func() op) result {
-		return runWith(name, c, gwRun, nil, newOp)
+	run := func(name string, c int, h hop, newOp func() op) result {
+		return runWith(name, c, h, nil, newOp)
+	}
+	// runHop runs a load through m, counting the farm's share of the
+	// peer's runs.
+	runHop := func(name string, c int, m mode, progress *atomic.Int64, newOp func() op) result {
+		before := farmServed()
+		r := runWith(name, c, m.hop, progress, newOp)
+		if m.name == "squid" {
+			for i, n := range farmServed() {
+				squidSpread[i] += n - before[i]
+			}
+		}
+		return r
 	}
 	same := func(o op) func() op { return func() op { return o } }
 
 	// per1000 is CPU seconds per 1,000 of a run's ops.
 	per1000 := func(d time.Duration, r result) float64 { return d.Seconds() / float64(r.ops) * 1000 }
-	header := "| load | mode | C | direct /s | gateway /s | ratio | p50 direct → gw (ms) | p99 direct → gw (ms) | gw CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → gw | all CPU-s / 1,000 direct → gw | acquire in gw: ms mean (per op) | gw RSS (anon) MB | load avg |"
+	// The hop is the gateway (modes session and rotation) or Squid
+	// (mode squid, with no lease service: its lease and acquire columns
+	// are "—").
+	header := "| load | mode | C | direct /s | hop /s | ratio | p50 direct → hop (ms) | p99 direct → hop (ms) | hop CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → hop | all CPU-s / 1,000 direct → hop | acquire in gw: ms mean (per op) | hop RSS (anon) MB | load avg |"
 	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	row := func(load, mode string, c int, d, g result) {
-		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %.3f | %.3f → %.3f | %.3f → %.3f | %.2f (%.2f) | %.1f (%.1f) | %s |\n",
+		lease, acquire := fmt.Sprintf("%.3f", per1000(g.lease, g)), fmt.Sprintf("%.2f (%.2f)", g.acquireMs(), g.acquires/float64(g.ops))
+		hopAll := per1000(g.self+g.cpu+g.lease, g)
+		if mode == "squid" {
+			lease, acquire = "—", "—"
+			hopAll = per1000(g.self+g.cpu, g)
+		}
+		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %s | %.3f → %.3f | %.3f → %.3f | %s | %.1f (%.1f) | %s |\n",
 			load, mode, c, d.rate(), g.rate(), g.rate()/d.rate(),
 			ms(d.pct(0.5)), ms(g.pct(0.5)), ms(g.pct(0.5)-d.pct(0.5)),
 			ms(d.pct(0.99)), ms(g.pct(0.99)), ms(g.pct(0.99)-d.pct(0.99)),
-			per1000(g.cpu, g), per1000(g.lease, g), per1000(d.self, d), per1000(g.self, g),
-			per1000(d.self+d.lease, d), per1000(g.self+g.cpu+g.lease, g),
-			g.acquireMs(), g.acquires/float64(g.ops),
+			per1000(g.cpu, g), lease, per1000(d.self, d), per1000(g.self, g),
+			per1000(d.self+d.lease, d), hopAll, acquire,
 			float64(g.rss)/(1<<20), float64(g.anon)/(1<<20), g.load)
 	}
 
@@ -232,7 +274,7 @@ func TestGatewayBench(t *testing.T) {
 	fmt.Println("| C | acquires/s | p50 ms | p99 ms | load avg |")
 	fmt.Println("|---|---|---|---|---|")
 	for _, c := range concurrency {
-		r := run("acquire", c, false, same(func(ctx context.Context) (int64, error) {
+		r := run("acquire", c, hop{}, same(func(ctx context.Context) (int64, error) {
 			resp, err := leases.AcquireLease(ctx, &leasev1.AcquireLeaseRequest{TargetHost: "127.0.0.1", Ttl: durationpb.New(time.Minute)})
 			if err != nil {
 				return 0, err
@@ -257,13 +299,13 @@ func TestGatewayBench(t *testing.T) {
 	} {
 		fmt.Printf("\n### %s\n\n%s\n%s\n", k.name, header, sep)
 		for _, c := range concurrency {
-			for _, m := range modes {
-				d := run(k.name+" direct", c, false, same(k.mk(direct)))
+			for _, m := range hops {
+				d := run(k.name+" direct", c, hop{}, same(k.mk(direct)))
 				stop := func() {}
-				if c == concurrency[len(concurrency)-1] {
+				if c == concurrency[len(concurrency)-1] && m.hop.metricsURL != "" {
 					stop = profile(strings.ReplaceAll(k.name, " ", "")[:4] + "-" + m.name)
 				}
-				g := run(k.name+" "+m.name, c, true, same(k.mk(m.v)))
+				g := runHop(k.name+" "+m.name, c, m, nil, same(k.mk(m.v)))
 				stop()
 				row(k.name, m.name, c, d, g)
 			}
@@ -273,13 +315,13 @@ func TestGatewayBench(t *testing.T) {
 	// HTTP forwarding: each client keeps its connection alive.
 	fmt.Printf("\n### HTTP forwarding, keep-alive\n\n%s\n%s\n", header, sep)
 	for _, c := range concurrency {
-		for _, m := range modes {
-			d := run("HTTP direct", c, false, httpForwardOp(direct, tg))
+		for _, m := range hops {
+			d := run("HTTP direct", c, hop{}, httpForwardOp(direct, tg))
 			stop := func() {}
-			if c == concurrency[len(concurrency)-1] {
+			if c == concurrency[len(concurrency)-1] && m.hop.metricsURL != "" {
 				stop = profile("http-" + m.name)
 			}
-			g := run("HTTP "+m.name, c, true, httpForwardOp(m.v, tg))
+			g := runHop("HTTP "+m.name, c, m, nil, httpForwardOp(m.v, tg))
 			stop()
 			row("HTTP", m.name, c, d, g)
 		}
@@ -291,8 +333,8 @@ func TestGatewayBench(t *testing.T) {
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, c := range concurrency {
 		for _, m := range modes {
-			cn := run("CONNECT "+m.name, c, true, same(tlsTunnelOp(m.v, tg, false)))
-			sk := run("SOCKS5 "+m.name, c, true, same(tlsTunnelOp(m.v, tg, true)))
+			cn := run("CONNECT "+m.name, c, m.hop, same(tlsTunnelOp(m.v, tg, false)))
+			sk := run("SOCKS5 "+m.name, c, m.hop, same(tlsTunnelOp(m.v, tg, true)))
 			fmt.Printf("| %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f | %.2f → %.2f | %.3f | %s |\n",
 				m.name, c, cn.rate(), sk.rate(), sk.rate()/cn.rate(),
 				ms(cn.pct(0.5)), ms(sk.pct(0.5)), ms(cn.pct(0.99)), ms(sk.pct(0.99)),
@@ -302,22 +344,26 @@ func TestGatewayBench(t *testing.T) {
 
 	// One long tunnel's throughput.
 	fmt.Printf("\n### One long tunnel, bulk download\n\n")
-	fmt.Println("| tunnel | mode | direct MB/s | gateway MB/s | ratio | gw CPU-s / GB | bench CPU-s / GB direct → gw | load avg |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| tunnel | mode | direct MB/s | hop MB/s | ratio | hop CPU-s / GB | bench CPU-s / GB direct → hop | hop RSS (anon) MB | load avg |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, useTLS := range []bool{true, false} {
 		name := "TLS"
 		if !useTLS {
 			name = "plain"
 		}
-		for _, m := range modes {
+		for _, m := range hops {
 			var dp, gp atomic.Int64
-			d := runWith("bulk "+name+" direct", 1, false, &dp, same(bulkOp(direct, tg, useTLS, &dp)))
-			stop := profile("bulk-" + name + "-" + m.name)
-			g := runWith("bulk "+name+" "+m.name, 1, true, &gp, same(bulkOp(m.v, tg, useTLS, &gp)))
+			d := runWith("bulk "+name+" direct", 1, hop{}, &dp, same(bulkOp(direct, tg, useTLS, &dp)))
+			stop := func() {}
+			if m.hop.metricsURL != "" {
+				stop = profile("bulk-" + name + "-" + m.name)
+			}
+			g := runHop("bulk "+name+" "+m.name, 1, m, &gp, same(bulkOp(m.v, tg, useTLS, &gp)))
 			stop()
 			perGB := func(c time.Duration, r result) float64 { return c.Seconds() / (float64(r.bytes) / 1e9) }
-			fmt.Printf("| %s | %s | %.0f | %.0f | **%.2f×** | %.3f | %.3f → %.3f | %s |\n", name, m.name,
-				mbps(d), mbps(g), mbps(g)/mbps(d), perGB(g.cpu, g), perGB(d.self, d), perGB(g.self, g), g.load)
+			fmt.Printf("| %s | %s | %.0f | %.0f | **%.2f×** | %.3f | %.3f → %.3f | %.1f (%.1f) | %s |\n", name, m.name,
+				mbps(d), mbps(g), mbps(g)/mbps(d), perGB(g.cpu, g), perGB(d.self, d), perGB(g.self, g),
+				mb(g.rss), mb(g.anon), g.load)
 		}
 	}
 
@@ -368,9 +414,57 @@ func TestGatewayBench(t *testing.T) {
 	for _, p := range farm {
 		spread = append(spread, fmt.Sprintf("%s: %d tunnels, %d forwarded", p.addr, p.tunnels.Load(), p.forwarded.Load()))
 	}
-	fmt.Printf("\nfarm: %s\nload average at the end: %s\n", strings.Join(spread, "; "), loadAvg())
+	fmt.Printf("\nfarm: %s\n", strings.Join(spread, "; "))
+	if squidSpread != nil {
+		var sq []string
+		for i, p := range farm {
+			sq = append(sq, fmt.Sprintf("%s: %d", p.addr, squidSpread[i]))
+		}
+		fmt.Printf("farm, Squid's runs only (tunnels and forwarded requests, warm-up included): %s\n", strings.Join(sq, "; "))
+		// Squid must have relayed through every farm proxy, not
+		// straight to the target.
+		for i, n := range squidSpread {
+			if n == 0 {
+				failed = append(failed, fmt.Sprintf("squid: nothing went through farm proxy %s", farm[i].addr))
+			}
+		}
+	}
+	fmt.Printf("load average at the end: %s\n", loadAvg())
 	for _, f := range failed {
 		t.Error(f)
+	}
+}
+
+// hop is the process a load goes through besides the farm, whose CPU
+// time and RSS a run reads: the gateway (with its metrics), Squid, or
+// none (pid 0) for the direct runs.
+type hop struct {
+	pid        int
+	metricsURL string
+}
+
+// mode is one way through a hop: the gateway in session or rotation
+// mode, or Squid.
+type mode struct {
+	name string
+	v    via
+	hop  hop
+}
+
+// waitAnswer polls until a request through what newOp uses reaches the
+// target (the lease service has the farm; Squid listens).
+func waitAnswer(t *testing.T, what string, newOp func() op) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := newOp()(context.Background())
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no request through %s: %v", what, err)
+		}
+		time.Sleep(200 * time.Millisecond) // polling until it answers
 	}
 }
 
