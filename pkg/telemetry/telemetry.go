@@ -72,14 +72,14 @@ func newSpanExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
 		case "grpc":
 			return otlptracegrpc.New(ctx)
 		default:
-			return nil, fmt.Errorf("telemetry: OTLP protocol %q: want http/protobuf or grpc", proto)
+			return nil, fmt.Errorf("OTLP protocol %q: want http/protobuf or grpc", proto)
 		}
 	case "console":
 		return stdouttrace.New()
 	case "none":
 		return noopExporter{}, nil
 	default:
-		return nil, fmt.Errorf("telemetry: OTEL_TRACES_EXPORTER %q: want otlp, console or none", name)
+		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER %q: want otlp, console or none", name)
 	}
 }
 

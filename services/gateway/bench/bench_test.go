@@ -111,7 +111,9 @@ func TestGatewayBench(t *testing.T) {
 	// for.
 	var tags []string
 	var pprofAddr string
-	env := []string{}
+	// BENCH_GATEWAY_ENV: extra KEY=VALUE settings for the gateway alone
+	// (GOGC=50), to compare runtime settings with the same binary.
+	env := strings.Fields(os.Getenv("BENCH_GATEWAY_ENV"))
 	if profileDir != "" {
 		tags = append(tags, "pprof")
 		pprofAddr = "127.0.0.1:18189"
@@ -152,8 +154,8 @@ func TestGatewayBench(t *testing.T) {
 	}
 
 	fmt.Printf("== machine: %d cores, %s; load average %s\n", runtime.NumCPU(), cpuModel(), loadAvg())
-	fmt.Printf("== %s per run after %s warm-up; farm of %d proxies; gateway pid %d (CPU from /proc/%d/stat)\n",
-		dur, warmup, farmSize, pid, pid)
+	fmt.Printf("== %s per run after %s warm-up; farm of %d proxies; gateway pid %d (CPU from /proc/%d/stat), environment added %q\n",
+		dur, warmup, farmSize, pid, pid, env)
 
 	var failed []string
 	check := func(name string, r result) {
