@@ -33,14 +33,37 @@ var (
 // detector when the test binary has it, and returns the binary's path.
 func Build(t testing.TB, pkgDir string, tags ...string) string {
 	t.Helper()
+	return build(t, pkgDir, false, tags)
+}
+
+// BuildShipped compiles the main package at pkgDir as the images ship it
+// (scripts/images.sh: CGO_ENABLED=0, -trimpath, -ldflags "-s -w"), without
+// the race detector (which needs cgo), for benchmarks whose figures (RSS,
+// CPU) should be the shipped binary's.
+func BuildShipped(t testing.TB, pkgDir string, tags ...string) string {
+	t.Helper()
+	return build(t, pkgDir, true, tags)
+}
+
+func build(t testing.TB, pkgDir string, shipped bool, tags []string) string {
+	t.Helper()
 	abs, err := filepath.Abs(pkgDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := abs
-	if len(tags) > 0 {
-		key += " -tags " + strings.Join(tags, ",")
+	args := []string{"build"}
+	env := os.Environ()
+	switch {
+	case shipped:
+		args = append(args, "-trimpath", "-ldflags", "-s -w")
+		env = append(env, "CGO_ENABLED=0")
+	case raceEnabled:
+		args = append(args, "-race")
 	}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	key := abs + " " + strings.Join(args[1:], " ")
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if bin, ok := built[key]; ok {
@@ -51,17 +74,11 @@ func Build(t testing.TB, pkgDir string, tags ...string) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, filepath.Base(abs))
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	if len(tags) > 0 {
-		args = append(args, "-tags", strings.Join(tags, ","))
-	}
-	cmd := exec.Command("go", append(args, ".")...)
+	cmd := exec.Command("go", append(append(args, "-o", bin), ".")...)
 	cmd.Dir = abs
+	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("proctest: go build %s: %v\n%s", pkgDir, err, out)
+		t.Fatalf("proctest: go %s %s: %v\n%s", strings.Join(args, " "), pkgDir, err, out)
 	}
 	built[key] = bin
 	return bin

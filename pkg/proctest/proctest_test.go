@@ -1,7 +1,10 @@
 package proctest
 
 import (
+	"debug/elf"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
@@ -24,5 +27,33 @@ func TestStatusBytesAndCPUTime(t *testing.T) {
 		for i := 0; i < 1_000_000; i++ {
 			_ = i * i
 		}
+	}
+}
+
+// A shipped build is a static binary without symbols, built once per set
+// of tags, apart from the plain build of the same package.
+func TestBuildShipped(t *testing.T) {
+	t.Parallel()
+	shipped := BuildShipped(t, "testdata/hello")
+	if again := BuildShipped(t, "testdata/hello"); again != shipped {
+		t.Errorf("second BuildShipped built again: %s, then %s", shipped, again)
+	}
+	if plain := Build(t, "testdata/hello"); plain == shipped {
+		t.Errorf("Build and BuildShipped gave the same binary %s", plain)
+	}
+	f, err := elf.Open(shipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if p := f.Section(".interp"); p != nil {
+		t.Error("the shipped binary has a dynamic loader (.interp): cgo was on")
+	}
+	if s := f.Section(".symtab"); s != nil {
+		t.Error("the shipped binary has a symbol table: -s was not given")
+	}
+	out, err := exec.Command(shipped).Output()
+	if err != nil || strings.TrimSpace(string(out)) != "hello" {
+		t.Errorf("running the shipped binary: %q, %v", out, err)
 	}
 }

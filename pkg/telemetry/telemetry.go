@@ -7,10 +7,13 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
 	"os"
 
-	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -26,7 +29,7 @@ func Setup(ctx context.Context, serviceName string) (func(context.Context) error
 	if !exporterConfigured() {
 		return func(context.Context) error { return nil }, nil
 	}
-	exp, err := autoexport.NewSpanExporter(ctx)
+	exp, err := newSpanExporter(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -48,3 +51,41 @@ func exporterConfigured() bool {
 	}
 	return false
 }
+
+// newSpanExporter is the span exporter OTEL_TRACES_EXPORTER names, as the
+// contrib autoexport package chooses it: otlp (the default) over the
+// protocol OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
+// names (http/protobuf by default, or grpc), console, or none. Not
+// autoexport itself: it links every signal's exporters (metrics and logs
+// too, Prometheus among them) and their protobuf descriptors into every
+// binary, for traces alone (docs/benchmarks/gateway.md, run 11).
+func newSpanExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
+	switch name := os.Getenv("OTEL_TRACES_EXPORTER"); name {
+	case "", "otlp":
+		proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+		if proto == "" {
+			proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+		}
+		switch proto {
+		case "", "http/protobuf":
+			return otlptracehttp.New(ctx)
+		case "grpc":
+			return otlptracegrpc.New(ctx)
+		default:
+			return nil, fmt.Errorf("OTLP protocol %q: want http/protobuf or grpc", proto)
+		}
+	case "console":
+		return stdouttrace.New()
+	case "none":
+		return noopExporter{}, nil
+	default:
+		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER %q: want otlp, console or none", name)
+	}
+}
+
+// noopExporter drops every span (OTEL_TRACES_EXPORTER=none): spans are
+// still made, so logs keep their trace_id, but go nowhere.
+type noopExporter struct{}
+
+func (noopExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (noopExporter) Shutdown(context.Context) error                             { return nil }

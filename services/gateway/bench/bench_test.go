@@ -118,17 +118,20 @@ func TestGatewayBench(t *testing.T) {
 	tg := startTargets(t)
 	publishFarm(t, nats, farm)
 
-	// The gateway, built with the pprof endpoint when profiles are asked
+	// The gateway, built as the images ship it (its RSS and CPU are the
+	// shipped binary's), with the pprof endpoint when profiles are asked
 	// for.
 	var tags []string
 	var pprofAddr string
-	env := []string{}
+	// BENCH_GATEWAY_ENV: extra KEY=VALUE settings for the gateway alone
+	// (GOGC=50), to compare runtime settings with the same binary.
+	env := strings.Fields(os.Getenv("BENCH_GATEWAY_ENV"))
 	if profileDir != "" {
 		tags = append(tags, "pprof")
 		pprofAddr = "127.0.0.1:18189"
 		env = append(env, "EGRESS_GATEWAY_PPROF="+pprofAddr)
 	}
-	bin := proctest.Build(t, "..", tags...)
+	bin := proctest.BuildShipped(t, "..", tags...)
 	gw := proctest.Start(t, bin, []string{"--grpc-listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
 		"--auth-token-file=" + tokens, "--lease-addr=" + lease.GRPC, "--lease-token-file=" + gwTokenFile,
 		"--proxy-listen=127.0.0.1:0", "--socks-listen=127.0.0.1:0", "--log-level=info"}, env...)
@@ -171,8 +174,8 @@ func TestGatewayBench(t *testing.T) {
 	waitAnswer(t, "the gateway", httpForwardOp(rotation, tg))
 
 	fmt.Printf("== machine: %d cores, %s; load average %s\n", runtime.NumCPU(), cpuModel(), loadAvg())
-	fmt.Printf("== %s per run after %s warm-up; farm of %d proxies; gateway pid %d (CPU from /proc/%d/stat)\n",
-		dur, warmup, farmSize, pid, pid)
+	fmt.Printf("== %s per run after %s warm-up; farm of %d proxies; gateway pid %d (CPU from /proc/%d/stat), environment added %q\n",
+		dur, warmup, farmSize, pid, pid, env)
 	if squidBin != "" {
 		sq := hops[len(hops)-1].hop.pid
 		fmt.Printf("== peer: %s (%s) pid %d, rows with mode squid (CPU from /proc/%d/stat)\n", squidBin, squidVersion(squidBin), sq, sq)
@@ -220,12 +223,17 @@ func TestGatewayBench(t *testing.T) {
 	// are "—").
 	header := "| load | mode | C | direct /s | hop /s | ratio | p50 direct → hop (ms) | p99 direct → hop (ms) | hop CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → hop | all CPU-s / 1,000 direct → hop | acquire in gw: ms mean (per op) | hop RSS (anon) MB | load avg |"
 	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	var memRows []string
 	row := func(load, mode string, c int, d, g result) {
 		lease, acquire := fmt.Sprintf("%.3f", per1000(g.lease, g)), fmt.Sprintf("%.2f (%.2f)", g.acquireMs(), g.acquires/float64(g.ops))
 		hopAll := per1000(g.self+g.cpu+g.lease, g)
 		if mode == "squid" {
 			lease, acquire = "—", "—"
 			hopAll = per1000(g.self+g.cpu, g)
+		} else {
+			memRows = append(memRows, fmt.Sprintf("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |",
+				load, mode, c, mb(g.rss), mb(g.anon), mb(int64(g.mem.heapInuse)), mb(int64(g.mem.heapIdleKept)),
+				mb(int64(g.mem.stacks)), mb(int64(g.mem.runtimeOther)), mb(int64(g.mem.gcGoal))))
 		}
 		fmt.Printf("| %s | %s | %d | %.0f | %.0f | **%.2f×** | %.2f → %.2f (%+.2f) | %.2f → %.2f (%+.2f) | %.3f | %s | %.3f → %.3f | %.3f → %.3f | %s | %.1f (%.1f) | %s |\n",
 			load, mode, c, d.rate(), g.rate(), g.rate()/d.rate(),
@@ -409,6 +417,12 @@ func TestGatewayBench(t *testing.T) {
 	fmt.Printf("\n### Memory\n\ngateway RSS (anonymous part) before %d new sessions %.1f (%.1f) MB, after %.1f (%.1f) MB: %+.2f (%+.2f) MB per 1,000 live sessions; peak RSS of the whole run (VmHWM) %.1f MB\n",
 		sessions, mb(rss0), mb(anon0), mb(rss1), mb(anon1),
 		mb(rss1-rss0)*1000/float64(sessions), mb(anon1-anon0)*1000/float64(sessions), mb(hwm))
+	// Where the anonymous part goes, by the Go runtime's account at the
+	// end of each gateway run (go_memstats_* on its /metrics; the heap's
+	// free spans returned to the system are not counted, as they are not
+	// resident).
+	fmt.Printf("\n| load | mode | C | RSS MB | anon MB | heap in use MB | heap free, kept MB | stacks MB | runtime other MB | GC goal MB |\n|---|---|---|---|---|---|---|---|---|---|\n%s\n",
+		strings.Join(memRows, "\n"))
 
 	var spread []string
 	for _, p := range farm {

@@ -281,7 +281,9 @@ type result struct {
 	// rss and anon are the resident set and its anonymous part (the
 	// rest is the binary's pages, shared and reclaimable), hwm its peak.
 	rss, anon, hwm int64
-	load           string
+	// mem is the Go runtime's account of the gateway's memory at the end.
+	mem  memClasses
+	load string
 	// self is this process's CPU time over the window (the clients, the
 	// farm and the targets); lease the lease service's.
 	self, lease time.Duration
@@ -384,6 +386,7 @@ func runLoad(t testing.TB, c int, warmup, dur time.Duration, gwPID, leasePID int
 	n1, s1 := acquireStats(metricsURL)
 	res.acquires, res.acquireTime = n1-n0, time.Duration((s1-s0)*float64(time.Second))
 	res.rss, res.anon, res.hwm = procRSS(t, gwPID)
+	res.mem = readMemClasses(metricsURL)
 	res.load = loadAvg()
 	cancel()
 	wg.Wait()
@@ -407,30 +410,56 @@ func procCPU(t testing.TB, pid int) time.Duration {
 // acquireStats reads the gateway's lease acquire count and total seconds
 // from its /metrics (egress_gateway_lease_call_seconds).
 func acquireStats(metricsURL string) (count, sum float64) {
+	v := scrape(metricsURL)
+	return v[`egress_gateway_lease_call_seconds_count{call="acquire"}`], v[`egress_gateway_lease_call_seconds_sum{call="acquire"}`]
+}
+
+// memClasses is where the Go runtime says the gateway's memory is (from
+// the go_memstats_* series of its /metrics), in bytes: the heap's spans
+// in use, its free spans not yet returned to the system (resident),
+// goroutine stacks, the runtime's other memory (GC metadata, span and
+// cache structures, buffers), and the heap size at which the next
+// collection starts.
+type memClasses struct {
+	heapInuse, heapIdleKept, stacks, runtimeOther, gcGoal float64
+}
+
+// readMemClasses scrapes metricsURL for memClasses (zero without one).
+func readMemClasses(metricsURL string) memClasses {
+	v := scrape(metricsURL)
+	return memClasses{
+		heapInuse:    v["go_memstats_heap_inuse_bytes"],
+		heapIdleKept: v["go_memstats_heap_idle_bytes"] - v["go_memstats_heap_released_bytes"],
+		stacks:       v["go_memstats_stack_sys_bytes"],
+		runtimeOther: v["go_memstats_sys_bytes"] - v["go_memstats_heap_sys_bytes"] - v["go_memstats_stack_sys_bytes"],
+		gcGoal:       v["go_memstats_next_gc_bytes"],
+	}
+}
+
+// scrape reads the series of a Prometheus text page, by name with its
+// labels as written ({} when none could be read).
+func scrape(metricsURL string) map[string]float64 {
+	out := map[string]float64{}
 	if metricsURL == "" {
-		return 0, 0
+		return out
 	}
 	resp, err := http.Get(metricsURL)
 	if err != nil {
-		return 0, 0
+		return out
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Text()
-		name, value, ok := strings.Cut(line, " ")
-		if !ok {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
 			continue
 		}
-		switch name {
-		case `egress_gateway_lease_call_seconds_count{call="acquire"}`:
-			count, _ = strconv.ParseFloat(value, 64)
-		case `egress_gateway_lease_call_seconds_sum{call="acquire"}`:
-			sum, _ = strconv.ParseFloat(value, 64)
+		if f, err := strconv.ParseFloat(value, 64); err == nil {
+			out[name] = f
 		}
 	}
-	return count, sum
+	return out
 }
 
 // procRSS is the resident set, its anonymous part and its peak (bytes)
