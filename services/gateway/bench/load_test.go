@@ -23,6 +23,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/egress-proxies/egress-proxies/pkg/proctest"
 )
 
@@ -368,7 +372,7 @@ func runLoad(t testing.TB, c int, warmup, dur time.Duration, gwPID, leasePID int
 		}()
 	}
 	time.Sleep(warmup)
-	n0, s0 := acquireStats(metricsURL)
+	n0, s0 := scrape(metricsURL).acquires()
 	cpu0, self0, lease0 := procCPU(t, gwPID), procCPU(t, os.Getpid()), procCPU(t, leasePID)
 	var b0, b1 int64
 	if progress != nil {
@@ -383,10 +387,11 @@ func runLoad(t testing.TB, c int, warmup, dur time.Duration, gwPID, leasePID int
 	}
 	cpu1, self1, lease1 := procCPU(t, gwPID), procCPU(t, os.Getpid()), procCPU(t, leasePID)
 	res.self, res.lease = self1-self0, lease1-lease0
-	n1, s1 := acquireStats(metricsURL)
+	end := scrape(metricsURL)
+	n1, s1 := end.acquires()
 	res.acquires, res.acquireTime = n1-n0, time.Duration((s1-s0)*float64(time.Second))
 	res.rss, res.anon, res.hwm = procRSS(t, gwPID)
-	res.mem = readMemClasses(metricsURL)
+	res.mem = end.memClasses()
 	res.load = loadAvg()
 	cancel()
 	wg.Wait()
@@ -407,11 +412,46 @@ func procCPU(t testing.TB, pid int) time.Duration {
 	return proctest.CPUTime(t, pid)
 }
 
-// acquireStats reads the gateway's lease acquire count and total seconds
-// from its /metrics (egress_gateway_lease_call_seconds).
-func acquireStats(metricsURL string) (count, sum float64) {
-	v := scrape(metricsURL)
-	return v[`egress_gateway_lease_call_seconds_count{call="acquire"}`], v[`egress_gateway_lease_call_seconds_sum{call="acquire"}`]
+// metrics is one reading of the gateway's /metrics, its families by name
+// (empty without a URL or when it could not be read).
+type metrics map[string]*dto.MetricFamily
+
+func scrape(metricsURL string) metrics {
+	if metricsURL == "" {
+		return nil
+	}
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil
+	}
+	return families
+}
+
+// acquires is the gateway's lease acquire count and total seconds
+// (egress_gateway_lease_call_seconds{call="acquire"}).
+func (m metrics) acquires() (count, sum float64) {
+	for _, s := range m["egress_gateway_lease_call_seconds"].GetMetric() {
+		for _, l := range s.GetLabel() {
+			if l.GetName() == "call" && l.GetValue() == "acquire" {
+				return float64(s.GetHistogram().GetSampleCount()), s.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return 0, 0
+}
+
+// gauge is the value of an unlabelled gauge.
+func (m metrics) gauge(name string) float64 {
+	for _, s := range m[name].GetMetric() {
+		return s.GetGauge().GetValue()
+	}
+	return 0
 }
 
 // memClasses is where the Go runtime says the gateway's memory is (from
@@ -424,42 +464,14 @@ type memClasses struct {
 	heapInuse, heapIdleKept, stacks, runtimeOther, gcGoal float64
 }
 
-// readMemClasses scrapes metricsURL for memClasses (zero without one).
-func readMemClasses(metricsURL string) memClasses {
-	v := scrape(metricsURL)
+func (m metrics) memClasses() memClasses {
 	return memClasses{
-		heapInuse:    v["go_memstats_heap_inuse_bytes"],
-		heapIdleKept: v["go_memstats_heap_idle_bytes"] - v["go_memstats_heap_released_bytes"],
-		stacks:       v["go_memstats_stack_sys_bytes"],
-		runtimeOther: v["go_memstats_sys_bytes"] - v["go_memstats_heap_sys_bytes"] - v["go_memstats_stack_sys_bytes"],
-		gcGoal:       v["go_memstats_next_gc_bytes"],
+		heapInuse:    m.gauge("go_memstats_heap_inuse_bytes"),
+		heapIdleKept: m.gauge("go_memstats_heap_idle_bytes") - m.gauge("go_memstats_heap_released_bytes"),
+		stacks:       m.gauge("go_memstats_stack_sys_bytes"),
+		runtimeOther: m.gauge("go_memstats_sys_bytes") - m.gauge("go_memstats_heap_sys_bytes") - m.gauge("go_memstats_stack_sys_bytes"),
+		gcGoal:       m.gauge("go_memstats_next_gc_bytes"),
 	}
-}
-
-// scrape reads the series of a Prometheus text page, by name with its
-// labels as written ({} when none could be read).
-func scrape(metricsURL string) map[string]float64 {
-	out := map[string]float64{}
-	if metricsURL == "" {
-		return out
-	}
-	resp, err := http.Get(metricsURL)
-	if err != nil {
-		return out
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") {
-			continue
-		}
-		if f, err := strconv.ParseFloat(value, 64); err == nil {
-			out[name] = f
-		}
-	}
-	return out
 }
 
 // procRSS is the resident set, its anonymous part and its peak (bytes)
