@@ -84,17 +84,7 @@ func TestGatewayBench(t *testing.T) {
 		sessions = n[0]
 	}
 	profileDir := os.Getenv("BENCH_PROFILE_DIR")
-	squidBin := ""
-	switch peer := os.Getenv("BENCH_PEER"); peer {
-	case "", "squid":
-		squidBin = squidBinary()
-		if squidBin == "" && peer == "squid" {
-			t.Fatal("BENCH_PEER=squid: squid is neither on PATH nor at /usr/sbin/squid")
-		}
-	case "none":
-	default:
-		t.Fatalf("BENCH_PEER: %q is neither squid nor none", peer)
-	}
+	peers := choosePeers(t)
 
 	dir := t.TempDir()
 	write := func(name, content string) string {
@@ -146,18 +136,19 @@ func TestGatewayBench(t *testing.T) {
 	direct := via{addr: farm[0].addr}
 	session := gatewayVia(proxyAddr, socksAddr, "session-x", crawlerToken)
 	rotation := gatewayVia(proxyAddr, socksAddr, "", crawlerToken)
-	// modes are the gateway's; hops adds the peer gateway (Squid) to them
-	// for the loads it can carry (not SOCKS5).
+	// modes are the gateway's; hops adds the peers to them for the loads
+	// a peer can carry (not SOCKS5). peerSpread counts, per peer, what
+	// each farm proxy served in that peer's runs.
 	gwHop := hop{pid: pid, metricsURL: metricsURL}
 	modes := []mode{{"session", session, gwHop}, {"rotation", rotation, gwHop}}
-	hops := modes
-	var squidSpread []int64
-	if squidBin != "" {
-		sq, squidAddr := startSquid(t, squidBin, farm)
-		squid := mode{"squid", via{addr: squidAddr}, hop{pid: sq.PID()}}
-		waitAnswer(t, "Squid", httpForwardOp(squid.v, tg))
-		hops = append(slices.Clone(modes), squid)
-		squidSpread = make([]int64, len(farm))
+	hops := slices.Clone(modes)
+	peerSpread := map[string][]int64{}
+	for _, p := range peers {
+		proc, addr := p.start(t, p.bin, farm)
+		m := mode{p.name, via{addr: addr}, hop{pid: proc.PID()}}
+		waitAnswer(t, p.name, httpForwardOp(m.v, tg))
+		hops = append(hops, m)
+		peerSpread[p.name] = make([]int64, len(farm))
 	}
 	// farmServed is what each farm proxy has served so far (tunnels and
 	// forwarded requests), to count the peer's share of it.
@@ -176,11 +167,12 @@ func TestGatewayBench(t *testing.T) {
 	fmt.Printf("== machine: %d cores, %s; load average %s\n", runtime.NumCPU(), cpuModel(), loadAvg())
 	fmt.Printf("== %s per run after %s warm-up; farm of %d proxies; gateway pid %d (CPU from /proc/%d/stat), environment added %q\n",
 		dur, warmup, farmSize, pid, pid, env)
-	if squidBin != "" {
-		sq := hops[len(hops)-1].hop.pid
-		fmt.Printf("== peer: %s (%s) pid %d, rows with mode squid (CPU from /proc/%d/stat)\n", squidBin, squidVersion(squidBin), sq, sq)
-	} else {
-		fmt.Println("== peer: none (BENCH_PEER=none or squid not found): the squid rows are left out")
+	for i, p := range peers {
+		m := hops[len(modes)+i]
+		fmt.Printf("== peer: %s (%s) pid %d, rows with mode %s (CPU from /proc/%d/stat)\n", p.bin, p.version, m.hop.pid, m.name, m.hop.pid)
+	}
+	if len(peers) == 0 {
+		fmt.Println("== peer: none (BENCH_PEER=none, or neither squid nor glider found): no peer rows")
 	}
 
 	var failed []string
@@ -207,9 +199,9 @@ func TestGatewayBench(t *testing.T) {
 	runHop := func(name string, c int, m mode, progress *atomic.Int64, newOp func() op) result {
 		before := farmServed()
 		r := runWith(name, c, m.hop, progress, newOp)
-		if m.name == "squid" {
+		if spread, ok := peerSpread[m.name]; ok {
 			for i, n := range farmServed() {
-				squidSpread[i] += n - before[i]
+				spread[i] += n - before[i]
 			}
 		}
 		return r
@@ -218,16 +210,16 @@ func TestGatewayBench(t *testing.T) {
 
 	// per1000 is CPU seconds per 1,000 of a run's ops.
 	per1000 := func(d time.Duration, r result) float64 { return d.Seconds() / float64(r.ops) * 1000 }
-	// The hop is the gateway (modes session and rotation) or Squid
-	// (mode squid, with no lease service: its lease and acquire columns
-	// are "—").
+	// The hop is the gateway (modes session and rotation) or a peer
+	// (mode squid or glider, with no lease service: its lease and
+	// acquire columns are "—").
 	header := "| load | mode | C | direct /s | hop /s | ratio | p50 direct → hop (ms) | p99 direct → hop (ms) | hop CPU-s / 1,000 | lease CPU-s / 1,000 | bench CPU-s / 1,000 direct → hop | all CPU-s / 1,000 direct → hop | acquire in gw: ms mean (per op) | hop RSS (anon) MB | load avg |"
 	sep := "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	var memRows []string
 	row := func(load, mode string, c int, d, g result) {
 		lease, acquire := fmt.Sprintf("%.3f", per1000(g.lease, g)), fmt.Sprintf("%.2f (%.2f)", g.acquireMs(), g.acquires/float64(g.ops))
 		hopAll := per1000(g.self+g.cpu+g.lease, g)
-		if mode == "squid" {
+		if _, ok := peerSpread[mode]; ok {
 			lease, acquire = "—", "—"
 			hopAll = per1000(g.self+g.cpu, g)
 		} else {
@@ -248,25 +240,35 @@ func TestGatewayBench(t *testing.T) {
 		if profileDir == "" {
 			return func() {}
 		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			secs := int((warmup + dur).Seconds())
-			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", pprofAddr, secs))
+		save := func(path, file string) {
+			resp, err := http.Get(fmt.Sprintf("http://%s%s", pprofAddr, path))
 			if err != nil {
-				t.Logf("profile %s: %v", name, err)
+				t.Logf("profile %s: %v", file, err)
 				return
 			}
 			defer resp.Body.Close()
-			f, err := os.Create(filepath.Join(profileDir, name+".pprof"))
+			f, err := os.Create(filepath.Join(profileDir, file))
 			if err != nil {
-				t.Logf("profile %s: %v", name, err)
+				t.Logf("profile %s: %v", file, err)
 				return
 			}
 			defer f.Close()
 			_, _ = io.Copy(f, resp.Body)
+		}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			save(fmt.Sprintf("/debug/pprof/profile?seconds=%d", int((warmup+dur).Seconds())), name+".pprof")
 		}()
-		return func() { <-done }
+		go func() {
+			// The heap as the last collection left it, taken while the
+			// load still runs: what the RSS at the run's end is made of.
+			defer wg.Done()
+			time.Sleep(warmup + dur*9/10)
+			save("/debug/pprof/heap", name+".heap.pprof")
+		}()
+		return wg.Wait
 	}
 
 	// What rotation puts on each tunnel's critical path: an acquire round
@@ -429,17 +431,17 @@ func TestGatewayBench(t *testing.T) {
 		spread = append(spread, fmt.Sprintf("%s: %d tunnels, %d forwarded", p.addr, p.tunnels.Load(), p.forwarded.Load()))
 	}
 	fmt.Printf("\nfarm: %s\n", strings.Join(spread, "; "))
-	if squidSpread != nil {
-		var sq []string
+	for _, m := range hops[len(modes):] {
+		var per []string
 		for i, p := range farm {
-			sq = append(sq, fmt.Sprintf("%s: %d", p.addr, squidSpread[i]))
+			per = append(per, fmt.Sprintf("%s: %d", p.addr, peerSpread[m.name][i]))
 		}
-		fmt.Printf("farm, Squid's runs only (tunnels and forwarded requests, warm-up included): %s\n", strings.Join(sq, "; "))
-		// Squid must have relayed through every farm proxy, not
+		fmt.Printf("farm, %s's runs only (tunnels and forwarded requests, warm-up included): %s\n", m.name, strings.Join(per, "; "))
+		// A peer must have relayed through every farm proxy, not
 		// straight to the target.
-		for i, n := range squidSpread {
+		for i, n := range peerSpread[m.name] {
 			if n == 0 {
-				failed = append(failed, fmt.Sprintf("squid: nothing went through farm proxy %s", farm[i].addr))
+				failed = append(failed, fmt.Sprintf("%s: nothing went through farm proxy %s", m.name, farm[i].addr))
 			}
 		}
 	}
@@ -450,7 +452,7 @@ func TestGatewayBench(t *testing.T) {
 }
 
 // hop is the process a load goes through besides the farm, whose CPU
-// time and RSS a run reads: the gateway (with its metrics), Squid, or
+// time and RSS a run reads: the gateway (with its metrics), a peer, or
 // none (pid 0) for the direct runs.
 type hop struct {
 	pid        int
@@ -458,7 +460,7 @@ type hop struct {
 }
 
 // mode is one way through a hop: the gateway in session or rotation
-// mode, or Squid.
+// mode, or a peer.
 type mode struct {
 	name string
 	v    via
@@ -466,7 +468,7 @@ type mode struct {
 }
 
 // waitAnswer polls until a request through what newOp uses reaches the
-// target (the lease service has the farm; Squid listens).
+// target (the lease service has the farm; a peer listens).
 func waitAnswer(t *testing.T, what string, newOp func() op) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)

@@ -96,12 +96,7 @@ func startSquid(t *testing.T, bin string, farm []*farmProxy) (*proctest.Process,
 			t.Fatal("squid: running as root and neither user proxy nor nobody exists for cache_effective_user")
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
+	addr := freeLoopbackAddr(t)
 	conf, err := squidConfig(dir, addr, effectiveUser, farm)
 	if err != nil {
 		t.Fatal(err)
