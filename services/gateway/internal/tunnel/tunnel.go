@@ -196,7 +196,11 @@ func (c *Core) Abort(t *Tunnel) {
 // Relay copies bytes between client and the tunnel until either side
 // ends, the tunnel idles past IdleTimeout or lives past MaxLifetime; its
 // lease is renewed meanwhile and given back at the end. client's buffered
-// holds bytes the client sent that were already read.
+// holds bytes the client sent that were already read. The caller's
+// goroutine copies the answers down and one more copies the client's
+// bytes up; the limits and the renewal run on a timer, not a goroutine of
+// their own: a goroutine's stack is the largest part of a live tunnel's
+// memory.
 func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 	start := time.Now()
 	labels := []string{t.caller.ClientID, t.Lease.Pool, t.caller.Options.Provider}
@@ -211,8 +215,6 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 		t.release()
 	}()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var closeOnce sync.Once
 	var endedBy atomic.Value
 	closeBoth := func(reason string) {
@@ -224,21 +226,17 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 			_ = t.Up.Close()
 		})
 	}
-	var lastActive atomic.Int64
-	lastActive.Store(time.Now().UnixNano())
-	tick := c.watchTick()
-	go c.watch(ctx, t, &lastActive, start, tick, closeBoth)
+	w := c.watch(t, start, closeBoth)
 	// Activity is looked for only when an idle timeout uses it.
 	var window time.Duration
 	if c.IdleTimeout > 0 {
-		window = tick
+		window = w.tick
 	}
 
-	var wg sync.WaitGroup
-	var up, down int64
-	wg.Add(2)
+	var up int64
+	upDone := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(upDone)
 		if len(buffered) > 0 {
 			n, err := t.Up.Write(buffered)
 			up += int64(n)
@@ -247,16 +245,14 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 				return
 			}
 		}
-		n, _ := Pipe(t.Up, client, window, &lastActive)
+		n, _ := Pipe(t.Up, client, window, &w.lastActive)
 		up += n
 		closeWrite(t.Up)
 	}()
-	go func() {
-		defer wg.Done()
-		down, _ = Pipe(client, t.Up, window, &lastActive)
-		closeWrite(client)
-	}()
-	wg.Wait()
+	down, _ := Pipe(client, t.Up, window, &w.lastActive)
+	closeWrite(client)
+	<-upDone
+	w.stop()
 	closeBoth("")
 	if r, ok := endedBy.Load().(string); ok {
 		c.Metrics.Refusals.WithLabelValues(r).Inc()
@@ -266,34 +262,69 @@ func (c *Core) Relay(t *Tunnel, client net.Conn, buffered []byte) {
 	t.sess.Add(up, down)
 }
 
-// watch renews the tunnel's lease at a third of its TTL and ends the
-// tunnel when it idles or lives too long.
-func (c *Core) watch(ctx context.Context, t *Tunnel, lastActive *atomic.Int64, start time.Time, tick time.Duration, closeBoth func(string)) {
-	renewEvery := t.Lease.TTL / 3
-	ticker := time.NewTicker(tick)
-	defer ticker.Stop()
-	lastRenew := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-ticker.C:
-			if c.MaxLifetime > 0 && now.Sub(start) >= c.MaxLifetime {
-				closeBoth("tunnel_lifetime")
-				return
-			}
-			if c.IdleTimeout > 0 && now.Sub(time.Unix(0, lastActive.Load())) >= c.IdleTimeout {
-				closeBoth("idle")
-				return
-			}
-			if renewEvery > 0 && now.Sub(lastRenew) >= renewEvery {
-				lastRenew = now
-				if err := c.Leaser.Renew(ctx, t.Lease); err != nil && ctx.Err() == nil {
-					c.Log.Warn("renewing a tunnel's lease failed", "lease_id", t.Lease.ID, "proxy", t.Lease.ProxyName, "error", err)
-				}
-			}
+// watcher renews a tunnel's lease at a third of its TTL and ends the
+// tunnel when it idles or lives too long, looking every tick from a
+// timer that re-arms itself until stop.
+type watcher struct {
+	c          *Core
+	t          *Tunnel
+	start      time.Time
+	tick       time.Duration
+	closeBoth  func(reason string)
+	lastActive atomic.Int64 // unix nanoseconds of the last byte either way, within a tick
+	lastRenew  time.Time    // touched by check alone, one run at a time
+	ctx        context.Context
+	cancel     context.CancelFunc
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+func (c *Core) watch(t *Tunnel, start time.Time, closeBoth func(string)) *watcher {
+	w := &watcher{c: c, t: t, start: start, tick: c.watchTick(), closeBoth: closeBoth, lastRenew: start}
+	w.lastActive.Store(start.UnixNano())
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	w.mu.Lock()
+	w.timer = time.AfterFunc(w.tick, w.check)
+	w.mu.Unlock()
+	return w
+}
+
+// check is one look at the tunnel; it re-arms the timer unless the
+// tunnel ended.
+func (w *watcher) check() {
+	now := time.Now()
+	c := w.c
+	switch {
+	case c.MaxLifetime > 0 && now.Sub(w.start) >= c.MaxLifetime:
+		w.closeBoth("tunnel_lifetime")
+		return
+	case c.IdleTimeout > 0 && now.Sub(time.Unix(0, w.lastActive.Load())) >= c.IdleTimeout:
+		w.closeBoth("idle")
+		return
+	}
+	if renewEvery := w.t.Lease.TTL / 3; renewEvery > 0 && now.Sub(w.lastRenew) >= renewEvery {
+		w.lastRenew = now
+		if err := c.Leaser.Renew(w.ctx, w.t.Lease); err != nil && w.ctx.Err() == nil {
+			c.Log.Warn("renewing a tunnel's lease failed", "lease_id", w.t.Lease.ID, "proxy", w.t.Lease.ProxyName, "error", err)
 		}
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		w.timer.Reset(w.tick)
+	}
+}
+
+// stop ends the watching: no check starts after it, and a renewal under
+// way is cancelled.
+func (w *watcher) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.timer.Stop()
+	w.mu.Unlock()
+	w.cancel()
 }
 
 // watchTick is how often a tunnel's watcher looks at it: a second, or a

@@ -70,21 +70,36 @@ func (d *Dialer) Connect(ctx context.Context, proxyAddr string, user *url.Userin
 		_ = conn.Close()
 		return nil, &UnreachableError{Err: err}
 	}
-	br := bufio.NewReader(conn)
+	br := answerReaders.Get().(*bufio.Reader)
+	br.Reset(conn)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
 	if err != nil {
+		putAnswerReader(br)
 		_ = conn.Close()
 		return nil, &UnreachableError{Err: err}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		putAnswerReader(br)
 		_ = conn.Close()
 		return nil, &RefusedError{Status: resp.StatusCode}
 	}
 	_ = conn.SetDeadline(time.Time{})
 	if br.Buffered() > 0 {
+		// The proxy sent the target's first bytes with its answer: the
+		// reader holds them and stays with the tunnel.
 		return &bufferedConn{Conn: conn, r: br}, nil
 	}
+	putAnswerReader(br)
 	return conn, nil
+}
+
+// answerReaders are the readers of CONNECT answers, reused: one is needed
+// for a moment per tunnel, and rarely kept (bufferedConn).
+var answerReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+
+func putAnswerReader(br *bufio.Reader) {
+	br.Reset(nil)
+	answerReaders.Put(br)
 }
 
 type bufferedConn struct {
