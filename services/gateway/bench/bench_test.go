@@ -145,7 +145,7 @@ func TestGatewayBench(t *testing.T) {
 	peerSpread := map[string][]int64{}
 	for _, p := range peers {
 		proc, addr := p.start(t, p.bin, farm)
-		m := mode{p.name, via{addr: addr}, hop{pid: proc.PID()}}
+		m := mode{p.name, via{addr: addr}, hop{pid: proc.PID(), peer: true}}
 		waitAnswer(t, p.name, httpForwardOp(m.v, tg))
 		hops = append(hops, m)
 		peerSpread[p.name] = make([]int64, len(farm))
@@ -175,12 +175,9 @@ func TestGatewayBench(t *testing.T) {
 		fmt.Println("== peer: none (BENCH_PEER=none, or neither squid nor glider found): no peer rows")
 	}
 
-	var failed []string
-	check := func(name string, r result) {
-		if r.errs > 0 || r.ops == 0 {
-			failed = append(failed, fmt.Sprintf("%s: %d ok, %d errors (first: %v)", name, r.ops, r.errs, r.firstErr))
-		}
-	}
+	// A run of the gateway or a direct one with an error fails the
+	// bench; a peer's errors are its own and are printed at the end.
+	var failed, peerErrors []string
 	runWith := func(name string, c int, h hop, progress *atomic.Int64, newOp func() op) result {
 		r := runLoad(t, c, warmup, dur, h.pid, leaseProc.PID(), h.metricsURL, progress, newOp)
 		if progress != nil && r.bytes > 0 {
@@ -188,7 +185,14 @@ func TestGatewayBench(t *testing.T) {
 			// its op.
 			r.ops = max(r.ops, 1)
 		}
-		check(fmt.Sprintf("%s C=%d", name, c), r)
+		if r.errs > 0 || r.ops == 0 {
+			msg := fmt.Sprintf("%s C=%d: %d ok, %d errors (first: %v)", name, c, r.ops, r.errs, r.firstErr)
+			if h.peer {
+				peerErrors = append(peerErrors, msg)
+			} else {
+				failed = append(failed, msg)
+			}
+		}
 		return r
 	}
 	run := func(name string, c int, h hop, newOp func() op) result {
@@ -445,6 +449,9 @@ func TestGatewayBench(t *testing.T) {
 			}
 		}
 	}
+	for _, e := range peerErrors {
+		fmt.Printf("peer errors (not the gateway's; the bench does not fail on them): %s\n", e)
+	}
 	fmt.Printf("load average at the end: %s\n", loadAvg())
 	for _, f := range failed {
 		t.Error(f)
@@ -457,6 +464,7 @@ func TestGatewayBench(t *testing.T) {
 type hop struct {
 	pid        int
 	metricsURL string
+	peer       bool
 }
 
 // mode is one way through a hop: the gateway in session or rotation
