@@ -477,7 +477,15 @@ func (b *Backend) ensureRunning(ctx context.Context, s *state) error {
 			return err
 		}
 		b.log.Info("local proxy adopted", "name", s.Name, "provider_id", providerID(s.UID), "pid", pid)
-		return b.waitListening(ctx, s, addr, alive)
+		err := b.waitListening(ctx, s, addr, alive)
+		if err == nil || alive() || ctx.Err() != nil {
+			return err
+		}
+		// It ended without listening: not the proxy but a child it forked
+		// a moment before it died (a helper, between its fork and its
+		// exec, carries the proxy's command line). Start the proxy.
+		b.log.Info("local proxy adopted by mistake: it ended before listening; starting one", "name", s.Name,
+			"provider_id", providerID(s.UID), "pid", pid)
 	}
 	if err := b.waitExit(ctx, s); err != nil {
 		return err
@@ -582,8 +590,8 @@ func (b *Backend) startFailure(s *state) string {
 }
 
 // squidErrors keeps the lines of a cache.log that say what went wrong
-// (squid goes on logging after its FATAL line: usage figures, the
-// pinger); all of it when none does.
+// (squid goes on logging after its FATAL line: usage figures, its
+// helpers); all of it when none does.
 func squidErrors(log string) string {
 	var keep []string
 	for _, line := range strings.Split(log, "\n") {
@@ -631,7 +639,9 @@ func tail(s string, n int) string {
 // squidConf is an instance's squid.conf: open to the loopback network, or,
 // for an instance with credentials, to those who present them (HTTP Basic
 // Proxy-Authorization, checked by basic_ncsa_auth against the instance's
-// htpasswd file).
+// htpasswd file). No pinger: a forward proxy without cache peers has no
+// use for ICMP round trips, and squid forks it into a session of its own,
+// so it outlived a kill of the proxy's process group.
 func squidConf(s *state, dir, ncsaAuth string) string {
 	access := "http_access allow localnet\n"
 	if s.Auth {
@@ -644,6 +654,7 @@ cache_log %[3]s/cache.log
 access_log %[3]s/access.log
 cache_store_log none
 coredump_dir %[3]s
+pinger_enable off
 cache deny all
 max_filedescriptors 1024
 visible_hostname %[4]s
