@@ -479,41 +479,38 @@ func holdingBoth(t *testing.T, calls *leaseCalls) (*Reservoir, context.Context) 
 	return r, ctx
 }
 
-// On a small fleet the reservoir can hold every proxy ahead; a session
-// the lease service then finds no free proxy for gets one: the replica's
-// idle reservoir leases are released and the acquire asked again.
-func TestSessionGetsTheCapacityTheReservoirHeld(t *testing.T) {
+// On a small fleet the reservoir can hold every proxy ahead. A request
+// the lease service then finds no free proxy for, a session or one whose
+// selector has no idle lease (here another pool's), gets one: the
+// replica's idle reservoir leases are released and the acquire asked
+// again.
+func TestRequestsGetTheCapacityTheReservoirHeld(t *testing.T) {
 	t.Parallel()
-	calls := newLeaseCalls("p1", "p2")
-	calls.oneEach = true
-	r, ctx := holdingBoth(t, calls)
-	w := want("shop.example")
-	w.Options.Session = "s1"
-	s, err := r.Leaser.Acquire(ctx, w)
-	if err != nil {
-		t.Fatalf("a session while the reservoir holds every proxy: %v; want a lease", err)
-	}
-	if !s.Session() {
-		t.Errorf("got %+v, want a session lease", s)
-	}
-}
-
-// A request without a session whose selector finds no idle lease (here
-// another pool's) gets the capacity the reservoir holds for other
-// selectors the same way.
-func TestRotationGetsTheCapacityTheReservoirHeld(t *testing.T) {
-	t.Parallel()
-	calls := newLeaseCalls("p1", "p2")
-	calls.oneEach = true
-	r, ctx := holdingBoth(t, calls)
-	other := want("shop.example")
-	other.Options.Pool = "residential"
-	got, err := r.Leaser.Acquire(ctx, other)
-	if err != nil {
-		t.Fatalf("another selector while the reservoir holds every proxy: %v; want a lease", err)
-	}
-	if got.sel == nil {
-		t.Errorf("got %+v, want the lease of a miss", got)
+	session := want("shop.example")
+	session.Options.Session = "s1"
+	otherPool := want("shop.example")
+	otherPool.Options.Pool = "residential"
+	for _, tc := range []struct {
+		name string
+		want Want
+		ok   func(*Lease) bool // the lease is the kind this request gets
+	}{
+		{"a session", session, (*Lease).Session},
+		{"a reservoir miss", otherPool, func(l *Lease) bool { return l.sel != nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			calls := newLeaseCalls("p1", "p2")
+			calls.oneEach = true
+			r, ctx := holdingBoth(t, calls)
+			got, err := r.Leaser.Acquire(ctx, tc.want)
+			if err != nil {
+				t.Fatalf("%s while the reservoir holds every proxy: %v; want a lease", tc.name, err)
+			}
+			if !tc.ok(got) {
+				t.Errorf("got %+v, not the lease of %s", got, tc.name)
+			}
+		})
 	}
 }
 
