@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
@@ -113,6 +114,9 @@ type imageCache struct {
 	log    *slog.Logger
 	now    func() time.Time
 	flight singleflight.Group
+
+	mu      sync.Mutex
+	lookups map[string]*lookup // bounded lookups under way, by key
 }
 
 // newImageCache's clock is the wall clock, whatever Options.Now says: it
@@ -121,7 +125,7 @@ func newImageCache(c *http.Client, log *slog.Logger) *imageCache {
 	if c == nil {
 		c = http.DefaultClient
 	}
-	return &imageCache{http: c, log: log, now: time.Now}
+	return &imageCache{http: c, log: log, now: time.Now, lookups: map[string]*lookup{}}
 }
 
 // ensure returns the path of src's base volume in pool on host, downloading
@@ -156,21 +160,45 @@ func (ic *imageCache) cached(ctx context.Context, api libvirtAPI, host string, p
 }
 
 // onceWithin is once for a bounded lookup: a caller whose ctx ends stops
-// waiting, and the key is forgotten, so that the next caller runs fn
-// afresh instead of joining a call that may never return (a libvirt
-// connection that stopped answering: docs/provisioner-kvm.md).
+// waiting, and a lookup whose starter's ctx has ended is never joined: the
+// next caller runs fn afresh. The lookup runs on its starter's connection,
+// which is dropped when that ctx ends, so it may never return (a libvirt
+// connection that stopped answering: docs/provisioner-kvm.md). Checking
+// the starter's ctx when joining, rather than forgetting the key when a
+// waiter notices its ctx ended, holds even when the abandoned waiter is
+// scheduled after the next caller.
 func (ic *imageCache) onceWithin(ctx context.Context, key string, fn func() (string, error)) (string, error) {
-	ch := ic.flight.DoChan(key, func() (any, error) { return fn() })
+	ic.mu.Lock()
+	l, ok := ic.lookups[key]
+	if !ok || l.starter.Err() != nil {
+		l = &lookup{starter: ctx, done: make(chan struct{})}
+		ic.lookups[key] = l
+		go func() {
+			l.path, l.err = fn()
+			ic.mu.Lock()
+			if ic.lookups[key] == l {
+				delete(ic.lookups, key)
+			}
+			ic.mu.Unlock()
+			close(l.done)
+		}()
+	}
+	ic.mu.Unlock()
 	select {
-	case r := <-ch:
-		if r.Err != nil {
-			return "", r.Err
-		}
-		return r.Val.(string), nil
+	case <-l.done:
+		return l.path, l.err
 	case <-ctx.Done():
-		ic.flight.Forget(key)
 		return "", ctx.Err()
 	}
+}
+
+// lookup is one run of a bounded lookup, shared by the callers that join
+// it while its starter still waits.
+type lookup struct {
+	starter context.Context
+	done    chan struct{} // closed once path and err are set
+	path    string
+	err     error
 }
 
 // once runs fn for key, shared by concurrent callers.
