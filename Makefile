@@ -109,7 +109,7 @@ bench-scale:
 test-e2e:
 	go test -tags e2e -count=1 -timeout 20m ./tests/e2e/
 
-## bench-gateway: the gateway against the same load sent straight to one upstream, alternating, over a local farm of forward proxies and the real lease service (needs PostgreSQL at 127.0.0.1:5432 or EGRESS_TEST_DATABASE_URL; NATS runs in-process) (docs/benchmarks/gateway.md); BENCH_DURATION (5s), BENCH_WARMUP (1s), BENCH_CONCURRENCY ("1 16 64"), BENCH_SESSIONS (1000), BENCH_PROFILE_DIR (CPU profiles of the gateway), BENCH_PEER (squid: Squid over the same farm as a peer, the default when squid is on PATH or at /usr/sbin/squid; none: left out), BENCH_GATEWAY_ENV (extra KEY=VALUE settings for the gateway alone)
+## bench-gateway: the gateway against the same load sent straight to one upstream, alternating, over a local farm of forward proxies and the real lease service (needs PostgreSQL at 127.0.0.1:5432 or EGRESS_TEST_DATABASE_URL; NATS runs in-process) (docs/benchmarks/gateway.md); BENCH_DURATION (5s), BENCH_WARMUP (1s), BENCH_CONCURRENCY ("1 16 64"), BENCH_SESSIONS (1000), BENCH_PROFILE_DIR (CPU and heap profiles of the gateway), BENCH_PEER (peers over the same farm, beside the gateway: unset, every one installed — Squid when squid is on PATH or at /usr/sbin/squid, glider when glider is on PATH; or a list of squid and glider; none: no peer), BENCH_GATEWAY_ENV (KEY=VALUE settings for the gateway alone, after the chart's GOMAXPROCS=1)
 bench-gateway:
 	set -o pipefail; cd services/gateway && go test -tags bench -count=1 -timeout 60m -v -run '^TestGatewayBench$$' ./bench/ | grep -v '^{'
 

@@ -12,7 +12,8 @@ import (
 )
 
 // TestGateway: the gateway's Deployment leases from the lease Service with
-// the service token and listens on both proxy ports; its Service carries
+// the service token, listens on both proxy ports and runs on one core
+// unless gateway.env says otherwise; its Service carries
 // them with the configured type; the HPA follows gateway.autoscaling; the
 // console reads its metrics; gateway.enabled=false removes all of it.
 func TestGateway(t *testing.T) {
@@ -33,7 +34,7 @@ func TestGateway(t *testing.T) {
 	for k, want := range map[string]string{
 		"EGRESS_LEASE_ADDR": relName + "-lease:8110", "EGRESS_LEASE_TOKEN_FILE": "/etc/egress/credentials/service-token",
 		"EGRESS_AUTH_TOKEN_FILE": "/etc/egress/auth/tokens", "EGRESS_PROXY_LISTEN": ":8080", "EGRESS_SOCKS_LISTEN": ":1080",
-		"EGRESS_GRPC_LISTEN": ":8180", "EGRESS_HTTP_LISTEN": ":8181",
+		"EGRESS_GRPC_LISTEN": ":8180", "EGRESS_HTTP_LISTEN": ":8181", "GOMAXPROCS": "1",
 	} {
 		if got, _ := envValue(c, k); got != want {
 			t.Errorf("gateway %s = %q, want %q", k, got, want)
@@ -72,6 +73,7 @@ func TestGateway(t *testing.T) {
 		"service":     map[string]any{"type": "LoadBalancer", "annotations": map[string]any{"lb.example/internal": "true"}},
 		"autoscaling": map[string]any{"enabled": true, "minReplicas": 3, "maxReplicas": 12, "targetCPUUtilizationPercentage": 60},
 		"rules":       map[string]any{"rules": []any{map[string]any{"name": "forbidden", "outcome": "blocked", "status": []any{403}}}},
+		"env":         map[string]any{"GOMAXPROCS": nil, "GOGC": "50"},
 	}})
 	svc = typed[*corev1.Service](r.Objects)[name]
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Annotations["lb.example/internal"] != "true" {
@@ -116,7 +118,10 @@ func TestGateway(t *testing.T) {
 	if !mounted || d.Spec.Template.Annotations["checksum/rules"] == "" {
 		t.Errorf("rules ConfigMap mounted %v, checksum %q", mounted, d.Spec.Template.Annotations["checksum/rules"])
 	}
-	for _, want := range []string{"EGRESS_PROXY_LISTEN=:3128", "EGRESS_SOCKS_LISTEN=:1081"} {
+	if got, ok := envValue(c, "GOMAXPROCS"); ok {
+		t.Errorf("gateway GOMAXPROCS = %q after gateway.env.GOMAXPROCS=null, want it unset (Go's default)", got)
+	}
+	for _, want := range []string{"EGRESS_PROXY_LISTEN=:3128", "EGRESS_SOCKS_LISTEN=:1081", "GOGC=50"} {
 		k, v, _ := strings.Cut(want, "=")
 		if got, _ := envValue(c, k); got != v {
 			t.Errorf("gateway %s = %q, want %q", k, got, v)

@@ -44,6 +44,9 @@ import (
 const (
 	crawlerToken = "tok-bench-crawler-0123456789"
 	gatewayToken = "tok-bench-gateway-0123456789"
+	// leaseToken is the lease round trip's own client: with the gateway's
+	// token its releases would reach the gateway's stream of ended leases.
+	leaseToken = "tok-bench-lease-0123456789"
 )
 
 func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
@@ -94,7 +97,7 @@ func TestGatewayBench(t *testing.T) {
 		}
 		return p
 	}
-	tokens := write("tokens", "gateway "+gatewayToken+" crawler,service\nbench "+crawlerToken+" crawler\n")
+	tokens := write("tokens", "gateway "+gatewayToken+" crawler,service\nbench "+crawlerToken+" crawler\nbench-lease "+leaseToken+" crawler\n")
 	gwTokenFile := write("gateway-token", gatewayToken+"\n")
 
 	// The lease service, over a database and a NATS server of its own.
@@ -113,9 +116,11 @@ func TestGatewayBench(t *testing.T) {
 	// for.
 	var tags []string
 	var pprofAddr string
-	// BENCH_GATEWAY_ENV: extra KEY=VALUE settings for the gateway alone
-	// (GOGC=50), to compare runtime settings with the same binary.
-	env := strings.Fields(os.Getenv("BENCH_GATEWAY_ENV"))
+	// The chart's runtime settings for the gateway (gateway.env), then
+	// BENCH_GATEWAY_ENV: KEY=VALUE settings for the gateway alone (GOGC=50,
+	// GOMAXPROCS=2), to compare runtime settings with the same binary; a
+	// key given twice takes the later value.
+	env := append([]string{"GOMAXPROCS=1"}, strings.Fields(os.Getenv("BENCH_GATEWAY_ENV"))...)
 	if profileDir != "" {
 		tags = append(tags, "pprof")
 		pprofAddr = "127.0.0.1:18189"
@@ -277,8 +282,8 @@ func TestGatewayBench(t *testing.T) {
 
 	// What rotation puts on each tunnel's critical path: an acquire round
 	// trip to the lease service (its release goes in the background, as
-	// the gateway's does), measured from here with the gateway's token.
-	leaseConn, err := (&service.Client{Addr: lease.GRPC, Token: gatewayToken}).Dial()
+	// the gateway's does), measured from here as a client of its own.
+	leaseConn, err := (&service.Client{Addr: lease.GRPC, Token: leaseToken}).Dial()
 	if err != nil {
 		t.Fatal(err)
 	}
