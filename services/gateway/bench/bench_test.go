@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -59,6 +60,30 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return d
+}
+
+// chartGatewayEnv is gateway.env of the Helm chart's default values, as
+// KEY=VALUE: the bench runs the gateway as the chart does.
+func chartGatewayEnv(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../../../deploy/helm/egress-proxies/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		Gateway struct {
+			Env map[string]any `yaml:"env"`
+		} `yaml:"gateway"`
+	}
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatalf("the chart's values.yaml: %v", err)
+	}
+	var env []string
+	for k, v := range values.Gateway.Env {
+		env = append(env, fmt.Sprintf("%s=%v", k, v))
+	}
+	slices.Sort(env)
+	return env
 }
 
 func envInts(t *testing.T, name string, def []int) []int {
@@ -116,11 +141,11 @@ func TestGatewayBench(t *testing.T) {
 	// for.
 	var tags []string
 	var pprofAddr string
-	// The chart's runtime settings for the gateway (gateway.env), then
+	// The chart's runtime settings for the gateway, then
 	// BENCH_GATEWAY_ENV: KEY=VALUE settings for the gateway alone (GOGC=50,
 	// GOMAXPROCS=2), to compare runtime settings with the same binary; a
 	// key given twice takes the later value.
-	env := append([]string{"GOMAXPROCS=1"}, strings.Fields(os.Getenv("BENCH_GATEWAY_ENV"))...)
+	env := append(chartGatewayEnv(t), strings.Fields(os.Getenv("BENCH_GATEWAY_ENV"))...)
 	if profileDir != "" {
 		tags = append(tags, "pprof")
 		pprofAddr = "127.0.0.1:18189"
